@@ -1,0 +1,10 @@
+//! Ports: the traits actors depend on, and the plain data they speak. Only
+//! traits and data live here; the batteries that implement them are in
+//! `crate::providers`, `crate::stores` and `crate::tools`.
+
+pub mod audit;
+pub mod budget;
+pub mod critic;
+pub mod model;
+pub mod run;
+pub mod tool;

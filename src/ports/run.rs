@@ -1,0 +1,478 @@
+//! The plain data every port and actor speaks about a run: its id, its
+//! terminal [`RunResult`], the typed [`RunStatus`] and [`KillReason`], and the
+//! [`RunEvent`]s a caller can stream.
+//!
+//! Everything here is serde data with stable snake_case names: these names are
+//! the CLI's JSON contract and the audit log's schema, so a rename is a
+//! breaking change.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// A run's identity: 128 bits, time-ordered (the high 48 bits are the Unix
+/// millisecond it was minted), printed as 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(pub u128);
+
+impl RunId {
+    /// Mints a new id: millisecond timestamp, a process-wide counter and a
+    /// per-process random salt, so ids sort by creation and never collide
+    /// within a process.
+    pub fn new() -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let salt = *SALT.get_or_init(|| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(unix_ms() as u128);
+            h.write_u32(std::process::id());
+            h.finish() & 0xFFFF_FFFF
+        });
+        let ms = (unix_ms() as u128) & 0xFFFF_FFFF_FFFF;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed) as u128;
+        RunId((ms << 80) | ((salt as u128) << 48) | (n & 0xFFFF_FFFF_FFFF))
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RunId({self})")
+    }
+}
+
+impl std::str::FromStr for RunId {
+    type Err = std::num::ParseIntError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        u128::from_str_radix(s, 16).map(RunId)
+    }
+}
+
+impl Serialize for RunId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RunId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Milliseconds since the Unix epoch, by the wall clock.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// How a run ended. `rejected` and `dry_run` never reached a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RunStatus {
+    /// The model gave a final answer.
+    Ok,
+    /// The run failed: a provider error, tool errors, max iterations, a panic.
+    Error,
+    /// The hard deadline expired (kill reason `deadline`).
+    Timeout,
+    /// The critic or an operator killed the run (see the kill reason).
+    Killed,
+    /// The caller's budget ran out, before or during the run.
+    BudgetExceeded,
+    /// The caller cancelled the run or dropped its handle.
+    Cancelled,
+    /// Admission refused the run (concurrency cap, open circuit).
+    Rejected,
+    /// A dry run: validated, never executed.
+    DryRun,
+}
+
+impl RunStatus {
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Error => "error",
+            RunStatus::Timeout => "timeout",
+            RunStatus::Killed => "killed",
+            RunStatus::BudgetExceeded => "budget_exceeded",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::Rejected => "rejected",
+            RunStatus::DryRun => "dry_run",
+        }
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a run was killed. Recorded with the status, in the result and in the
+/// audit log; the first kill wins (kills are sticky).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KillReason {
+    /// No heartbeat within the stall timeout while a call was in flight.
+    Stalled,
+    /// The hard deadline expired.
+    Deadline,
+    /// The same tool call repeated past the repeat limit.
+    Runaway,
+    /// The caller's budget ran out mid-flight.
+    Budget,
+    /// A critic policy decided to kill.
+    Policy,
+    /// An operator (the run's handle, the CLI, the API) killed it.
+    Operator,
+    /// The parent run ended, so its children were killed.
+    Parent,
+}
+
+impl KillReason {
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillReason::Stalled => "stalled",
+            KillReason::Deadline => "deadline",
+            KillReason::Runaway => "runaway",
+            KillReason::Budget => "budget",
+            KillReason::Policy => "policy",
+            KillReason::Operator => "operator",
+            KillReason::Parent => "parent",
+        }
+    }
+
+    /// The terminal status a kill with this reason ends in.
+    pub fn status(self) -> RunStatus {
+        match self {
+            KillReason::Deadline => RunStatus::Timeout,
+            KillReason::Budget => RunStatus::BudgetExceeded,
+            _ => RunStatus::Killed,
+        }
+    }
+}
+
+impl fmt::Display for KillReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Token usage, summed over a run's model calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens read from a provider cache.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Prompt tokens written to a provider cache.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Reasoning tokens (part of the output on most providers).
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// Input plus output tokens: what budgets count.
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+
+    /// Adds another usage into this one.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+    }
+}
+
+/// One tool call the model asked for, refused ones included.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The model iteration (1-based) that asked for the call.
+    pub iteration: u32,
+    /// The tool's name as the model gave it.
+    pub tool: String,
+    /// A short summary of the arguments (capped).
+    pub args: String,
+    /// Whether the tool ran and succeeded.
+    pub ok: bool,
+    /// The error, when not ok (`unknown_tool: …`, `invalid_arguments: …`, …).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+    /// A short summary of the result (capped).
+    #[serde(default)]
+    pub result: String,
+    /// Wall time of the call.
+    pub duration_ms: u64,
+}
+
+/// What the critic (or an operator through it) decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CriticAction {
+    /// A message was injected before the next model call.
+    Steer,
+    /// The hard deadline was pushed back.
+    Extend,
+    /// The iteration ceiling was raised.
+    RaiseIterations,
+    /// The run was killed.
+    Kill,
+}
+
+/// One critic decision, as it appears in the result, the event stream and
+/// the audit log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CriticDecision {
+    /// What was done.
+    pub action: CriticAction,
+    /// Why: `soft_timeout`, `stalled`, `runaway`, `deadline`, `operator`, …
+    pub reason: String,
+    /// Milliseconds since the run started.
+    pub at_ms: u64,
+    /// Extra detail: the steer text, the extension in ms, the new ceiling.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub detail: Option<String>,
+}
+
+/// The terminal record of a run. Partial output, steps and usage are kept
+/// on every failure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// The run's id.
+    pub run_id: RunId,
+    /// The agent's name (from its manifest).
+    pub agent: String,
+    /// Who submitted it.
+    #[serde(default)]
+    pub caller_id: Option<String>,
+    /// The parent run, for a sub-agent run.
+    #[serde(default)]
+    pub parent_run_id: Option<RunId>,
+    /// How it ended.
+    pub status: RunStatus,
+    /// Why it was killed, when it was.
+    pub kill_reason: Option<KillReason>,
+    /// A stable snake_case error kind when not ok (`tool_errors`,
+    /// `max_iterations`, `rate_limited`, `panic`, …).
+    pub error_kind: Option<String>,
+    /// A human-readable error message (never a secret).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The final answer, or the last substantive assistant text on failure.
+    pub output: Option<String>,
+    /// Every tool call the model made, refused ones included.
+    pub steps: Vec<StepRecord>,
+    /// Model iterations performed.
+    pub iterations: u32,
+    /// Token usage.
+    pub usage: Usage,
+    /// Cost in integer micro-dollars (0 when the price is unknown).
+    pub cost_micros: u64,
+    /// Every critic decision, in order.
+    pub critic: Vec<CriticDecision>,
+    /// Unix milliseconds when the run started executing.
+    pub started_at: u64,
+    /// Unix milliseconds when it ended.
+    pub finished_at: u64,
+}
+
+impl RunResult {
+    /// Wall time from start to finish, in ms.
+    pub fn duration_ms(&self) -> u64 {
+        self.finished_at.saturating_sub(self.started_at)
+    }
+}
+
+/// A typed event of a run, in the order the run saw it. The `type` tag is
+/// the wire name (`step.start`, `tool.call`, `critic.steer`, …).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+#[non_exhaustive]
+pub enum RunEvent {
+    /// A model call starts.
+    #[serde(rename = "step.start")]
+    StepStart {
+        /// 1-based iteration.
+        iteration: u32,
+    },
+    /// A model call finished.
+    #[serde(rename = "step.finish")]
+    StepFinish {
+        /// 1-based iteration.
+        iteration: u32,
+        /// The assistant text (capped summary).
+        text: String,
+        /// Tool calls requested.
+        tool_calls: u32,
+        /// This call's usage.
+        usage: Usage,
+    },
+    /// Streamed assistant text.
+    #[serde(rename = "text.delta")]
+    TextDelta {
+        /// 1-based iteration.
+        iteration: u32,
+        /// The new text.
+        text: String,
+    },
+    /// A tool call is dispatched (or refused: see the matching result).
+    #[serde(rename = "tool.call")]
+    ToolCall {
+        /// 1-based iteration.
+        iteration: u32,
+        /// The model's call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// Argument summary.
+        args: String,
+    },
+    /// A tool call's result.
+    #[serde(rename = "tool.result")]
+    ToolResult {
+        /// 1-based iteration.
+        iteration: u32,
+        /// The model's call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// Whether it succeeded.
+        ok: bool,
+        /// Result or error summary.
+        result: String,
+        /// Wall time.
+        duration_ms: u64,
+    },
+    /// A message was added to the transcript (a steer, a final answer).
+    #[serde(rename = "message.create")]
+    MessageCreate {
+        /// `user`, `assistant`, `system`.
+        role: String,
+        /// The text.
+        text: String,
+    },
+    /// The critic steered the run.
+    #[serde(rename = "critic.steer")]
+    CriticSteer(CriticDecision),
+    /// The critic extended the deadline.
+    #[serde(rename = "critic.extend")]
+    CriticExtend(CriticDecision),
+    /// The critic raised the iteration ceiling.
+    #[serde(rename = "critic.raise_iterations")]
+    CriticRaiseIterations(CriticDecision),
+    /// The critic killed the run.
+    #[serde(rename = "critic.kill")]
+    CriticKill(CriticDecision),
+    /// An error the run recovered from or ended with.
+    #[serde(rename = "error")]
+    Error {
+        /// Stable snake_case kind.
+        kind: String,
+        /// Message (never a secret).
+        message: String,
+    },
+}
+
+impl RunEvent {
+    /// The event for a critic decision.
+    pub fn from_decision(d: CriticDecision) -> Self {
+        match d.action {
+            CriticAction::Steer => RunEvent::CriticSteer(d),
+            CriticAction::Extend => RunEvent::CriticExtend(d),
+            CriticAction::RaiseIterations => RunEvent::CriticRaiseIterations(d),
+            CriticAction::Kill => RunEvent::CriticKill(d),
+        }
+    }
+}
+
+/// Caps a string to `max` bytes on a char boundary, keeping head and tail
+/// around a marker that says how much was cut.
+pub fn cap_text(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let keep = max.saturating_sub(48) / 2;
+    let mut head = keep.min(s.len());
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len().saturating_sub(keep);
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}…[{} bytes cut]…{}",
+        &s[..head],
+        tail - head,
+        &s[tail..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_unique_and_round_trip() {
+        let a = RunId::new();
+        let b = RunId::new();
+        assert_ne!(a, b);
+        assert_eq!(a.to_string().parse::<RunId>().ok(), Some(a));
+        let json = serde_json::to_string(&a).unwrap_or_default();
+        assert_eq!(json.len(), 34);
+    }
+
+    #[test]
+    fn cap_text_keeps_head_and_tail() {
+        let s = "a".repeat(100) + &"b".repeat(100);
+        let c = cap_text(&s, 100);
+        assert!(c.len() < 120, "{}", c.len());
+        assert!(c.starts_with("aaaa") && c.ends_with("bbbb") && c.contains("cut"));
+        assert_eq!(cap_text("short", 100), "short");
+        let u = "é".repeat(100);
+        assert!(cap_text(&u, 61).contains("cut"));
+    }
+
+    #[test]
+    fn events_carry_wire_names() {
+        let e = RunEvent::ToolCall {
+            iteration: 1,
+            call_id: "c1".into(),
+            tool: "add".into(),
+            args: "{}".into(),
+        };
+        let v = serde_json::to_value(&e).unwrap_or_default();
+        assert_eq!(v["type"], "tool.call");
+        assert_eq!(KillReason::Deadline.status(), RunStatus::Timeout);
+    }
+}
