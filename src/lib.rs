@@ -1,8 +1,57 @@
-//! agentvisor: a runtime that runs LLM agent runs as supervised actors.
-#![allow(missing_docs)]
+//! agentvisor runs LLM agent runs as supervised actors.
+//!
+//! A host (a swarm host, a chat bot, a soak benchmark) submits runs; each run
+//! is an actor that drives the agent loop (model call → tool calls → model
+//! call … → answer); a critic actor watches every run through step and tool
+//! heartbeats and can steer it, extend its deadline, or kill it with a
+//! distinct reason; budget and audit actors meter and record asynchronously,
+//! so no run waits on bookkeeping.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use agentvisor::{AgentSpec, Host, Invocation};
+//! let host = Host::builder().build().await?;
+//! let spec = AgentSpec::from_file("examples/agents/hello.yaml")?;
+//! let result = host.submit(spec, Invocation::prompt("add 2 and 3")).await?.await;
+//! println!("{} {:?}", result.status, result.output);
+//! host.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! ```text
+//! Host (library handle) ── HostActor (root supervisor)
+//!                            ├── Audit actor  ──▶ AuditStore port (batched)
+//!                            ├── Budget actor ──▶ BudgetLedger port
+//!                            └── Critic shard × N (supervisors of runs)
+//!                                  └── Run actor × many ──▶ ChatModel, Tool ports
+//! ```
+//!
+//! - [`ports`]: the traits actors depend on and the data they speak.
+//! - [`actors`]: host, critic, run, budget, audit — one per file.
+//! - [`providers`]: `ChatModel` batteries (the scripted model).
+//! - [`stores`]: `AuditStore` / `BudgetLedger` batteries (in memory).
+//! - [`tools`]: the tool registry, argument validation, built-in tools.
+//! - [`spec`]: manifests, limits, invocations.
 
+pub mod actors;
+pub mod agent;
+pub mod handle;
+pub mod host;
+pub mod policy;
 pub mod ports;
 pub mod providers;
 pub mod spec;
 pub mod stores;
 pub mod tools;
+
+pub use agent::Agent;
+pub use handle::{Ending, LiveState, RunEvents, RunHandle};
+pub use host::{AgentSource, Host, HostBuilder, HostConfig, HostError, SubmitError};
+pub use ports::critic::{CriticPolicy, Decision, Trigger};
+pub use ports::run::{
+    CriticAction, CriticDecision, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
+    Usage,
+};
+pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

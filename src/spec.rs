@@ -200,19 +200,39 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iterations: Option<u32>,
     /// See [`Limits::max_runtime`] (default 60s).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_runtime: Option<Duration>,
     /// See [`Limits::soft_timeout`] (default `max_runtime`).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub soft_timeout: Option<Duration>,
     /// See [`Limits::hard_timeout`] (default 2 × `max_runtime`).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub hard_timeout: Option<Duration>,
     /// See [`Limits::stall_timeout`] (default 60s).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub stall_timeout: Option<Duration>,
     /// See [`Limits::extension`] (default `max_runtime`).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub extension: Option<Duration>,
     /// See [`Limits::max_extensions`] (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,7 +241,11 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat_limit: Option<u32>,
     /// See [`Limits::tool_timeout`] (default 60s).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tool_timeout: Option<Duration>,
     /// See [`Limits::max_tool_errors`] (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -230,7 +254,11 @@ pub struct LimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tool_result_bytes: Option<u32>,
     /// See [`Limits::kill_grace`] (default 5s).
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub kill_grace: Option<Duration>,
 }
 
@@ -330,7 +358,11 @@ pub struct ScriptEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ScriptToolCall>>,
     /// Delay before the response.
-    #[serde(default, with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub latency: Option<Duration>,
     /// Never answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -426,12 +458,12 @@ impl AgentSpec {
     }
 
     fn parse(text: &str, path: Option<String>) -> Result<Self, SpecError> {
-        let spec: AgentSpec =
-            serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-        spec.check(text).map_err(|message| SpecError::Invalid { path, message })?;
+        let spec: AgentSpec = serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        spec.check(text)
+            .map_err(|message| SpecError::Invalid { path, message })?;
         Ok(spec)
     }
 
@@ -449,7 +481,11 @@ impl AgentSpec {
         }
         for (i, e) in self.script.iter().enumerate() {
             let n = i + 1;
-            let says = e.text.is_some() || e.tool.is_some() || e.tools.is_some() || e.hang || e.fail.is_some();
+            let says = e.text.is_some()
+                || e.tool.is_some()
+                || e.tools.is_some()
+                || e.hang
+                || e.fail.is_some();
             if !says {
                 return Err(format!(
                     "script entry {n} says nothing: give `text`, `tool`, `tools`, `hang` or `fail`"
@@ -482,7 +518,10 @@ impl AgentSpec {
             ("tool_timeout", l.tool_timeout),
         ] {
             if d == Some(Duration::ZERO) {
-                return Err(format!("`limits.{key}` must be more than 0{}", line_of(source, key)));
+                return Err(format!(
+                    "`limits.{key}` must be more than 0{}",
+                    line_of(source, key)
+                ));
             }
         }
         Ok(())
@@ -620,10 +659,12 @@ mod tests {
 
     #[test]
     fn bad_duration_is_named() {
-        let err = AgentSpec::from_yaml("name: a\nlimits: {max_runtime: 5 parsecs}\nscript: [{text: hi}]\n")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = AgentSpec::from_yaml(
+            "name: a\nlimits: {max_runtime: 5 parsecs}\nscript: [{text: hi}]\n",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
         assert!(err.contains("5 parsecs") && err.contains("line 2"), "{err}");
     }
 

@@ -430,12 +430,7 @@ pub fn cap_text(s: &str, max: usize) -> String {
     while !s.is_char_boundary(tail) {
         tail += 1;
     }
-    format!(
-        "{}…[{} bytes cut]…{}",
-        &s[..head],
-        tail - head,
-        &s[tail..]
-    )
+    format!("{}…[{} bytes cut]…{}", &s[..head], tail - head, &s[tail..])
 }
 
 #[cfg(test)]

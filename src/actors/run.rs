@@ -1,0 +1,563 @@
+//! The run actor: one per run. It drives the agent loop as messages —
+//! `NextStep` → `ModelDone` → `ToolsDone` → `NextStep` … → answer — and never
+//! awaits a model or tool call inside `handle`.
+//!
+//! A call is polled once in place (a scripted or cached answer is ready at
+//! once, and then costs no task); if it is not ready, it moves into a task
+//! the actor holds an abort handle for, and its result comes back as a
+//! message tagged with an epoch, so a stale result after an abort is ignored.
+//! A `Stop` (kill, cancel, deadline) therefore lands between any two awaits
+//! and aborts the in-flight HTTP request or tool at once.
+//!
+//! Heartbeats go to the critic shard that supervises this actor; audit
+//! records are collected while a message is handled and sent to the audit
+//! actor as one batch at the end of it. The partial result lives in the
+//! shared record (`RunShared`) so the critic can finalize a run that panicked.
+//!
+//! Guarantees: the run finalizes exactly once (the shared finisher decides);
+//! partial output, steps and usage are kept on every ending.
+
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_util::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::actors::audit::AuditMsg;
+use crate::actors::budget::{BudgetMsg, Ticket};
+use crate::actors::critic::{Beat, CriticMsg, Watch};
+use crate::agent::Agent;
+use crate::handle::{Ending, RunShared};
+use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
+use crate::ports::model::{
+    ChatRequest, ChatResponse, DeltaSink, Message, ModelError, Role, ToolCallRequest,
+};
+use crate::ports::run::{cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord};
+use crate::ports::tool::{ToolContext, ToolError};
+use crate::spec::Limits;
+
+/// Summaries in steps and events are capped to this many bytes.
+const SUMMARY_BYTES: usize = 200;
+
+/// The outcome of one tool call.
+#[derive(Debug)]
+pub struct ToolOutcome {
+    call_id: String,
+    tool: String,
+    args: String,
+    result: Result<String, ToolError>,
+    duration_ms: u64,
+}
+
+/// Messages to a run.
+pub enum RunMsg {
+    /// Make the next model call (or end the run).
+    NextStep,
+    /// A model call ended.
+    ModelDone {
+        /// The call's epoch (stale results are ignored).
+        epoch: u32,
+        /// What the model said.
+        result: Result<ChatResponse, ModelError>,
+    },
+    /// A turn's tool calls ended.
+    ToolsDone {
+        /// The batch's epoch.
+        epoch: u32,
+        /// One outcome per call, in the model's order.
+        outcomes: Vec<ToolOutcome>,
+    },
+    /// Streamed text from the model.
+    TextDelta {
+        /// The new text.
+        text: String,
+    },
+    /// Inject a message before the next model call.
+    Steer {
+        /// The message.
+        text: String,
+    },
+    /// Raise the iteration ceiling.
+    RaiseIterations {
+        /// By how many.
+        by: u32,
+    },
+    /// End the run now (kill, cancel): abort in-flight calls and finalize.
+    Stop {
+        /// How it ends.
+        ending: Ending,
+    },
+}
+
+/// What a run is started with.
+pub struct RunArgs {
+    pub(crate) shared: Arc<RunShared>,
+    pub(crate) agent: Agent,
+    pub(crate) limits: Limits,
+    pub(crate) prompt: String,
+    pub(crate) info: Option<RunInfo>,
+    pub(crate) critic: ActorRef<CriticMsg>,
+    pub(crate) audit: ActorRef<AuditMsg>,
+    pub(crate) budget: ActorRef<BudgetMsg>,
+    pub(crate) ticket: Option<Ticket>,
+}
+
+/// The run actor (configuration-free: everything is in its arguments).
+pub struct RunActor;
+
+/// A run's mutable state.
+pub struct RunState {
+    shared: Arc<RunShared>,
+    agent: Agent,
+    limits: Limits,
+    critic: ActorRef<CriticMsg>,
+    audit: ActorRef<AuditMsg>,
+    budget: ActorRef<BudgetMsg>,
+    ticket: Option<Ticket>,
+    pid: u64,
+    transcript: Arc<Vec<Message>>,
+    iteration: u32,
+    max_iterations: u32,
+    steers: Vec<String>,
+    inflight: Option<AbortHandle>,
+    epoch: u32,
+    error_steps: u32,
+    started: Instant,
+    done: bool,
+    pending_audit: Vec<AuditRecord>,
+    span: tracing::Span,
+}
+
+impl Actor for RunActor {
+    type Msg = RunMsg;
+    type State = RunState;
+    type Arguments = RunArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RunMsg>,
+        args: RunArgs,
+    ) -> Result<RunState, ActorProcessingErr> {
+        let started = Instant::now();
+        let started_ms = unix_ms();
+        let mut transcript = Vec::with_capacity(8);
+        if !args.agent.spec().system.is_empty() {
+            transcript.push(Message::text(
+                Role::System,
+                args.agent.spec().system.clone(),
+            ));
+        }
+        transcript.push(Message::text(Role::User, args.prompt));
+        {
+            let mut p = args.shared.partial();
+            p.started = Some((started, started_ms));
+            p.max_iterations = args.limits.max_iterations;
+        }
+        let span = tracing::info_span!("invoke_agent", run_id = %args.shared.run_id, agent = %args.shared.agent);
+        let mut st = RunState {
+            pid: myself.get_id().pid(),
+            max_iterations: args.limits.max_iterations,
+            shared: args.shared,
+            agent: args.agent,
+            limits: args.limits,
+            critic: args.critic,
+            audit: args.audit,
+            budget: args.budget,
+            ticket: args.ticket,
+            transcript: Arc::new(transcript),
+            iteration: 0,
+            steers: Vec::new(),
+            inflight: None,
+            epoch: 0,
+            error_steps: 0,
+            started,
+            done: false,
+            pending_audit: Vec::with_capacity(8),
+            span,
+        };
+        st.critic.cast(CriticMsg::Watch(Box::new(Watch {
+            run: myself.clone(),
+            shared: st.shared.clone(),
+            limits: st.limits,
+            started,
+        })))?;
+        if let Some(info) = args.info {
+            st.audit_entry(AuditEntry::RunStarted(info));
+        }
+        myself.cast(RunMsg::NextStep)?;
+        Ok(st)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RunMsg>,
+        msg: RunMsg,
+        st: &mut RunState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = st.span.clone();
+        let _enter = span.enter();
+        if !st.done {
+            match msg {
+                RunMsg::NextStep => st.next_step(&myself),
+                RunMsg::ModelDone { epoch, result } => {
+                    if epoch == st.epoch && st.inflight.is_some() {
+                        st.inflight = None;
+                        st.model_done(&myself, result);
+                    }
+                }
+                RunMsg::ToolsDone { epoch, outcomes } => {
+                    if epoch == st.epoch && st.inflight.is_some() {
+                        st.inflight = None;
+                        st.tools_done(&myself, outcomes);
+                    }
+                }
+                RunMsg::TextDelta { text } => {
+                    let iteration = st.iteration;
+                    st.shared.emit(&RunEvent::TextDelta { iteration, text });
+                }
+                RunMsg::Steer { text } => st.steers.push(text),
+                RunMsg::RaiseIterations { by } => {
+                    st.max_iterations = st.max_iterations.saturating_add(by);
+                    st.shared.partial().max_iterations = st.max_iterations;
+                }
+                RunMsg::Stop { ending } => st.finish(&myself, ending),
+            }
+        }
+        st.flush_audit();
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<RunMsg>,
+        st: &mut RunState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(h) = st.inflight.take() {
+            h.abort();
+        }
+        Ok(())
+    }
+}
+
+impl RunState {
+    fn next_step(&mut self, myself: &ActorRef<RunMsg>) {
+        if let Some(t) = &self.ticket {
+            if t.exhausted() {
+                let mut e = Ending::killed(KillReason::Budget);
+                e.error = Some(format!("caller `{}` is over its token budget", t.caller()));
+                return self.finish(myself, e);
+            }
+        }
+        if self.iteration >= self.max_iterations {
+            let e = Ending::failed(
+                RunStatus::Error,
+                "max_iterations",
+                format!("stopped after {} model calls", self.iteration),
+            );
+            return self.finish(myself, e);
+        }
+        if !self.steers.is_empty() {
+            for text in std::mem::take(&mut self.steers) {
+                Arc::make_mut(&mut self.transcript).push(Message::text(Role::User, text.clone()));
+                let ev = RunEvent::MessageCreate {
+                    role: "user".into(),
+                    text,
+                };
+                self.shared.emit(&ev);
+                self.audit_entry(AuditEntry::Event(ev));
+            }
+        }
+        self.iteration += 1;
+        self.shared.partial().iterations = self.iteration;
+        self.event(RunEvent::StepStart {
+            iteration: self.iteration,
+        });
+        self.beat(Beat::StepStarted);
+
+        let on_delta: Option<DeltaSink> = if self.shared.has_listener() {
+            let me = myself.clone();
+            Some(Arc::new(move |text: &str| {
+                let _ = me.cast(RunMsg::TextDelta {
+                    text: text.to_string(),
+                });
+            }))
+        } else {
+            None
+        };
+        let request = ChatRequest {
+            messages: self.transcript.clone(),
+            tools: self.agent.tools().specs(),
+            call_index: self.iteration - 1,
+            response_schema: None,
+            on_delta,
+        };
+        let model = self.agent.model().clone();
+        let fut = Box::pin(async move { model.complete(request).await });
+        self.epoch += 1;
+        let epoch = self.epoch;
+        match poll_once(fut) {
+            Ok(result) => self.model_done(myself, result),
+            Err(fut) => {
+                let me = myself.clone();
+                let task = tokio::spawn(async move {
+                    let result = match AssertUnwindSafe(fut).catch_unwind().await {
+                        Ok(r) => r,
+                        Err(panic) => Err(ModelError::Malformed(format!(
+                            "model call panicked: {}",
+                            panic_text(&panic)
+                        ))),
+                    };
+                    let _ = me.cast(RunMsg::ModelDone { epoch, result });
+                });
+                self.inflight = Some(task.abort_handle());
+            }
+        }
+    }
+
+    fn model_done(&mut self, myself: &ActorRef<RunMsg>, result: Result<ChatResponse, ModelError>) {
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.beat(Beat::StepFinished { tokens: 0 });
+                return self.finish(
+                    myself,
+                    Ending::failed(RunStatus::Error, e.kind(), e.to_string()),
+                );
+            }
+        };
+        let tokens = resp.usage.total();
+        {
+            let mut p = self.shared.partial();
+            p.usage.add(&resp.usage);
+            if !resp.text.trim().is_empty() {
+                p.last_text = Some(resp.text.clone());
+            }
+        }
+        if let Some(t) = &self.ticket {
+            t.charge(tokens);
+            let _ = self.budget.cast(BudgetMsg::Meter {
+                caller: t.caller_arc(),
+                tokens,
+            });
+        }
+        self.beat(Beat::StepFinished { tokens });
+        self.event(RunEvent::StepFinish {
+            iteration: self.iteration,
+            text: cap_text(&resp.text, SUMMARY_BYTES),
+            tool_calls: resp.tool_calls.len() as u32,
+            usage: resp.usage,
+        });
+        if resp.tool_calls.is_empty() {
+            Arc::make_mut(&mut self.transcript)
+                .push(Message::text(Role::Assistant, resp.text.clone()));
+            self.event(RunEvent::MessageCreate {
+                role: "assistant".into(),
+                text: resp.text.clone(),
+            });
+            return self.finish(myself, Ending::ok(resp.text));
+        }
+        let calls = resp.tool_calls.clone();
+        Arc::make_mut(&mut self.transcript).push(Message {
+            role: Role::Assistant,
+            content: resp.text,
+            tool_calls: resp.tool_calls,
+            tool_call_id: None,
+        });
+        self.dispatch_tools(myself, calls);
+    }
+
+    fn dispatch_tools(&mut self, myself: &ActorRef<RunMsg>, calls: Vec<ToolCallRequest>) {
+        let timeout = self.limits.tool_timeout;
+        let cap = self.limits.max_tool_result_bytes as usize;
+        let mut jobs = Vec::with_capacity(calls.len());
+        for call in calls {
+            let mut h = DefaultHasher::new();
+            call.name.hash(&mut h);
+            call.arguments.hash(&mut h);
+            self.beat(Beat::ToolStarted { hash: h.finish() });
+            let args = cap_text(&call.arguments, SUMMARY_BYTES);
+            self.event(RunEvent::ToolCall {
+                iteration: self.iteration,
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                args: args.clone(),
+            });
+            let prepared = self.agent.tools().prepare(&call);
+            let ctx = ToolContext {
+                run_id: self.shared.run_id,
+                call_id: call.id.clone(),
+            };
+            let critic = self.critic.clone();
+            let pid = self.pid;
+            jobs.push(async move {
+                let t0 = Instant::now();
+                let result = match prepared {
+                    Ok(p) => {
+                        let r = p.execute(ctx, timeout, cap).await;
+                        let _ = critic.cast(CriticMsg::Beat {
+                            run: pid,
+                            beat: Beat::ToolFinished,
+                        });
+                        r
+                    }
+                    Err(e) => Err(e),
+                };
+                ToolOutcome {
+                    call_id: call.id,
+                    tool: call.name,
+                    args,
+                    result,
+                    duration_ms: t0.elapsed().as_millis() as u64,
+                }
+            });
+        }
+        let fut = Box::pin(futures_util::future::join_all(jobs));
+        self.epoch += 1;
+        let epoch = self.epoch;
+        match poll_once(fut) {
+            Ok(outcomes) => self.tools_done(myself, outcomes),
+            Err(fut) => {
+                let me = myself.clone();
+                let task = tokio::spawn(async move {
+                    let outcomes = fut.await;
+                    let _ = me.cast(RunMsg::ToolsDone { epoch, outcomes });
+                });
+                self.inflight = Some(task.abort_handle());
+            }
+        }
+    }
+
+    fn tools_done(&mut self, myself: &ActorRef<RunMsg>, outcomes: Vec<ToolOutcome>) {
+        let mut any_ok = false;
+        for o in outcomes {
+            let (ok, content, error) = match o.result {
+                Ok(text) => (true, text, None),
+                Err(e) => {
+                    let msg = format!("{}: {e}", e.kind());
+                    (false, format!("error: {msg}"), Some(msg))
+                }
+            };
+            any_ok |= ok;
+            let summary = cap_text(&content, SUMMARY_BYTES);
+            self.event(RunEvent::ToolResult {
+                iteration: self.iteration,
+                call_id: o.call_id.clone(),
+                tool: o.tool.clone(),
+                ok,
+                result: summary.clone(),
+                duration_ms: o.duration_ms,
+            });
+            self.shared.partial().steps.push(StepRecord {
+                iteration: self.iteration,
+                tool: o.tool,
+                args: o.args,
+                ok,
+                error,
+                result: summary,
+                duration_ms: o.duration_ms,
+            });
+            Arc::make_mut(&mut self.transcript).push(Message {
+                role: Role::Tool,
+                content,
+                tool_calls: Vec::new(),
+                tool_call_id: Some(o.call_id),
+            });
+        }
+        if any_ok {
+            self.error_steps = 0;
+        } else {
+            self.error_steps += 1;
+            if self.error_steps >= self.limits.max_tool_errors {
+                let e = Ending::failed(
+                    RunStatus::Error,
+                    "tool_errors",
+                    format!(
+                        "{} consecutive steps where every tool call failed",
+                        self.error_steps
+                    ),
+                );
+                return self.finish(myself, e);
+            }
+        }
+        let _ = myself.cast(RunMsg::NextStep);
+    }
+
+    /// Ends the run: aborts what is in flight, finalizes through the shared
+    /// record, commits the budget, stops the actor.
+    fn finish(&mut self, myself: &ActorRef<RunMsg>, ending: Ending) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Some(h) = self.inflight.take() {
+            h.abort();
+        }
+        self.flush_audit();
+        self.shared.finish(ending, &self.audit);
+        if let Some(t) = self.ticket.take() {
+            let _ = self.budget.cast(BudgetMsg::Commit {
+                caller: t.caller_arc(),
+                runtime_ms: self.started.elapsed().as_millis() as u64,
+            });
+        }
+        myself.stop(None);
+    }
+
+    fn beat(&self, beat: Beat) {
+        let _ = self.critic.cast(CriticMsg::Beat {
+            run: self.pid,
+            beat,
+        });
+    }
+
+    fn event(&mut self, ev: RunEvent) {
+        self.shared.emit(&ev);
+        self.audit_entry(AuditEntry::Event(ev));
+    }
+
+    fn audit_entry(&mut self, entry: AuditEntry) {
+        self.pending_audit.push(AuditRecord {
+            run_id: self.shared.run_id,
+            seq: self.shared.next_seq(),
+            at_ms: unix_ms(),
+            entry,
+        });
+    }
+
+    fn flush_audit(&mut self) {
+        if !self.pending_audit.is_empty() {
+            let batch = std::mem::take(&mut self.pending_audit);
+            let _ = self.audit.cast(AuditMsg::Records(batch));
+        }
+    }
+}
+
+/// Polls a future once in place: `Ok(output)` when it is ready at once,
+/// otherwise the future back, to be moved into a task (which polls it again
+/// with a real waker).
+fn poll_once<F: Future + Unpin>(mut fut: F) -> Result<F::Output, F> {
+    let waker = futures_util::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    match Pin::new(&mut fut).poll(&mut cx) {
+        Poll::Ready(v) => Ok(v),
+        Poll::Pending => Err(fut),
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}

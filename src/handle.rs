@@ -1,0 +1,417 @@
+//! What a caller holds for a run ([`RunHandle`], [`RunEvents`]) and the small
+//! shared record ([`RunShared`]) that the run actor, its critic shard and the
+//! handle all see.
+//!
+//! `RunShared` is the single source of truth for a run's partial result:
+//! the run actor writes steps, usage and decisions into it as it goes, so when
+//! the run panics or must be hard-killed, the critic still finalizes a full
+//! result from it. Exactly one party finalizes: whoever takes the finisher
+//! first; that party alone writes the terminal audit record.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ractor::ActorRef;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::actors::audit::AuditMsg;
+use crate::actors::critic::CriticMsg;
+use crate::actors::run::RunMsg;
+use crate::ports::audit::{AuditEntry, AuditRecord};
+use crate::ports::run::{
+    unix_ms, CriticDecision, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord, Usage,
+};
+
+/// The partial result of a run, as it grows.
+#[derive(Debug, Default)]
+pub(crate) struct Partial {
+    pub(crate) steps: Vec<StepRecord>,
+    pub(crate) critic: Vec<CriticDecision>,
+    pub(crate) usage: Usage,
+    pub(crate) iterations: u32,
+    pub(crate) max_iterations: u32,
+    pub(crate) last_text: Option<String>,
+    pub(crate) started: Option<(Instant, u64)>,
+    pub(crate) finished: bool,
+}
+
+/// How a run ends, before it becomes a [`RunResult`].
+#[derive(Debug, Clone)]
+pub struct Ending {
+    pub(crate) status: RunStatus,
+    pub(crate) kill_reason: Option<KillReason>,
+    pub(crate) error_kind: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) output: Option<String>,
+}
+
+impl Ending {
+    pub(crate) fn ok(output: String) -> Self {
+        Ending {
+            status: RunStatus::Ok,
+            kill_reason: None,
+            error_kind: None,
+            error: None,
+            output: Some(output),
+        }
+    }
+
+    pub(crate) fn failed(status: RunStatus, kind: &str, error: impl Into<String>) -> Self {
+        Ending {
+            status,
+            kill_reason: None,
+            error_kind: Some(kind.to_string()),
+            error: Some(error.into()),
+            output: None,
+        }
+    }
+
+    pub(crate) fn killed(reason: KillReason) -> Self {
+        Ending {
+            status: reason.status(),
+            kill_reason: Some(reason),
+            error_kind: Some(reason.as_str().to_string()),
+            error: Some(format!("killed: {reason}")),
+            output: None,
+        }
+    }
+}
+
+/// Delivers the result (once) and closes the event stream.
+pub(crate) struct Finisher {
+    pub(crate) result_tx: oneshot::Sender<Arc<RunResult>>,
+    pub(crate) events: Option<mpsc::UnboundedSender<RunEvent>>,
+}
+
+/// Shared by the run actor, its critic shard and its handle.
+pub(crate) struct RunShared {
+    pub(crate) run_id: RunId,
+    pub(crate) agent: Arc<str>,
+    pub(crate) caller_id: Option<Arc<str>>,
+    pub(crate) parent_run_id: Option<RunId>,
+    partial: Mutex<Partial>,
+    finisher: Mutex<Option<Finisher>>,
+    events: Option<mpsc::UnboundedSender<RunEvent>>,
+    seq: AtomicU32,
+    host_live: Arc<crate::host::LiveRuns>,
+}
+
+impl RunShared {
+    pub(crate) fn new(
+        run_id: RunId,
+        agent: Arc<str>,
+        caller_id: Option<Arc<str>>,
+        parent_run_id: Option<RunId>,
+        max_iterations: u32,
+        with_events: bool,
+        host_live: Arc<crate::host::LiveRuns>,
+    ) -> (
+        Arc<Self>,
+        oneshot::Receiver<Arc<RunResult>>,
+        Option<RunEvents>,
+    ) {
+        let (result_tx, result_rx) = oneshot::channel();
+        let (events_tx, events_rx) = if with_events {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Some(RunEvents { rx }))
+        } else {
+            (None, None)
+        };
+        host_live.enter();
+        let shared = Arc::new(RunShared {
+            run_id,
+            agent,
+            caller_id,
+            parent_run_id,
+            partial: Mutex::new(Partial {
+                max_iterations,
+                ..Default::default()
+            }),
+            finisher: Mutex::new(Some(Finisher {
+                result_tx,
+                events: events_tx.clone(),
+            })),
+            events: events_tx,
+            seq: AtomicU32::new(0),
+            host_live,
+        });
+        (shared, result_rx, events_rx)
+    }
+
+    /// The partial record (never poisoned in practice: a panic while holding
+    /// it is recovered by taking the data as is).
+    pub(crate) fn partial(&self) -> MutexGuard<'_, Partial> {
+        self.partial.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether anyone listens to events.
+    pub(crate) fn has_listener(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Sends an event to the listener, if any.
+    pub(crate) fn emit(&self, event: &RunEvent) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(event.clone());
+        }
+    }
+
+    /// The next audit sequence number.
+    pub(crate) fn next_seq(&self) -> u32 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Finalizes the run if nobody did yet: builds the result from the
+    /// partial record, hands the terminal record to the audit actor (which
+    /// delivers the result once the record is written), closes the event
+    /// stream. Returns the result when this call won.
+    pub(crate) fn finish(
+        &self,
+        ending: Ending,
+        audit: &ActorRef<AuditMsg>,
+    ) -> Option<Arc<RunResult>> {
+        let finisher = self
+            .finisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let result = {
+            let mut p = self.partial();
+            p.finished = true;
+            let now = unix_ms();
+            let started_at = p.started.map(|(_, ms)| ms).unwrap_or(now);
+            let output = match ending.status {
+                RunStatus::Ok => ending.output,
+                _ => ending.output.or_else(|| p.last_text.clone()),
+            };
+            Arc::new(RunResult {
+                run_id: self.run_id,
+                agent: self.agent.to_string(),
+                caller_id: self.caller_id.as_deref().map(str::to_string),
+                parent_run_id: self.parent_run_id,
+                status: ending.status,
+                kill_reason: ending.kill_reason,
+                error_kind: ending.error_kind,
+                error: ending.error,
+                output,
+                steps: std::mem::take(&mut p.steps),
+                iterations: p.iterations,
+                usage: p.usage,
+                cost_micros: 0,
+                critic: std::mem::take(&mut p.critic),
+                started_at,
+                finished_at: now.max(started_at),
+            })
+        };
+        if let Some(ev) = &finisher.events {
+            if result.status != RunStatus::Ok {
+                if let Some(kind) = &result.error_kind {
+                    let _ = ev.send(RunEvent::Error {
+                        kind: kind.clone(),
+                        message: result.error.clone().unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        drop(finisher.events);
+        let record = AuditRecord {
+            run_id: self.run_id,
+            seq: self.next_seq(),
+            at_ms: result.finished_at,
+            entry: AuditEntry::Terminal(result.clone()),
+        };
+        if let Err(e) = audit.cast(AuditMsg::Terminal {
+            record,
+            deliver: finisher.result_tx,
+        }) {
+            // The audit actor is gone (host shutting down hard): deliver anyway.
+            if let ractor::MessagingErr::SendErr(AuditMsg::Terminal { deliver, .. }) = e {
+                let _ = deliver.send(result.clone());
+            }
+        }
+        self.host_live.leave();
+        Some(result)
+    }
+}
+
+/// A live view of a running run (B4).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LiveState {
+    /// Model iterations started.
+    pub iteration: u32,
+    /// The current ceiling.
+    pub max_iterations: u32,
+    /// Time since the run started.
+    pub elapsed_ms: u64,
+    /// Tokens used so far.
+    pub tokens: u64,
+    /// Tool calls finished so far.
+    pub tool_calls: u32,
+    /// Whether the run has ended.
+    pub finished: bool,
+}
+
+/// The caller's handle on a run: await it (or call [`RunHandle::result`]) for
+/// the [`RunResult`]; steer, extend, kill or cancel it meanwhile. Dropping an
+/// unfinished handle cancels the run (use [`RunHandle::detach`] to let it go on).
+pub struct RunHandle {
+    pub(crate) run_id: RunId,
+    pub(crate) shared: Option<Arc<RunShared>>,
+    pub(crate) result_rx: oneshot::Receiver<Arc<RunResult>>,
+    pub(crate) run: Option<ActorRef<RunMsg>>,
+    pub(crate) critic: Option<ActorRef<CriticMsg>>,
+    pub(crate) done: bool,
+    pub(crate) detached: bool,
+}
+
+impl RunHandle {
+    /// The run's id.
+    pub fn run_id(&self) -> RunId {
+        self.run_id
+    }
+
+    /// Waits for the result.
+    pub async fn result(self) -> RunResult {
+        self.await
+    }
+
+    /// Injects a message into the run before its next model call.
+    pub fn steer(&self, text: impl Into<String>) {
+        if let Some(run) = &self.run {
+            let _ = run.cast(RunMsg::Steer { text: text.into() });
+        }
+    }
+
+    /// Pushes the run's hard deadline back (recorded as an operator decision).
+    pub fn extend(&self, by: Duration) {
+        if let (Some(critic), Some(run)) = (&self.critic, &self.run) {
+            let _ = critic.cast(CriticMsg::ExtendDeadline {
+                run: run.get_id().pid(),
+                by,
+            });
+        }
+    }
+
+    /// Kills the run with reason `operator`.
+    pub fn kill(&self) {
+        self.stop(Some(KillReason::Operator));
+    }
+
+    /// Cancels the run: it ends `cancelled`, in-flight calls are aborted.
+    pub fn cancel(&self) {
+        self.stop(None);
+    }
+
+    fn stop(&self, reason: Option<KillReason>) {
+        if let (Some(critic), Some(run)) = (&self.critic, &self.run) {
+            let _ = critic.cast(CriticMsg::StopRun {
+                run: run.get_id().pid(),
+                reason,
+            });
+        }
+    }
+
+    /// The run's live state, while it goes on (and after).
+    pub fn live(&self) -> Option<LiveState> {
+        let shared = self.shared.as_ref()?;
+        let p = shared.partial();
+        Some(LiveState {
+            iteration: p.iterations,
+            max_iterations: p.max_iterations,
+            elapsed_ms: p
+                .started
+                .map(|(i, _)| i.elapsed().as_millis() as u64)
+                .unwrap_or(0),
+            tokens: p.usage.total(),
+            tool_calls: p.steps.len() as u32,
+            finished: p.finished,
+        })
+    }
+
+    /// Lets the run go on when this handle is dropped.
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
+}
+
+impl Future for RunHandle {
+    type Output = RunResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<RunResult> {
+        let run_id = self.run_id;
+        match Pin::new(&mut self.result_rx).poll(cx) {
+            Poll::Ready(r) => {
+                self.done = true;
+                Poll::Ready(match r {
+                    Ok(res) => Arc::unwrap_or_clone(res),
+                    Err(_) => lost_result(run_id),
+                })
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for RunHandle {
+    fn drop(&mut self) {
+        if !self.done && !self.detached {
+            self.cancel();
+        }
+    }
+}
+
+/// The result a caller sees if the runtime dropped a run without finalizing
+/// it (a bug, or a runtime torn down under it). Never a panic.
+fn lost_result(run_id: RunId) -> RunResult {
+    let now = unix_ms();
+    RunResult {
+        run_id,
+        agent: String::new(),
+        caller_id: None,
+        parent_run_id: None,
+        status: RunStatus::Error,
+        kill_reason: None,
+        error_kind: Some("lost".into()),
+        error: Some("the runtime stopped before the run finished".into()),
+        output: None,
+        steps: Vec::new(),
+        iterations: 0,
+        usage: Usage::default(),
+        cost_micros: 0,
+        critic: Vec::new(),
+        started_at: now,
+        finished_at: now,
+    }
+}
+
+/// The typed events of one run, in order; ends when the run ends.
+pub struct RunEvents {
+    rx: mpsc::UnboundedReceiver<RunEvent>,
+}
+
+impl RunEvents {
+    /// A stream that has already ended.
+    pub(crate) fn closed() -> Self {
+        let (_, rx) = mpsc::unbounded_channel();
+        RunEvents { rx }
+    }
+
+    /// The next event, or `None` once the run has ended.
+    pub async fn next(&mut self) -> Option<RunEvent> {
+        self.rx.recv().await
+    }
+}
+
+impl futures_util::Stream for RunEvents {
+    type Item = RunEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunEvent>> {
+        self.rx.poll_recv(cx)
+    }
+}

@@ -1,0 +1,248 @@
+//! In-memory batteries for the audit store and the budget ledger: what a host
+//! built with nothing uses. They live as long as the process.
+//!
+//! The audit store is bounded: it keeps the most recent `capacity` records
+//! (default 200 000) and counts every record ever written, so a soak of
+//! millions of runs keeps flat memory while its verdict ("every run has one
+//! terminal record") still holds. Use the SQLite store for full history.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::ports::audit::{AuditRecord, AuditStats, AuditStore, AuditStoreError};
+use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
+use crate::ports::run::{unix_ms, RunId};
+
+/// Keeps the most recent audit records in memory.
+pub struct MemoryAuditStore {
+    inner: Mutex<AuditInner>,
+    capacity: usize,
+}
+
+#[derive(Default)]
+struct AuditInner {
+    records: VecDeque<AuditRecord>,
+    stats: AuditStats,
+}
+
+impl MemoryAuditStore {
+    /// Keeps up to 200 000 records.
+    pub fn new() -> Self {
+        Self::with_capacity(200_000)
+    }
+
+    /// Keeps up to `capacity` records (older ones are dropped; counts stay).
+    pub fn with_capacity(capacity: usize) -> Self {
+        MemoryAuditStore {
+            inner: Mutex::new(AuditInner::default()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Every record still held, oldest first.
+    pub fn records(&self) -> Vec<AuditRecord> {
+        match self.inner.lock() {
+            Ok(g) => g.records.iter().cloned().collect(),
+            Err(p) => p.into_inner().records.iter().cloned().collect(),
+        }
+    }
+}
+
+impl Default for MemoryAuditStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl AuditStore for MemoryAuditStore {
+    async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError> {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for r in batch {
+            if g.records.len() == self.capacity {
+                g.records.pop_front();
+            }
+            g.stats.records += 1;
+            if r.is_terminal() {
+                g.stats.terminal_records += 1;
+            }
+            g.records.push_back(r.clone());
+        }
+        g.stats.batches += 1;
+        Ok(())
+    }
+
+    async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<AuditRecord> = g
+            .records
+            .iter()
+            .filter(|r| r.run_id == run_id)
+            .cloned()
+            .collect();
+        v.sort_by_key(|r| r.seq);
+        Ok(v)
+    }
+
+    async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
+        Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).stats)
+    }
+}
+
+/// Per-caller limits and spend, in memory, bucketed by minute (buckets older
+/// than 24 h are dropped).
+pub struct MemoryBudgetLedger {
+    inner: Mutex<LedgerInner>,
+}
+
+#[derive(Default)]
+struct LedgerInner {
+    default_limits: BudgetLimits,
+    limits: HashMap<String, BudgetLimits>,
+    spend: HashMap<String, BTreeMap<u64, Spend>>,
+}
+
+const MINUTE_MS: u64 = 60_000;
+const KEEP_MS: u64 = 24 * 3600 * 1000;
+
+impl MemoryBudgetLedger {
+    /// A ledger with no limits.
+    pub fn new() -> Self {
+        MemoryBudgetLedger {
+            inner: Mutex::new(LedgerInner::default()),
+        }
+    }
+
+    /// Limits for callers that have none of their own.
+    pub fn with_default_limits(limits: BudgetLimits) -> Self {
+        let l = Self::new();
+        l.set_default_limits(limits);
+        l
+    }
+
+    /// Sets the limits for callers that have none of their own.
+    pub fn set_default_limits(&self, limits: BudgetLimits) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .default_limits = limits;
+    }
+
+    /// Sets one caller's limits.
+    pub fn set_limits(&self, caller: &str, limits: BudgetLimits) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .limits
+            .insert(caller.to_string(), limits);
+    }
+}
+
+impl Default for MemoryBudgetLedger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl BudgetLedger for MemoryBudgetLedger {
+    async fn limits(&self, caller: &str) -> Result<BudgetLimits, BudgetLedgerError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(g.limits.get(caller).copied().unwrap_or(g.default_limits))
+    }
+
+    async fn spent(&self, caller: &str, window: Duration) -> Result<Spend, BudgetLedgerError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let since = unix_ms().saturating_sub(window.as_millis() as u64) / MINUTE_MS;
+        let mut total = Spend::default();
+        if let Some(buckets) = g.spend.get(caller) {
+            for (_, s) in buckets.range(since..) {
+                total.add(s);
+            }
+        }
+        Ok(total)
+    }
+
+    async fn commit(&self, spends: &[(String, Spend)]) -> Result<(), BudgetLedgerError> {
+        let now = unix_ms();
+        let minute = now / MINUTE_MS;
+        let oldest = now.saturating_sub(KEEP_MS) / MINUTE_MS;
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for (caller, s) in spends {
+            let buckets = g.spend.entry(caller.clone()).or_default();
+            buckets.entry(minute).or_default().add(s);
+            while let Some((&k, _)) = buckets.first_key_value() {
+                if k >= oldest {
+                    break;
+                }
+                buckets.remove(&k);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::audit::AuditEntry;
+    use crate::ports::run::RunEvent;
+
+    fn rec(run: RunId, seq: u32) -> AuditRecord {
+        AuditRecord {
+            run_id: run,
+            seq,
+            at_ms: 0,
+            entry: AuditEntry::Event(RunEvent::StepStart { iteration: seq }),
+        }
+    }
+
+    #[tokio::test]
+    async fn audit_store_is_bounded_but_counts_everything() {
+        let s = MemoryAuditStore::with_capacity(3);
+        let run = RunId::new();
+        let batch: Vec<_> = (0..5).map(|i| rec(run, i)).collect();
+        assert!(s.append(&batch).await.is_ok());
+        let kept = s.run_records(run).await.unwrap_or_default();
+        assert_eq!(
+            kept.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
+        let st = s.stats().await.unwrap_or_default();
+        assert_eq!((st.records, st.batches, st.terminal_records), (5, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn ledger_sums_commits_per_caller() {
+        let l = MemoryBudgetLedger::new();
+        l.set_limits(
+            "a",
+            BudgetLimits {
+                tokens: Some(10),
+                ..Default::default()
+            },
+        );
+        let spend = Spend {
+            tokens: 4,
+            ..Default::default()
+        };
+        assert!(l
+            .commit(&[
+                ("a".into(), spend),
+                ("a".into(), spend),
+                ("b".into(), spend)
+            ])
+            .await
+            .is_ok());
+        let a = l
+            .spent("a", Duration::from_secs(3600))
+            .await
+            .unwrap_or_default();
+        assert_eq!(a.tokens, 8);
+        assert_eq!(l.limits("a").await.ok().and_then(|x| x.tokens), Some(10));
+        assert_eq!(l.limits("zzz").await.ok().and_then(|x| x.tokens), None);
+    }
+}

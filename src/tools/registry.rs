@@ -1,0 +1,597 @@
+//! The tool registry and the per-agent tool set.
+//!
+//! A [`ToolRegistry`] is built once per host: every tool is registered with
+//! its schema compiled there, so a bad schema fails at startup, not mid-run.
+//! [`ToolRegistry::select`] cuts out the [`ToolSet`] an agent may use; the
+//! set is immutable and shared (by `Arc`) by every run of that agent.
+//!
+//! A call goes through two stages. [`ToolSet::prepare`] is synchronous and
+//! cheap: it resolves the name and validates the arguments (see
+//! [`super::validate`]), so a refused call never reaches a tool.
+//! [`PreparedCall::execute`] runs the tool under a timeout, turns a panic
+//! into [`ToolError::Panicked`] and caps what comes back, so whatever a tool
+//! does, the caller gets a bounded `Result<String, ToolError>`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use jsonschema::Validator;
+use serde_json::Value;
+
+use super::builtin::builtins;
+use super::validate::{compile_schema, validate_arguments, MAX_ERROR_BYTES};
+use crate::ports::model::ToolCallRequest;
+use crate::ports::run::cap_text;
+use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+
+/// The longest tool name accepted, as providers allow.
+const MAX_NAME_BYTES: usize = 64;
+
+/// A registration or selection failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// A tool of that name is already registered.
+    #[error("tool `{0}` is already registered")]
+    DuplicateTool(String),
+    /// The name is not 1-64 characters of `[A-Za-z0-9_-]`, which model
+    /// providers require of function names.
+    #[error("invalid tool name `{0}`: use 1-64 characters of A-Z, a-z, 0-9, `_`, `-`")]
+    InvalidName(String),
+    /// The tool's argument schema does not compile.
+    #[error("tool `{tool}` has an invalid argument schema: {message}")]
+    InvalidSchema {
+        /// The tool.
+        tool: String,
+        /// The schema compiler's message.
+        message: String,
+    },
+    /// An agent asked for a tool that is not registered.
+    #[error("unknown tool `{name}` (available: {})", available.join(", "))]
+    UnknownTool {
+        /// The name asked for.
+        name: String,
+        /// Every registered name, sorted.
+        available: Vec<String>,
+    },
+}
+
+/// A registered tool with its compiled argument validator.
+#[derive(Clone)]
+struct Entry {
+    tool: Arc<dyn Tool>,
+    validator: Arc<Validator>,
+}
+
+/// Every tool a host offers, by name, each with its schema compiled once.
+#[derive(Default)]
+pub struct ToolRegistry {
+    entries: HashMap<String, Entry>,
+}
+
+impl ToolRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A registry holding the [built-in tools](super::builtin).
+    pub fn with_builtins() -> Self {
+        let mut registry = Self::new();
+        for tool in builtins() {
+            // The built-ins are fixed and covered by a test; a failure here
+            // is a bug, logged rather than panicking a host at startup.
+            if let Err(e) = registry.register(tool) {
+                tracing::error!(error = %e, "built-in tool failed to register");
+            }
+        }
+        registry
+    }
+
+    /// Registers a tool under its spec's name, compiling its schema.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let spec = tool.spec();
+        let name = spec.name.clone();
+        if !is_valid_name(&name) {
+            return Err(RegistryError::InvalidName(cap_text(&name, 128)));
+        }
+        if self.entries.contains_key(&name) {
+            return Err(RegistryError::DuplicateTool(name));
+        }
+        let validator =
+            compile_schema(&spec.parameters).map_err(|message| RegistryError::InvalidSchema {
+                tool: name.clone(),
+                message,
+            })?;
+        self.entries.insert(
+            name,
+            Entry {
+                tool,
+                validator: Arc::new(validator),
+            },
+        );
+        Ok(())
+    }
+
+    /// Every registered name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.entries.keys().cloned().collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// The tools an agent may use, in the order given (a repeated name is
+    /// kept once). An unknown name is an error that lists what is available.
+    pub fn select(&self, names: &[String]) -> Result<ToolSet, RegistryError> {
+        let mut entries = HashMap::with_capacity(names.len());
+        let mut specs = Vec::with_capacity(names.len());
+        for name in names {
+            if entries.contains_key(name) {
+                continue;
+            }
+            let entry = self
+                .entries
+                .get(name)
+                .ok_or_else(|| RegistryError::UnknownTool {
+                    name: name.clone(),
+                    available: self.names(),
+                })?;
+            specs.push(entry.tool.spec().clone());
+            entries.insert(name.clone(), entry.clone());
+        }
+        Ok(ToolSet {
+            inner: Arc::new(ToolSetInner {
+                entries,
+                specs: specs.into(),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolRegistry")
+            .field("tools", &self.names())
+            .finish()
+    }
+}
+
+/// Providers accept function names of 1-64 characters of `[A-Za-z0-9_-]`.
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The tools one agent may use: immutable, cheap to clone, shared by every
+/// run of the agent. The default is the empty set.
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    inner: Arc<ToolSetInner>,
+}
+
+#[derive(Default)]
+struct ToolSetInner {
+    entries: HashMap<String, Entry>,
+    specs: Arc<[ToolSpec]>,
+}
+
+impl ToolSet {
+    /// The specs to show the model, in selection order. The same `Arc` on
+    /// every call: cloning it allocates nothing.
+    pub fn specs(&self) -> Arc<[ToolSpec]> {
+        Arc::clone(&self.inner.specs)
+    }
+
+    /// Whether the set holds no tool.
+    pub fn is_empty(&self) -> bool {
+        self.inner.specs.is_empty()
+    }
+
+    /// How many tools the set holds.
+    pub fn len(&self) -> usize {
+        self.inner.specs.len()
+    }
+
+    /// Whether a tool of that name is in the set.
+    pub fn contains(&self, name: &str) -> bool {
+        self.inner.entries.contains_key(name)
+    }
+
+    /// Resolves and validates a model's tool call, in order: the name is in
+    /// the set ([`ToolError::UnknownTool`]), then the argument text's size,
+    /// strict JSON, an object, and the tool's schema
+    /// ([`ToolError::InvalidArguments`]). On success the call is ready to
+    /// [`execute`](PreparedCall::execute); on failure no tool runs.
+    pub fn prepare(&self, call: &ToolCallRequest) -> Result<PreparedCall, ToolError> {
+        let entry = self
+            .inner
+            .entries
+            .get(&call.name)
+            .ok_or_else(|| ToolError::UnknownTool(cap_text(&call.name, 256)))?;
+        let args = validate_arguments(&entry.validator, &call.arguments)?;
+        Ok(PreparedCall {
+            tool: Arc::clone(&entry.tool),
+            args,
+        })
+    }
+}
+
+impl fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.inner.specs.iter().map(|s| s.name.as_str()).collect();
+        f.debug_struct("ToolSet").field("tools", &names).finish()
+    }
+}
+
+/// A tool call that passed validation: the tool and its arguments object.
+pub struct PreparedCall {
+    /// The tool to run.
+    pub tool: Arc<dyn Tool>,
+    /// The validated arguments (always a JSON object).
+    pub args: Value,
+}
+
+impl PreparedCall {
+    /// Runs the tool. It gets `timeout` to finish ([`ToolError::Timeout`]);
+    /// a panic becomes [`ToolError::Panicked`] with the panic's text; an `Ok`
+    /// result is capped to `max_result_bytes` (head and tail kept) and an
+    /// error's message to a few KiB. Cancel-safe: dropping the future drops
+    /// the tool's.
+    pub async fn execute(
+        self,
+        ctx: ToolContext,
+        timeout: Duration,
+        max_result_bytes: usize,
+    ) -> Result<String, ToolError> {
+        let PreparedCall { tool, args } = self;
+        // `call` runs inside the async block, so even a tool whose `call`
+        // panics before returning its future is caught.
+        let guarded = AssertUnwindSafe(async move { tool.call(args, ctx).await }).catch_unwind();
+        let outcome = match tokio::time::timeout(timeout, guarded).await {
+            Err(_elapsed) => Err(ToolError::Timeout(
+                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            )),
+            Ok(Err(payload)) => Err(ToolError::Panicked(panic_text(payload.as_ref()))),
+            Ok(Ok(result)) => result,
+        };
+        match outcome {
+            Ok(text) => Ok(cap_text(&text, max_result_bytes)),
+            Err(error) => Err(cap_error(error)),
+        }
+    }
+}
+
+impl fmt::Debug for PreparedCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedCall")
+            .field("tool", &self.tool.spec().name)
+            .field("args", &self.args)
+            .finish()
+    }
+}
+
+/// The text of a panic payload (`panic!` gives a `&str` or a `String`).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.as_str()
+    } else {
+        "non-string panic payload"
+    };
+    cap_text(text, MAX_ERROR_BYTES)
+}
+
+/// Caps the message an error carries, so a tool cannot flood the transcript
+/// through its errors.
+fn cap_error(error: ToolError) -> ToolError {
+    let cap = |s: String| cap_text(&s, MAX_ERROR_BYTES);
+    match error {
+        ToolError::UnknownTool(s) => ToolError::UnknownTool(cap(s)),
+        ToolError::InvalidArguments(s) => ToolError::InvalidArguments(cap(s)),
+        ToolError::Failed(s) => ToolError::Failed(cap(s)),
+        ToolError::Panicked(s) => ToolError::Panicked(cap(s)),
+        ToolError::Timeout(ms) => ToolError::Timeout(ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::run::RunId;
+    use async_trait::async_trait;
+    use serde_json::json;
+
+    fn registry() -> ToolRegistry {
+        ToolRegistry::with_builtins()
+    }
+
+    fn all(registry: &ToolRegistry) -> ToolSet {
+        match registry.select(&registry.names()) {
+            Ok(set) => set,
+            Err(e) => panic!("select failed: {e}"),
+        }
+    }
+
+    fn call(name: &str, arguments: &str) -> ToolCallRequest {
+        ToolCallRequest {
+            id: "c1".into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    fn ctx() -> ToolContext {
+        ToolContext {
+            run_id: RunId::new(),
+            call_id: "c1".into(),
+        }
+    }
+
+    async fn run(set: &ToolSet, name: &str, arguments: &str) -> Result<String, ToolError> {
+        run_with(set, name, arguments, Duration::from_secs(5), 1 << 20).await
+    }
+
+    async fn run_with(
+        set: &ToolSet,
+        name: &str,
+        arguments: &str,
+        timeout: Duration,
+        max: usize,
+    ) -> Result<String, ToolError> {
+        set.prepare(&call(name, arguments))?
+            .execute(ctx(), timeout, max)
+            .await
+    }
+
+    fn invalid(result: Result<PreparedCall, ToolError>) -> String {
+        match result {
+            Err(ToolError::InvalidArguments(m)) => m,
+            other => panic!("expected InvalidArguments, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn builtins_all_register() {
+        assert_eq!(
+            registry().names(),
+            ["add", "echo", "fail", "panic", "sleep", "upper"]
+        );
+    }
+
+    #[test]
+    fn duplicate_names_and_bad_schemas_are_refused() {
+        let mut r = registry();
+        let again = builtins().into_iter().next();
+        let Some(again) = again else {
+            panic!("no builtins")
+        };
+        assert!(matches!(
+            r.register(again),
+            Err(RegistryError::DuplicateTool(_))
+        ));
+        let bad = Arc::new(Fixed(ToolSpec {
+            name: "bad".into(),
+            description: String::new(),
+            parameters: json!({"type": 12}),
+        }));
+        assert!(matches!(
+            r.register(bad),
+            Err(RegistryError::InvalidSchema { .. })
+        ));
+        let badly_named = Arc::new(Fixed(ToolSpec {
+            name: "has space".into(),
+            description: String::new(),
+            parameters: json!({}),
+        }));
+        assert!(matches!(
+            r.register(badly_named),
+            Err(RegistryError::InvalidName(_))
+        ));
+    }
+
+    #[test]
+    fn select_names_an_unknown_tool_and_lists_the_available() {
+        let err = registry()
+            .select(&["add".into(), "nope".into()])
+            .map(|_| ());
+        let Err(err) = err else {
+            panic!("expected an error")
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("`nope`") && text.contains("add, echo"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_set_keeps_selection_order_and_shares_its_specs() {
+        let r = registry();
+        let Ok(set) = r.select(&["upper".into(), "add".into(), "upper".into()]) else {
+            panic!("select failed")
+        };
+        let names: Vec<String> = set.specs().iter().map(|s| s.name.clone()).collect();
+        assert_eq!(names, ["upper", "add"]);
+        assert!(Arc::ptr_eq(&set.specs(), &set.clone().specs()));
+        assert!(!set.is_empty() && set.contains("add") && !set.contains("echo"));
+        assert!(ToolSet::default().is_empty());
+    }
+
+    #[test]
+    fn unknown_tool_is_refused() {
+        let r = registry();
+        let Ok(set) = r.select(&["add".into()]) else {
+            panic!("select failed")
+        };
+        let err = set.prepare(&call("upper", "{}")).map(|_| ());
+        assert_eq!(err, Err(ToolError::UnknownTool("upper".into())));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_before_any_tool_runs() {
+        let set = all(&registry());
+        assert!(invalid(set.prepare(&call("add", "{a: 1"))).contains("not valid JSON"));
+        assert!(invalid(set.prepare(&call("add", "[1, 2]"))).contains("JSON object"));
+        assert!(invalid(set.prepare(&call("add", r#"{"a": "1", "b": 2}"#))).contains("`/a`"));
+        assert!(invalid(set.prepare(&call("add", r#"{"a": 1}"#))).contains("\"b\""));
+        assert!(invalid(set.prepare(&call("add", r#"{"a": 1, "b": 2, "c": 3}"#))).contains("'c'"));
+        assert!(invalid(set.prepare(&call("add", ""))).contains("required"));
+        let huge = format!(r#"{{"text": "{}"}}"#, "x".repeat(70 * 1024));
+        assert!(invalid(set.prepare(&call("echo", &huge))).contains("limit"));
+        assert!(invalid(set.prepare(&call("sleep", r#"{"ms": -1}"#))).contains("`/ms`"));
+    }
+
+    #[test]
+    fn empty_arguments_are_accepted_when_nothing_is_required() {
+        let set = all(&registry());
+        for text in ["", "  ", "{}"] {
+            let prepared = set.prepare(&call("fail", text));
+            assert_eq!(prepared.map(|p| p.args).ok(), Some(json!({})), "{text:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn add_and_upper_return_their_results() {
+        let set = all(&registry());
+        assert_eq!(
+            run(&set, "add", r#"{"a": 2, "b": 3}"#).await,
+            Ok("5".into())
+        );
+        assert_eq!(
+            run(&set, "add", r#"{"a": 0.5, "b": 1}"#).await,
+            Ok("1.5".into())
+        );
+        assert_eq!(
+            run(&set, "upper", r#"{"text": "héllo"}"#).await,
+            Ok("HÉLLO".into())
+        );
+        assert_eq!(
+            run(&set, "echo", r#"{"text": "hi"}"#).await,
+            Ok("hi".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_tool_is_an_error_result() {
+        let set = all(&registry());
+        assert_eq!(
+            run(&set, "fail", r#"{"reason": "nope"}"#).await,
+            Err(ToolError::Failed("nope".into()))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_tool_becomes_panicked() {
+        let set = all(&registry());
+        assert_eq!(
+            run(&set, "panic", r#"{"message": "boom"}"#).await,
+            Err(ToolError::Panicked("boom".into()))
+        );
+        let formatted = Arc::new(PanicsFormatted);
+        let mut r = ToolRegistry::new();
+        assert!(r.register(formatted).is_ok());
+        let set = all(&r);
+        assert_eq!(
+            run(&set, "formatted", "").await,
+            Err(ToolError::Panicked("code 7".into()))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_tool_times_out() {
+        let set = all(&registry());
+        let result = run_with(
+            &set,
+            "sleep",
+            r#"{"ms": 60000}"#,
+            Duration::from_millis(50),
+            1024,
+        )
+        .await;
+        assert_eq!(result, Err(ToolError::Timeout(50)));
+        let quick = run_with(
+            &set,
+            "sleep",
+            r#"{"ms": 10}"#,
+            Duration::from_millis(50),
+            1024,
+        );
+        assert_eq!(quick.await, Ok("slept 10 ms".into()));
+    }
+
+    #[tokio::test]
+    async fn results_and_errors_are_capped() {
+        let set = all(&registry());
+        let long = "a".repeat(5000) + &"z".repeat(5000);
+        let args = json!({ "text": long }).to_string();
+        let Ok(text) = run_with(&set, "echo", &args, Duration::from_secs(5), 200).await else {
+            panic!("echo failed")
+        };
+        assert!(text.len() <= 260, "{}", text.len());
+        assert!(text.starts_with("aaa") && text.ends_with("zzz") && text.contains("cut"));
+
+        let args = json!({ "reason": long }).to_string();
+        match run(&set, "fail", &args).await {
+            Err(ToolError::Failed(m)) => assert!(m.len() <= MAX_ERROR_BYTES + 64, "{}", m.len()),
+            other => panic!("expected Failed, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn panic_payloads_of_either_string_type_are_read() {
+        assert_eq!(panic_text(&"static"), "static");
+        assert_eq!(panic_text(&String::from("owned")), "owned");
+        assert_eq!(panic_text(&42_u8), "non-string panic payload");
+    }
+
+    #[test]
+    fn sets_and_executions_can_cross_threads() {
+        fn is_send_sync<T: Send + Sync>(_: &T) {}
+        fn is_send<T: Send>(_: &T) {}
+        let set = all(&registry());
+        is_send_sync(&set);
+        if let Ok(prepared) = set.prepare(&call("echo", r#"{"text": "x"}"#)) {
+            is_send(&prepared.execute(ctx(), Duration::from_secs(1), 10));
+        }
+    }
+
+    /// A tool that is never called: for registration tests.
+    struct Fixed(ToolSpec);
+
+    #[async_trait]
+    impl Tool for Fixed {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<String, ToolError> {
+            Ok(String::new())
+        }
+    }
+
+    /// A tool whose panic payload is a formatted `String`.
+    struct PanicsFormatted;
+
+    #[async_trait]
+    impl Tool for PanicsFormatted {
+        fn spec(&self) -> &ToolSpec {
+            static SPEC: std::sync::OnceLock<ToolSpec> = std::sync::OnceLock::new();
+            SPEC.get_or_init(|| ToolSpec {
+                name: "formatted".into(),
+                description: String::new(),
+                parameters: json!({"type": "object"}),
+            })
+        }
+        async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<String, ToolError> {
+            let code = 7;
+            panic!("code {code}");
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Tool-argument validation as pure functions, one per step, in the order
+//! [`validate_arguments`] applies them:
+//!
+//! 1. [`check_size`]: the raw text is at most [`MAX_ARGUMENT_BYTES`];
+//! 2. [`parse_arguments`]: strict JSON (an empty or whitespace-only text
+//!    means `{}`, since models send that for a tool without parameters);
+//! 3. [`require_object`]: the value is a JSON object;
+//! 4. [`check_schema`]: the object satisfies the tool's compiled schema.
+//!
+//! Every failure is a [`ToolError::InvalidArguments`] whose message tells the
+//! model what to fix, capped to [`MAX_ERROR_BYTES`]. Nothing here guesses or
+//! repairs: arguments that fail are never replaced by defaults.
+
+use jsonschema::Validator;
+use serde_json::Value;
+
+use crate::ports::run::cap_text;
+use crate::ports::tool::ToolError;
+
+/// The largest argument text accepted, in bytes (64 KiB). Checked before
+/// parsing, so an oversized text costs nothing but its length.
+pub const MAX_ARGUMENT_BYTES: usize = 64 * 1024;
+
+/// The longest error message handed back to the model, in bytes.
+pub const MAX_ERROR_BYTES: usize = 4 * 1024;
+
+/// How many schema violations one error lists before it says "and N more".
+const MAX_LISTED_VIOLATIONS: usize = 5;
+
+/// The longest single violation message (they quote the offending value).
+const MAX_VIOLATION_BYTES: usize = 512;
+
+/// Refuses an argument text longer than [`MAX_ARGUMENT_BYTES`].
+pub fn check_size(text: &str) -> Result<(), ToolError> {
+    if text.len() > MAX_ARGUMENT_BYTES {
+        return Err(ToolError::InvalidArguments(format!(
+            "arguments are {} bytes; the limit is {MAX_ARGUMENT_BYTES} bytes",
+            text.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Parses argument text as strict JSON. An empty or whitespace-only text is
+/// `{}`; anything else that is not one valid JSON value is refused with
+/// serde's message (which gives the line and column).
+pub fn parse_arguments(text: &str) -> Result<Value, ToolError> {
+    if text.trim().is_empty() {
+        return Ok(Value::Object(serde_json::Map::new()));
+    }
+    serde_json::from_str(text).map_err(|e| {
+        ToolError::InvalidArguments(cap_text(
+            &format!("arguments are not valid JSON: {e}"),
+            MAX_ERROR_BYTES,
+        ))
+    })
+}
+
+/// Passes a JSON object through; refuses any other kind of value.
+pub fn require_object(value: Value) -> Result<Value, ToolError> {
+    let got = match &value {
+        Value::Object(_) => return Ok(value),
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+    };
+    Err(ToolError::InvalidArguments(format!(
+        "arguments must be a JSON object, got {got}"
+    )))
+}
+
+/// Compiles a tool's argument schema once, at registration. Remote `$ref`s
+/// are not resolved (the crate is built without resolvers), so a schema that
+/// needs one fails here rather than at call time. The error is the
+/// compiler's message.
+pub fn compile_schema(schema: &Value) -> Result<Validator, String> {
+    jsonschema::validator_for(schema).map_err(|e| cap_text(&e.to_string(), MAX_ERROR_BYTES))
+}
+
+/// Checks arguments against a compiled schema. The error lists the first
+/// few violations, each with the instance path that failed (`the root` for
+/// the object itself: a missing or extra property) and what was expected.
+pub fn check_schema(validator: &Validator, args: &Value) -> Result<(), ToolError> {
+    let mut listed = Vec::new();
+    let mut more = 0usize;
+    for error in validator.iter_errors(args) {
+        if listed.len() == MAX_LISTED_VIOLATIONS {
+            more += 1;
+            continue;
+        }
+        let path = error.instance_path().as_str();
+        let at = if path.is_empty() {
+            "at the root".to_string()
+        } else {
+            format!("at `{path}`")
+        };
+        listed.push(format!(
+            "{at}: {}",
+            cap_text(&error.to_string(), MAX_VIOLATION_BYTES)
+        ));
+    }
+    if listed.is_empty() {
+        return Ok(());
+    }
+    let mut message = format!("schema violation: {}", listed.join("; "));
+    if more > 0 {
+        message.push_str(&format!("; and {more} more"));
+    }
+    Err(ToolError::InvalidArguments(cap_text(
+        &message,
+        MAX_ERROR_BYTES,
+    )))
+}
+
+/// Runs every step in order and returns the validated arguments object.
+pub fn validate_arguments(validator: &Validator, text: &str) -> Result<Value, ToolError> {
+    check_size(text)?;
+    let args = require_object(parse_arguments(text)?)?;
+    check_schema(validator, &args)?;
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn add_schema() -> Validator {
+        let schema = json!({
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+            "additionalProperties": false
+        });
+        match compile_schema(&schema) {
+            Ok(v) => v,
+            Err(e) => panic!("schema should compile: {e}"),
+        }
+    }
+
+    fn invalid_message(result: Result<impl std::fmt::Debug, ToolError>) -> String {
+        match result {
+            Err(ToolError::InvalidArguments(m)) => m,
+            other => panic!("expected InvalidArguments, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_and_whitespace_text_is_an_empty_object() {
+        assert_eq!(parse_arguments("").ok(), Some(json!({})));
+        assert_eq!(parse_arguments(" \n\t ").ok(), Some(json!({})));
+    }
+
+    #[test]
+    fn non_json_is_refused_with_serde_message() {
+        let m = invalid_message(parse_arguments("{a: 1}"));
+        assert!(m.contains("not valid JSON") && m.contains("line 1"), "{m}");
+        let m = invalid_message(parse_arguments(r#"{"a": 1} trailing"#));
+        assert!(m.contains("trailing"), "{m}");
+        invalid_message(parse_arguments(r#"{"a": 1,}"#));
+    }
+
+    #[test]
+    fn non_objects_are_refused() {
+        for (text, kind) in [
+            ("[1, 2]", "an array"),
+            ("\"s\"", "a string"),
+            ("3", "a number"),
+            ("null", "null"),
+            ("true", "a boolean"),
+        ] {
+            let m = invalid_message(parse_arguments(text).and_then(require_object));
+            assert!(m.contains(kind), "{text}: {m}");
+        }
+    }
+
+    #[test]
+    fn oversize_text_is_refused_before_parsing() {
+        let text = format!("{{\"a\": \"{}\"}}", "x".repeat(MAX_ARGUMENT_BYTES));
+        let m = invalid_message(validate_arguments(&add_schema(), &text));
+        assert!(m.contains("limit"), "{m}");
+        assert!(check_size(&"x".repeat(MAX_ARGUMENT_BYTES)).is_ok());
+    }
+
+    #[test]
+    fn wrong_type_names_the_path_and_the_expected_type() {
+        let m = invalid_message(validate_arguments(&add_schema(), r#"{"a": "x", "b": 1}"#));
+        assert!(m.contains("`/a`") && m.contains("number"), "{m}");
+    }
+
+    #[test]
+    fn missing_required_property_is_named() {
+        let m = invalid_message(validate_arguments(&add_schema(), r#"{"a": 1}"#));
+        assert!(m.contains("at the root") && m.contains("\"b\""), "{m}");
+    }
+
+    #[test]
+    fn extra_property_is_named() {
+        let m = invalid_message(validate_arguments(
+            &add_schema(),
+            r#"{"a": 1, "b": 2, "c": 3}"#,
+        ));
+        assert!(m.contains("'c'"), "{m}");
+    }
+
+    #[test]
+    fn many_violations_are_summarised_and_capped() {
+        let props: serde_json::Map<String, Value> = (0..20)
+            .map(|i| (format!("p{i}"), json!({"type": "string"})))
+            .collect();
+        let schema = json!({"type": "object", "properties": props});
+        let validator = compile_schema(&schema).map_err(|e| e.to_string());
+        let Ok(validator) = validator else {
+            panic!("schema should compile")
+        };
+        let args: serde_json::Map<String, Value> =
+            (0..20).map(|i| (format!("p{i}"), json!(i))).collect();
+        let m = invalid_message(check_schema(&validator, &Value::Object(args)));
+        assert!(m.contains("and 15 more"), "{m}");
+        assert!(m.len() <= MAX_ERROR_BYTES + 64);
+    }
+
+    #[test]
+    fn valid_arguments_pass_through() {
+        let args = validate_arguments(&add_schema(), r#"{"a": 2, "b": 3.5}"#).ok();
+        assert_eq!(args, Some(json!({"a": 2, "b": 3.5})));
+    }
+
+    #[test]
+    fn bad_schemas_do_not_compile() {
+        assert!(compile_schema(&json!({"type": "no-such-type"})).is_err());
+        assert!(compile_schema(&json!({"$ref": "https://example.com/s.json"})).is_err());
+    }
+}
