@@ -86,7 +86,6 @@ impl Ending {
 /// Delivers the result (once) and closes the event stream.
 pub(crate) struct Finisher {
     pub(crate) result_tx: oneshot::Sender<Arc<RunResult>>,
-    pub(crate) events: Option<mpsc::UnboundedSender<RunEvent>>,
 }
 
 /// Shared by the run actor, its critic shard and its handle.
@@ -97,7 +96,10 @@ pub(crate) struct RunShared {
     pub(crate) parent_run_id: Option<RunId>,
     partial: Mutex<Partial>,
     finisher: Mutex<Option<Finisher>>,
-    events: Option<mpsc::UnboundedSender<RunEvent>>,
+    /// The listener's sender; taken when the run finishes, so the stream
+    /// ends with the run even while a handle (which shares this record) lives.
+    events: Mutex<Option<mpsc::UnboundedSender<RunEvent>>>,
+    listening: bool,
     seq: AtomicU32,
     host_live: Arc<crate::host::LiveRuns>,
 }
@@ -133,11 +135,9 @@ impl RunShared {
                 max_iterations,
                 ..Default::default()
             }),
-            finisher: Mutex::new(Some(Finisher {
-                result_tx,
-                events: events_tx.clone(),
-            })),
-            events: events_tx,
+            finisher: Mutex::new(Some(Finisher { result_tx })),
+            listening: events_tx.is_some(),
+            events: Mutex::new(events_tx),
             seq: AtomicU32::new(0),
             host_live,
         });
@@ -152,12 +152,16 @@ impl RunShared {
 
     /// Whether anyone listens to events.
     pub(crate) fn has_listener(&self) -> bool {
-        self.events.is_some()
+        self.listening
     }
 
-    /// Sends an event to the listener, if any.
+    /// Sends an event to the listener, if any (and if the run has not ended).
     pub(crate) fn emit(&self, event: &RunEvent) {
-        if let Some(tx) = &self.events {
+        if !self.listening {
+            return;
+        }
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = events.as_ref() {
             let _ = tx.send(event.clone());
         }
     }
@@ -209,17 +213,24 @@ impl RunShared {
                 finished_at: now.max(started_at),
             })
         };
-        if let Some(ev) = &finisher.events {
-            if result.status != RunStatus::Ok {
-                if let Some(kind) = &result.error_kind {
-                    let _ = ev.send(RunEvent::Error {
+        if self.listening {
+            // Taking the sender ends the listener's stream after this event.
+            let tx = self.events.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let (Some(tx), Some(kind)) = (tx, &result.error_kind) {
+                if result.status != RunStatus::Ok {
+                    let _ = tx.send(RunEvent::Error {
                         kind: kind.clone(),
                         message: result.error.clone().unwrap_or_default(),
                     });
                 }
             }
         }
-        drop(finisher.events);
+        drop(
+            self.events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         let record = AuditRecord {
             run_id: self.run_id,
             seq: self.next_seq(),

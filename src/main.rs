@@ -1,1 +1,23 @@
-fn main() {}
+//! The `agentvisor` command line: run one agent, run a swarm of them.
+//!
+//! Exit codes: 0 when every run ended `ok`; 1 when a run ended otherwise;
+//! 2 when the input was refused before any run (a bad manifest, a bad flag).
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    cli::init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(cli::dispatch(args))
+}

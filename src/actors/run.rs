@@ -281,10 +281,15 @@ impl RunState {
         });
         self.beat(Beat::StepStarted);
 
+        // Deltas go straight to the listener, not through the mailbox: a
+        // model that answers at once streams before `step.finish`, and its
+        // deltas would otherwise queue behind the run's end and be dropped.
         let on_delta: Option<DeltaSink> = if self.shared.has_listener() {
-            let me = myself.clone();
+            let shared = self.shared.clone();
+            let iteration = self.iteration;
             Some(Arc::new(move |text: &str| {
-                let _ = me.cast(RunMsg::TextDelta {
+                shared.emit(&RunEvent::TextDelta {
+                    iteration,
                     text: text.to_string(),
                 });
             }))

@@ -1,0 +1,175 @@
+//! `agentvisor swarm FILE --runs N --concurrency C`: N runs of one manifest,
+//! at most C in flight, with a progress bar on a terminal and a summary:
+//! runs, statuses, runs/s, latency p50/p99, peak RSS. Exit 0 iff every run
+//! ended `ok`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use agentvisor::{Invocation, RunStatus};
+
+/// Flags of `agentvisor swarm`.
+#[derive(Args, Debug)]
+pub(crate) struct SwarmArgs {
+    /// The agent manifest (YAML).
+    file: PathBuf,
+    /// How many runs.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
+    /// How many in flight at once.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    concurrency: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// The prompt of every run (default: the manifest's `prompt`).
+    #[arg(long)]
+    input: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    runs: u64,
+    concurrency: u64,
+    by_status: BTreeMap<String, u64>,
+    elapsed_s: f64,
+    runs_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    peak_rss_bytes: u64,
+    peak_rss_mib: f64,
+    audit_terminal_records: u64,
+}
+
+pub(crate) async fn swarm(a: SwarmArgs) -> ExitCode {
+    let (host, agent) = match super::prepare(&a.file, None).await {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressBar::with_draw_target(Some(a.runs), ProgressDrawTarget::stderr_with_hz(4))
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} runs  {per_sec}  eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let statuses: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let prompt = a.input.clone().unwrap_or_default();
+    let started = Instant::now();
+    let workers = a.concurrency.min(a.runs);
+    let mut tasks = Vec::with_capacity(workers as usize);
+    for _ in 0..workers {
+        let (host, agent, next, stop, statuses, bar, prompt) = (
+            host.clone(),
+            agent.clone(),
+            next.clone(),
+            stop.clone(),
+            statuses.clone(),
+            bar.clone(),
+            prompt.clone(),
+        );
+        let total = a.runs;
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut local: std::collections::HashMap<RunStatus, u64> = std::collections::HashMap::new();
+            while !stop.load(Ordering::Relaxed) && next.fetch_add(1, Ordering::Relaxed) < total {
+                let t0 = Instant::now();
+                let inv = Invocation {
+                    prompt: prompt.clone(),
+                    caller_id: Some("swarm".into()),
+                    ..Default::default()
+                };
+                let status = match host.submit(&agent, inv).await {
+                    Ok(h) => h.await.status,
+                    Err(_) => RunStatus::Error,
+                };
+                latencies.push(t0.elapsed().as_micros() as u64);
+                *local.entry(status).or_default() += 1;
+                bar.inc(1);
+            }
+            let mut g = statuses.lock().unwrap_or_else(|p| p.into_inner());
+            for (s, n) in local {
+                *g.entry(s.to_string()).or_default() += n;
+            }
+            latencies
+        }));
+    }
+    let ctrl_c = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.store(true, Ordering::Relaxed);
+            }
+        })
+    };
+    let mut latencies = Vec::with_capacity(a.runs as usize);
+    for t in tasks {
+        if let Ok(l) = t.await {
+            latencies.extend(l);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    ctrl_c.abort();
+    bar.finish_and_clear();
+    let stats = host.shutdown().await;
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies[i] as f64 / 1000.0
+    };
+    let by_status = statuses.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let done = latencies.len() as u64;
+    let peak = super::peak_rss_bytes();
+    let s = Summary {
+        runs: done,
+        concurrency: a.concurrency,
+        by_status,
+        elapsed_s: round3(elapsed),
+        runs_per_sec: round3(done as f64 / elapsed.max(1e-9)),
+        p50_ms: round3(pct(0.50)),
+        p99_ms: round3(pct(0.99)),
+        max_ms: round3(pct(1.0)),
+        peak_rss_bytes: peak,
+        peak_rss_mib: round3(peak as f64 / (1024.0 * 1024.0)),
+        audit_terminal_records: stats.terminal_records,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&s).unwrap_or_default());
+    } else {
+        println!("runs:          {} (concurrency {})", s.runs, s.concurrency);
+        for (k, v) in &s.by_status {
+            println!("  {k:<13}{v}");
+        }
+        println!("elapsed:       {:.3} s", s.elapsed_s);
+        println!("runs/s:        {:.0}", s.runs_per_sec);
+        println!("latency:       p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms", s.p50_ms, s.p99_ms, s.max_ms);
+        println!("peak RSS:      {:.1} MiB", s.peak_rss_mib);
+        println!("audit:         {} terminal records", s.audit_terminal_records);
+    }
+    let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;
+    if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
