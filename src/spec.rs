@@ -452,7 +452,7 @@ impl AgentSpec {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| SpecError::Read {
             path: path.display().to_string(),
-            reason: e.kind().to_string(),
+            reason: e.to_string(),
         })?;
         Self::parse(&text, Some(path.display().to_string()))
     }

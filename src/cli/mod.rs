@@ -13,7 +13,8 @@ use clap::{Parser, Subcommand};
 
 use agentvisor::ports::budget::BudgetLimits;
 use agentvisor::stores::MemoryBudgetLedger;
-use agentvisor::{Agent, AgentSpec, Host, HostBuilder};
+use agentvisor::tools::RegistryError;
+use agentvisor::{Agent, AgentSpec, Host, HostBuilder, SubmitError};
 
 /// agentvisor: run LLM agent runs as supervised actors.
 #[derive(Parser, Debug)]
@@ -69,9 +70,15 @@ pub(crate) async fn prepare(file: &PathBuf, budget_tokens: Option<u64>) -> Resul
         .build()
         .await
         .map_err(refuse)?;
-    let agent = host
-        .agent(spec)
-        .map_err(|e| refuse(format!("invalid manifest {}: {e}", file.display())))?;
+    let agent = host.agent(spec).map_err(|e| {
+        let line = match &e {
+            SubmitError::Tool(RegistryError::UnknownTool { name, .. }) => std::fs::read_to_string(file)
+                .map(|text| agentvisor::spec::line_of(&text, name))
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        refuse(format!("invalid manifest {}: {e}{line}", file.display()))
+    })?;
     Ok((host, agent))
 }
 
