@@ -39,6 +39,9 @@ pub(crate) struct Partial {
     pub(crate) last_text: Option<String>,
     pub(crate) started: Option<(Instant, u64)>,
     pub(crate) finished: bool,
+    /// How many steps moved into the result at the end (so the live state
+    /// still counts them afterwards).
+    pub(crate) steps_taken: usize,
 }
 
 /// How a run ends, before it becomes a [`RunResult`].
@@ -188,6 +191,7 @@ impl RunShared {
         let result = {
             let mut p = self.partial();
             p.finished = true;
+            p.steps_taken = p.steps.len();
             let now = unix_ms();
             let started_at = p.started.map(|(_, ms)| ms).unwrap_or(now);
             let output = match ending.status {
@@ -225,26 +229,20 @@ impl RunShared {
                 }
             }
         }
-        drop(
-            self.events
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
-        );
         let record = AuditRecord {
             run_id: self.run_id,
             seq: self.next_seq(),
             at_ms: result.finished_at,
             entry: AuditEntry::Terminal(result.clone()),
         };
-        if let Err(e) = audit.cast(AuditMsg::Terminal {
-            record,
-            deliver: finisher.result_tx,
-        }) {
-            // The audit actor is gone (host shutting down hard): deliver anyway.
-            if let ractor::MessagingErr::SendErr(AuditMsg::Terminal { deliver, .. }) = e {
-                let _ = deliver.send(result.clone());
-            }
+        // If the audit actor is gone (host shutting down hard): deliver anyway.
+        if let Err(ractor::MessagingErr::SendErr(AuditMsg::Terminal { deliver, .. })) =
+            audit.cast(AuditMsg::Terminal {
+                record,
+                deliver: finisher.result_tx,
+            })
+        {
+            let _ = deliver.send(result.clone());
         }
         self.host_live.leave();
         Some(result)
@@ -340,7 +338,7 @@ impl RunHandle {
                 .map(|(i, _)| i.elapsed().as_millis() as u64)
                 .unwrap_or(0),
             tokens: p.usage.total(),
-            tool_calls: p.steps.len() as u32,
+            tool_calls: (p.steps.len() + p.steps_taken) as u32,
             finished: p.finished,
         })
     }

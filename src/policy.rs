@@ -1,8 +1,9 @@
 //! The default [`CriticPolicy`]: plain rules, decided at once.
 //!
 //! - Soft timeout: extend the hard deadline by `extension` if the run made
-//!   progress (a step or a finished tool call) since the last decision, at
-//!   most `max_extensions` times; otherwise steer once with a wrap-up nudge.
+//!   progress (a model call or a tool call that finished) since the last
+//!   decision, at most `max_extensions` times; otherwise steer once with a
+//!   wrap-up nudge.
 //! - Stall: kill (`stalled`).
 //! - The same tool call `repeat_limit` times in a row: steer once; one more
 //!   repeat: kill (`runaway`).

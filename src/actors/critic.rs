@@ -24,6 +24,12 @@
 //! overtake the run's own `Watch` message (supervision events are handled
 //! before ordinary messages), so early failures are parked until it arrives.
 //!
+//! # Repeats
+//! The run counts identical consecutive tool calls too; once a call reaches
+//! `repeat_limit`, it sends `ReleaseStep` after its heartbeats instead of
+//! stepping on by itself, so a run whose tools answer at once cannot outrun
+//! the repeat decision. Only repeating runs pay this round trip.
+//!
 //! # Rate
 //! About six heartbeats per model iteration per run. A shard never awaits in
 //! `handle`; a policy that consults a model runs as a task.
@@ -100,6 +106,14 @@ pub enum CriticMsg {
     },
     /// Cancel every watched run (host shutdown).
     CancelAll,
+    /// A run that repeats a tool call asks for its next step through the
+    /// critic, so the repeat decision (a steer, a `runaway` kill) reaches it
+    /// before its next model call: the critic answers with `NextStep` after
+    /// the heartbeats that came before (one mailbox, in order).
+    ReleaseStep {
+        /// The run to release.
+        run: ActorRef<RunMsg>,
+    },
     /// The earliest timer is due.
     Tick,
     /// A policy that took its time has decided.
@@ -130,6 +144,8 @@ struct Watched {
     last_beat: Instant,
     armed: Option<Instant>,
     steps: u32,
+    /// Model calls that came back: a call that hangs is no progress.
+    steps_done: u32,
     tool_calls: u32,
     tokens: u64,
     progress_at_decision: u32,
@@ -143,7 +159,7 @@ struct Watched {
 
 impl Watched {
     fn progress(&self) -> u32 {
-        self.steps + self.tool_calls
+        self.steps_done + self.tool_calls
     }
 
     fn next_due(&self) -> Instant {
@@ -245,6 +261,9 @@ impl Actor for Critic {
                     arm(st, pid);
                 }
             }
+            CriticMsg::ReleaseStep { run } => {
+                let _ = run.cast(RunMsg::NextStep);
+            }
             CriticMsg::Tick => self.tick(&myself, st),
             CriticMsg::Decided {
                 run,
@@ -319,6 +338,7 @@ impl Critic {
             last_beat: Instant::now(),
             armed: None,
             steps: 0,
+            steps_done: 0,
             tool_calls: 0,
             tokens: 0,
             progress_at_decision: 0,
@@ -345,7 +365,10 @@ impl Critic {
         w.last_beat = now;
         match beat {
             Beat::StepStarted => w.steps += 1,
-            Beat::StepFinished { tokens } => w.tokens += tokens,
+            Beat::StepFinished { tokens } => {
+                w.steps_done += 1;
+                w.tokens += tokens;
+            }
             Beat::ToolFinished => w.tool_calls += 1,
             Beat::Alive => {}
             Beat::ToolStarted { hash } => {

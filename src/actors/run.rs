@@ -67,6 +67,14 @@ pub enum RunMsg {
         /// What the model said.
         result: Result<ChatResponse, ModelError>,
     },
+    /// A model call panicked after its first poll (in its task): the run
+    /// ends `error`/`panic`, like a run whose actor panicked.
+    ModelPanicked {
+        /// The call's epoch (stale results are ignored).
+        epoch: u32,
+        /// The panic's text.
+        text: String,
+    },
     /// A turn's tool calls ended.
     ToolsDone {
         /// The batch's epoch.
@@ -129,6 +137,12 @@ pub struct RunState {
     inflight: Option<AbortHandle>,
     epoch: u32,
     error_steps: u32,
+    /// Hash of the last tool call and how many times in a row it came (the
+    /// critic counts the same; see `gate_next_step`).
+    last_call: u64,
+    repeats: u32,
+    /// The next step waits for the critic's `ReleaseStep` answer.
+    gate_next_step: bool,
     started: Instant,
     done: bool,
     pending_audit: Vec<AuditRecord>,
@@ -177,6 +191,9 @@ impl Actor for RunActor {
             inflight: None,
             epoch: 0,
             error_steps: 0,
+            last_call: 0,
+            repeats: 0,
+            gate_next_step: false,
             started,
             done: false,
             pending_audit: Vec::with_capacity(8),
@@ -203,34 +220,19 @@ impl Actor for RunActor {
     ) -> Result<(), ActorProcessingErr> {
         let span = st.span.clone();
         let _enter = span.enter();
-        if !st.done {
-            match msg {
-                RunMsg::NextStep => st.next_step(&myself),
-                RunMsg::ModelDone { epoch, result } => {
-                    if epoch == st.epoch && st.inflight.is_some() {
-                        st.inflight = None;
-                        st.model_done(&myself, result);
-                    }
-                }
-                RunMsg::ToolsDone { epoch, outcomes } => {
-                    if epoch == st.epoch && st.inflight.is_some() {
-                        st.inflight = None;
-                        st.tools_done(&myself, outcomes);
-                    }
-                }
-                RunMsg::TextDelta { text } => {
-                    let iteration = st.iteration;
-                    st.shared.emit(&RunEvent::TextDelta { iteration, text });
-                }
-                RunMsg::Steer { text } => st.steers.push(text),
-                RunMsg::RaiseIterations { by } => {
-                    st.max_iterations = st.max_iterations.saturating_add(by);
-                    st.shared.partial().max_iterations = st.max_iterations;
-                }
-                RunMsg::Stop { ending } => st.finish(&myself, ending),
+        // A panic while handling (a model that panics when first polled)
+        // must still kill this actor, so the critic finalizes the run as
+        // `panic`; but the audit records collected so far (`run_started`,
+        // `step.start`, …) are flushed first, so the log keeps them.
+        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if !st.done {
+                st.on_message(&myself, msg);
             }
-        }
+        }));
         st.flush_audit();
+        if let Err(panic) = handled {
+            std::panic::resume_unwind(panic);
+        }
         Ok(())
     }
 
@@ -247,6 +249,45 @@ impl Actor for RunActor {
 }
 
 impl RunState {
+    fn on_message(&mut self, myself: &ActorRef<RunMsg>, msg: RunMsg) {
+        match msg {
+            RunMsg::NextStep => self.next_step(myself),
+            RunMsg::ModelDone { epoch, result } => {
+                if epoch == self.epoch && self.inflight.is_some() {
+                    self.inflight = None;
+                    self.model_done(myself, result);
+                }
+            }
+            RunMsg::ModelPanicked { epoch, text } => {
+                if epoch == self.epoch && self.inflight.is_some() {
+                    self.inflight = None;
+                    let e = Ending::failed(
+                        RunStatus::Error,
+                        "panic",
+                        format!("model call panicked: {text}"),
+                    );
+                    self.finish(myself, e);
+                }
+            }
+            RunMsg::ToolsDone { epoch, outcomes } => {
+                if epoch == self.epoch && self.inflight.is_some() {
+                    self.inflight = None;
+                    self.tools_done(myself, outcomes);
+                }
+            }
+            RunMsg::TextDelta { text } => {
+                let iteration = self.iteration;
+                self.shared.emit(&RunEvent::TextDelta { iteration, text });
+            }
+            RunMsg::Steer { text } => self.steers.push(text),
+            RunMsg::RaiseIterations { by } => {
+                self.max_iterations = self.max_iterations.saturating_add(by);
+                self.shared.partial().max_iterations = self.max_iterations;
+            }
+            RunMsg::Stop { ending } => self.finish(myself, ending),
+        }
+    }
+
     fn next_step(&mut self, myself: &ActorRef<RunMsg>) {
         if let Some(t) = &self.ticket {
             if t.exhausted() {
@@ -312,14 +353,14 @@ impl RunState {
             Err(fut) => {
                 let me = myself.clone();
                 let task = tokio::spawn(async move {
-                    let result = match AssertUnwindSafe(fut).catch_unwind().await {
-                        Ok(r) => r,
-                        Err(panic) => Err(ModelError::Malformed(format!(
-                            "model call panicked: {}",
-                            panic_text(&panic)
-                        ))),
+                    let msg = match AssertUnwindSafe(fut).catch_unwind().await {
+                        Ok(result) => RunMsg::ModelDone { epoch, result },
+                        Err(panic) => RunMsg::ModelPanicked {
+                            epoch,
+                            text: panic_text(&panic),
+                        },
                     };
-                    let _ = me.cast(RunMsg::ModelDone { epoch, result });
+                    let _ = me.cast(msg);
                 });
                 self.inflight = Some(task.abort_handle());
             }
@@ -386,7 +427,17 @@ impl RunState {
             let mut h = DefaultHasher::new();
             call.name.hash(&mut h);
             call.arguments.hash(&mut h);
-            self.beat(Beat::ToolStarted { hash: h.finish() });
+            let hash = h.finish();
+            if hash == self.last_call {
+                self.repeats += 1;
+            } else {
+                self.last_call = hash;
+                self.repeats = 1;
+            }
+            if self.repeats >= self.limits.repeat_limit {
+                self.gate_next_step = true;
+            }
+            self.beat(Beat::ToolStarted { hash });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
                 iteration: self.iteration,
@@ -491,7 +542,15 @@ impl RunState {
                 return self.finish(myself, e);
             }
         }
-        let _ = myself.cast(RunMsg::NextStep);
+        if std::mem::take(&mut self.gate_next_step) {
+            // Step on only once the critic has seen this turn's heartbeats
+            // (and decided on the repeat).
+            let _ = self.critic.cast(CriticMsg::ReleaseStep {
+                run: myself.clone(),
+            });
+        } else {
+            let _ = myself.cast(RunMsg::NextStep);
+        }
     }
 
     /// Ends the run: aborts what is in flight, finalizes through the shared

@@ -84,7 +84,10 @@ fn print_human(r: &RunResult) {
     }
     for s in &r.steps {
         let mark = if s.ok { "ok" } else { "error" };
-        println!("  step {} {} {} → {mark} ({} ms)", s.iteration, s.tool, s.args, s.duration_ms);
+        println!(
+            "  step {} {} {} → {mark} ({} ms)",
+            s.iteration, s.tool, s.args, s.duration_ms
+        );
     }
     for d in &r.critic {
         println!("  critic {:?} ({}) at {} ms", d.action, d.reason, d.at_ms);

@@ -84,7 +84,8 @@ pub(crate) async fn swarm(a: SwarmArgs) -> ExitCode {
         let total = a.runs;
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
-            let mut local: std::collections::HashMap<RunStatus, u64> = std::collections::HashMap::new();
+            let mut local: std::collections::HashMap<RunStatus, u64> =
+                std::collections::HashMap::new();
             while !stop.load(Ordering::Relaxed) && next.fetch_add(1, Ordering::Relaxed) < total {
                 let t0 = Instant::now();
                 let inv = Invocation {
@@ -158,9 +159,15 @@ pub(crate) async fn swarm(a: SwarmArgs) -> ExitCode {
         }
         println!("elapsed:       {:.3} s", s.elapsed_s);
         println!("runs/s:        {:.0}", s.runs_per_sec);
-        println!("latency:       p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms", s.p50_ms, s.p99_ms, s.max_ms);
+        println!(
+            "latency:       p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            s.p50_ms, s.p99_ms, s.max_ms
+        );
         println!("peak RSS:      {:.1} MiB", s.peak_rss_mib);
-        println!("audit:         {} terminal records", s.audit_terminal_records);
+        println!(
+            "audit:         {} terminal records",
+            s.audit_terminal_records
+        );
     }
     let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;
     if all_ok {

@@ -35,7 +35,8 @@ pub struct RunView {
     pub elapsed: Duration,
     /// Model iterations started.
     pub steps: u32,
-    /// Iterations started since the previous decision.
+    /// Progress since the previous decision: model calls that came back
+    /// plus tool calls that finished (a call still in flight is none).
     pub steps_since_decision: u32,
     /// Tool calls finished.
     pub tool_calls: u32,
