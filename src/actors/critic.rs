@@ -90,6 +90,13 @@ pub enum CriticMsg {
         /// What happened.
         beat: Beat,
     },
+    /// Heartbeats of one run, in order (one message per run handler).
+    Beats {
+        /// The run actor's pid.
+        run: u64,
+        /// What happened.
+        beats: Vec<Beat>,
+    },
     /// An operator pushes the deadline back.
     ExtendDeadline {
         /// The run actor's pid.
@@ -214,6 +221,11 @@ impl Actor for Critic {
         match msg {
             CriticMsg::Watch(w) => self.watch(st, *w),
             CriticMsg::Beat { run, beat } => self.beat(&myself, st, run, beat),
+            CriticMsg::Beats { run, beats } => {
+                for beat in beats {
+                    self.beat(&myself, st, run, beat);
+                }
+            }
             CriticMsg::ExtendDeadline { run, by } => {
                 let now = Instant::now();
                 if let Some(w) = st.runs.get_mut(&run) {

@@ -22,6 +22,7 @@ use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -49,6 +50,8 @@ const SUMMARY_BYTES: usize = 200;
 /// The outcome of one tool call.
 #[derive(Debug)]
 pub struct ToolOutcome {
+    /// The call ran and its `ToolFinished` heartbeat is still to be sent.
+    beat_owed: bool,
     call_id: String,
     tool: String,
     args: String,
@@ -146,6 +149,7 @@ pub struct RunState {
     started: Instant,
     done: bool,
     pending_audit: Vec<AuditRecord>,
+    beats: Vec<Beat>,
     span: tracing::Span,
 }
 
@@ -197,6 +201,7 @@ impl Actor for RunActor {
             started,
             done: false,
             pending_audit: Vec::with_capacity(8),
+            beats: Vec::with_capacity(4),
             span,
         };
         st.critic.cast(CriticMsg::Watch(Box::new(Watch {
@@ -230,6 +235,7 @@ impl Actor for RunActor {
             }
         }));
         st.flush_audit();
+        st.flush_beats();
         if let Err(panic) = handled {
             std::panic::resume_unwind(panic);
         }
@@ -423,6 +429,7 @@ impl RunState {
         let timeout = self.limits.tool_timeout;
         let cap = self.limits.max_tool_result_bytes as usize;
         let mut jobs = Vec::with_capacity(calls.len());
+        let spawned = Arc::new(AtomicBool::new(false));
         for call in calls {
             let mut h = DefaultHasher::new();
             call.name.hash(&mut h);
@@ -452,20 +459,30 @@ impl RunState {
             };
             let critic = self.critic.clone();
             let pid = self.pid;
+            let spawned = spawned.clone();
             jobs.push(async move {
+                let mut beat_owed = false;
                 let t0 = Instant::now();
                 let result = match prepared {
                     Ok(p) => {
                         let r = p.execute(ctx, timeout, cap).await;
-                        let _ = critic.cast(CriticMsg::Beat {
-                            run: pid,
-                            beat: Beat::ToolFinished,
-                        });
+                        // A batch that finished in place reports its
+                        // heartbeats with the actor's own batch; a spawned
+                        // one reports each call as it ends.
+                        if spawned.load(Ordering::Relaxed) {
+                            let _ = critic.cast(CriticMsg::Beat {
+                                run: pid,
+                                beat: Beat::ToolFinished,
+                            });
+                        } else {
+                            beat_owed = true;
+                        }
                         r
                     }
                     Err(e) => Err(e),
                 };
                 ToolOutcome {
+                    beat_owed,
                     call_id: call.id,
                     tool: call.name,
                     args,
@@ -480,6 +497,7 @@ impl RunState {
         match poll_once(fut) {
             Ok(outcomes) => self.tools_done(myself, outcomes),
             Err(fut) => {
+                spawned.store(true, Ordering::Relaxed);
                 let me = myself.clone();
                 let task = tokio::spawn(async move {
                     let outcomes = fut.await;
@@ -493,6 +511,9 @@ impl RunState {
     fn tools_done(&mut self, myself: &ActorRef<RunMsg>, outcomes: Vec<ToolOutcome>) {
         let mut any_ok = false;
         for o in outcomes {
+            if o.beat_owed {
+                self.beat(Beat::ToolFinished);
+            }
             let (ok, content, error) = match o.result {
                 Ok(text) => (true, text, None),
                 Err(e) => {
@@ -544,6 +565,7 @@ impl RunState {
         }
         if std::mem::take(&mut self.gate_next_step) {
             // Step on only once the critic has seen this turn's heartbeats
+            self.flush_beats();
             // (and decided on the repeat).
             let _ = self.critic.cast(CriticMsg::ReleaseStep {
                 run: myself.clone(),
@@ -574,11 +596,20 @@ impl RunState {
         myself.stop(None);
     }
 
-    fn beat(&self, beat: Beat) {
-        let _ = self.critic.cast(CriticMsg::Beat {
-            run: self.pid,
-            beat,
-        });
+    /// Queues a heartbeat; the queue goes to the critic as one message at
+    /// the end of the handler (or before anything that must follow it).
+    fn beat(&mut self, beat: Beat) {
+        self.beats.push(beat);
+    }
+
+    fn flush_beats(&mut self) {
+        if !self.beats.is_empty() {
+            let beats = std::mem::replace(&mut self.beats, Vec::with_capacity(4));
+            let _ = self.critic.cast(CriticMsg::Beats {
+                run: self.pid,
+                beats,
+            });
+        }
     }
 
     fn event(&mut self, ev: RunEvent) {
