@@ -39,6 +39,8 @@ pub(crate) struct Partial {
     pub(crate) last_text: Option<String>,
     pub(crate) started: Option<(Instant, u64)>,
     pub(crate) finished: bool,
+    /// How long the run took, once it has finished.
+    pub(crate) took: Option<Duration>,
     /// How many steps moved into the result at the end (so the live state
     /// still counts them afterwards).
     pub(crate) steps_taken: usize,
@@ -191,6 +193,7 @@ impl RunShared {
         let result = {
             let mut p = self.partial();
             p.finished = true;
+            p.took = p.started.map(|(i, _)| i.elapsed());
             p.steps_taken = p.steps.len();
             let now = unix_ms();
             let started_at = p.started.map(|(_, ms)| ms).unwrap_or(now);
@@ -334,8 +337,9 @@ impl RunHandle {
             iteration: p.iterations,
             max_iterations: p.max_iterations,
             elapsed_ms: p
-                .started
-                .map(|(i, _)| i.elapsed().as_millis() as u64)
+                .took
+                .or_else(|| p.started.map(|(i, _)| i.elapsed()))
+                .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
             tokens: p.usage.total(),
             tool_calls: (p.steps.len() + p.steps_taken) as u32,

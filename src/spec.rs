@@ -420,6 +420,9 @@ pub struct AgentSpec {
     /// Caller budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
+    /// Checkpoint after every step and resume after a crash (`Host::recover`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub durable: bool,
 }
 
 fn default_model() -> String {
@@ -439,6 +442,7 @@ impl AgentSpec {
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
+            durable: false,
         }
     }
 

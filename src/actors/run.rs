@@ -402,9 +402,10 @@ impl RunState {
         self.beat(Beat::StepFinished { tokens });
         self.event(RunEvent::StepFinish {
             iteration: self.iteration,
-            text: cap_text(&resp.text, SUMMARY_BYTES),
+            text: resp.text.clone(),
             tool_calls: resp.tool_calls.len() as u32,
             usage: resp.usage,
+            calls: resp.tool_calls.clone(),
         });
         if resp.tool_calls.is_empty() {
             Arc::make_mut(&mut self.transcript)
@@ -528,7 +529,7 @@ impl RunState {
                 call_id: o.call_id.clone(),
                 tool: o.tool.clone(),
                 ok,
-                result: summary.clone(),
+                result: content.clone(),
                 duration_ms: o.duration_ms,
             });
             self.shared.partial().steps.push(StepRecord {

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod budget;
+pub mod checkpoint;
 pub mod critic;
 pub mod model;
 pub mod run;

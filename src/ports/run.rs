@@ -330,12 +330,16 @@ pub enum RunEvent {
     StepFinish {
         /// 1-based iteration.
         iteration: u32,
-        /// The assistant text (capped summary).
+        /// The assistant text, whole.
         text: String,
         /// Tool calls requested.
         tool_calls: u32,
         /// This call's usage.
         usage: Usage,
+        /// The tool calls as the model sent them (raw arguments): with the
+        /// text, the whole response, so a run can be replayed.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        calls: Vec<crate::ports::model::ToolCallRequest>,
     },
     /// Streamed assistant text.
     #[serde(rename = "text.delta")]
@@ -368,7 +372,8 @@ pub enum RunEvent {
         tool: String,
         /// Whether it succeeded.
         ok: bool,
-        /// Result or error summary.
+        /// The result (or error) as the model sees it: capped at the run's
+        /// `max_tool_result_bytes`.
         result: String,
         /// Wall time.
         duration_ms: u64,
