@@ -50,6 +50,10 @@ pub struct HostConfig {
     pub audit_batch: usize,
     /// How long a record may wait in the audit buffer.
     pub audit_max_age: Duration,
+    /// Where audit batches go while the audit store fails (an append-only
+    /// file of JSON lines, replayed into the store once it works again).
+    /// `None`: they are held in memory, bounded (default).
+    pub audit_spool: Option<std::path::PathBuf>,
     /// The window budgets are counted over.
     pub budget_window: Duration,
     /// How often budget spend is written to the ledger.
@@ -73,6 +77,7 @@ impl Default for HostConfig {
             default_limits: LimitsSpec::default(),
             audit_batch: 1024,
             audit_max_age: Duration::from_millis(2),
+            audit_spool: None,
             budget_window: Duration::from_secs(24 * 3600),
             budget_flush_every: Duration::from_millis(100),
             budget_refresh_every: Duration::from_secs(60),
@@ -205,6 +210,7 @@ impl HostBuilder {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
+            spool: c.audit_spool.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -403,7 +409,9 @@ impl Host {
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
         let agent = self.resolve(agent.into())?;
-        Ok(self.start(agent, invocation, false).await.0)
+        // Boxed: the spawn future is large and would otherwise sit in every
+        // caller's future for as long as it awaits the run.
+        Ok(Box::pin(self.start(agent, invocation, false)).await.0)
     }
 
     /// Submits a run and subscribes to its events.
@@ -413,7 +421,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
         let agent = self.resolve(agent.into())?;
-        let (handle, events) = self.start(agent, invocation, true).await;
+        let (handle, events) = Box::pin(self.start(agent, invocation, true)).await;
         Ok((handle, events.unwrap_or_else(RunEvents::closed)))
     }
 
@@ -521,6 +529,8 @@ impl Host {
             parent_run_id: inv.parent_run_id,
             session_id: inv.session_id,
             prompt: cap_text(&prompt, 2048),
+            tools: agent.spec().tools.clone(),
+            limits: Some(limits.to_spec()),
         };
         let args = RunArgs {
             shared: shared.clone(),

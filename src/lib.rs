@@ -42,9 +42,11 @@ pub mod host;
 pub mod policy;
 pub mod ports;
 pub mod providers;
+pub mod replay;
 pub mod spec;
 pub mod stores;
 pub mod tools;
+pub mod workload;
 
 pub use agent::Agent;
 pub use handle::{Ending, LiveState, RunEvents, RunHandle};

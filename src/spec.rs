@@ -183,6 +183,26 @@ pub struct Limits {
     pub kill_grace: Duration,
 }
 
+impl Limits {
+    /// These limits as a layer with every key set.
+    pub fn to_spec(&self) -> LimitsSpec {
+        LimitsSpec {
+            max_iterations: Some(self.max_iterations),
+            max_runtime: Some(self.max_runtime),
+            soft_timeout: Some(self.soft_timeout),
+            hard_timeout: Some(self.hard_timeout),
+            stall_timeout: Some(self.stall_timeout),
+            extension: Some(self.extension),
+            max_extensions: Some(self.max_extensions),
+            repeat_limit: Some(self.repeat_limit),
+            tool_timeout: Some(self.tool_timeout),
+            max_tool_errors: Some(self.max_tool_errors),
+            max_tool_result_bytes: Some(self.max_tool_result_bytes),
+            kill_grace: Some(self.kill_grace),
+        }
+    }
+}
+
 /// The absolute failsafe: no run lives longer than this, extensions included.
 pub const ABSOLUTE_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 

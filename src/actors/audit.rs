@@ -1,27 +1,76 @@
 //! The audit actor: receives every run's audit records (casts), buffers
-//! them, and writes them to the [`AuditStore`] port in batches — one
-//! `append` (one transaction) per batch, at most `max_batch` records, at
-//! most `max_age` old.
+//! them, and hands them in batches — at most `max_batch` records, at most
+//! `max_age` old — to its writer, a task that owns the [`AuditStore`] port
+//! and calls `append` (one transaction) per batch.
+//!
+//! The writer is a separate task so that the actor keeps batching while a
+//! write is in flight: encoding and the store's I/O of one batch overlap
+//! with the runs producing the next. Between them sits a queue of at most
+//! [`WRITER_QUEUE`] batches (the back-pressure: when it is full the actor
+//! waits, and records wait in its mailbox); batches that queued up while
+//! the writer was busy are written together, in order, in one `append`.
 //!
 //! A run's terminal record comes with the run's result channel: the result
 //! is handed to the caller only once the batch holding its terminal record
-//! was written, so a caller never sees a result that is not on record. If the
-//! store fails, the batch stays buffered and is retried; results are still
-//! delivered (a run never blocks on bookkeeping) and the failure is counted.
+//! was written — to the store, or to the spool while the store fails — so a
+//! caller never sees a result that is not on record. Results are delivered
+//! even when neither works (a run never blocks on bookkeeping).
+//!
+//! # When the store fails
+//!
+//! - **With a spool** (`HostConfig::audit_spool`): the batch is appended to
+//!   the spool, an append-only file of JSON lines (one [`AuditRecord`] per
+//!   line), and the store is retried with a backoff (100 ms doubling to
+//!   5 s). While the spool holds records it is the queue: new batches are
+//!   appended behind them, and each write replays a bounded slice of it into
+//!   the store, in order, so the store receives every record in the order it
+//!   was produced. Once all of it is replayed the file is truncated. A
+//!   replay may repeat records a failed replay had already written; stores
+//!   ignore a `(run_id, seq)` they hold. A spool left by a previous process
+//!   is replayed when the actor starts. The spool is written without
+//!   `fsync`: it survives a process crash, like the SQLite store in
+//!   `synchronous = NORMAL`. One host per spool file.
+//! - **Without a spool** (or while the spool cannot be written): the
+//!   records are held in memory and retried with the same backoff, at most
+//!   [`HELD_MAX`] of them; past that the oldest are dropped and counted (an
+//!   error log line says how many).
 //!
 //! Rate: one cast per handled run message that produced records (a few per
-//! model iteration). `Drain` writes everything buffered before it answers,
-//! so nothing is lost on a clean shutdown. Lost on a crash: the buffer (at
-//! most `max_batch` records or `max_age` of them).
+//! model iteration). `Drain` writes everything buffered (replaying the whole
+//! spool, ignoring the backoff) before it answers, so nothing is lost on a
+//! clean shutdown while the store or the spool works; stopping the actor
+//! gracefully does the same. Lost on a crash: the buffer and the writer's
+//! queue (a few batches).
 
+use std::io::{BufRead, Seek, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use crate::ports::audit::{AuditRecord, AuditStats, AuditStore};
+use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError};
 use crate::ports::run::RunResult;
+
+/// Records held in memory at most while the store fails and no spool takes them.
+pub const HELD_MAX: usize = 100_000;
+
+/// Batches queued in front of the writer at most.
+pub const WRITER_QUEUE: usize = 4;
+
+/// Queued batches written together in one `append`, at most.
+const COALESCE_BATCHES: usize = 8;
+
+/// The first retry delay after a store failure; it doubles up to `BACKOFF_MAX`.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Spool chunks (of `max_batch` records) replayed per write, so a long
+/// replay does not hold the writer (and the results waiting on it) for long.
+const REPLAY_CHUNKS_PER_WRITE: usize = 8;
 
 /// Messages to the audit actor.
 pub enum AuditMsg {
@@ -47,14 +96,30 @@ pub struct Audit {
     pub(crate) store: Arc<dyn AuditStore>,
     pub(crate) max_batch: usize,
     pub(crate) max_age: Duration,
+    /// Where batches go while the store fails (`None`: held in memory).
+    pub(crate) spool: Option<PathBuf>,
+}
+
+type Waiter = (oneshot::Sender<Arc<RunResult>>, Arc<RunResult>);
+
+/// Work for the writer.
+enum Job {
+    /// Records to write, and the results to deliver once they are.
+    Batch {
+        records: Vec<AuditRecord>,
+        waiting: Vec<Waiter>,
+    },
+    /// Write everything (spool included, backoff ignored), then answer.
+    Drain(oneshot::Sender<()>),
 }
 
 /// Its state.
 pub struct AuditState {
     buffer: Vec<AuditRecord>,
-    waiting: Vec<(oneshot::Sender<Arc<RunResult>>, Arc<RunResult>)>,
+    waiting: Vec<Waiter>,
     flush_armed: bool,
-    failed_batches: u64,
+    writer: Option<mpsc::Sender<Job>>,
+    writer_task: Option<JoinHandle<()>>,
 }
 
 impl Actor for Audit {
@@ -67,11 +132,14 @@ impl Actor for Audit {
         _: ActorRef<AuditMsg>,
         _: (),
     ) -> Result<AuditState, ActorProcessingErr> {
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE);
+        let writer = Writer::new(self, rx).await;
         Ok(AuditState {
             buffer: Vec::with_capacity(self.max_batch),
             waiting: Vec::new(),
             flush_armed: false,
-            failed_batches: 0,
+            writer: Some(tx),
+            writer_task: Some(tokio::spawn(writer.run())),
         })
     }
 
@@ -85,7 +153,7 @@ impl Actor for Audit {
             AuditMsg::Record(r) => st.buffer.push(r),
             AuditMsg::Records(rs) => st.buffer.extend(rs),
             AuditMsg::Terminal { record, deliver } => {
-                if let crate::ports::audit::AuditEntry::Terminal(res) = &record.entry {
+                if let AuditEntry::Terminal(res) = &record.entry {
                     st.waiting.push((deliver, res.clone()));
                 }
                 st.buffer.push(record);
@@ -96,6 +164,7 @@ impl Actor for Audit {
             }
             AuditMsg::Drain(reply) => {
                 self.flush(st).await;
+                drain_writer(st).await;
                 let stats = self.store.stats().await.unwrap_or_default();
                 let _ = reply.send(stats);
                 return Ok(());
@@ -116,23 +185,469 @@ impl Actor for Audit {
         st: &mut AuditState,
     ) -> Result<(), ActorProcessingErr> {
         self.flush(st).await;
+        // Closing the queue makes the writer write everything and end.
+        st.writer = None;
+        if let Some(task) = st.writer_task.take() {
+            let _ = task.await;
+        }
         Ok(())
     }
 }
 
 impl Audit {
+    /// Hands the buffer to the writer (waits while its queue is full).
     async fn flush(&self, st: &mut AuditState) {
-        if !st.buffer.is_empty() {
-            match self.store.append(&st.buffer).await {
-                Ok(()) => st.buffer.clear(),
+        if st.buffer.is_empty() && st.waiting.is_empty() {
+            return;
+        }
+        let job = Job::Batch {
+            records: std::mem::replace(&mut st.buffer, Vec::with_capacity(self.max_batch)),
+            waiting: std::mem::take(&mut st.waiting),
+        };
+        let sent = match &st.writer {
+            Some(w) => w.send(job).await.map_err(|e| e.0),
+            None => Err(job),
+        };
+        if let Err(Job::Batch { records, waiting }) = sent {
+            tracing::error!(
+                records = records.len(),
+                "the audit writer is gone; records dropped"
+            );
+            deliver(waiting);
+        }
+    }
+}
+
+/// Asks the writer to write everything and waits until it has.
+async fn drain_writer(st: &mut AuditState) {
+    let Some(w) = &st.writer else { return };
+    let (tx, rx) = oneshot::channel();
+    if w.send(Job::Drain(tx)).await.is_ok() {
+        let _ = rx.await;
+    }
+}
+
+/// Hands results to their callers.
+fn deliver(waiting: Vec<Waiter>) {
+    for (tx, res) in waiting {
+        let _ = tx.send(res);
+    }
+}
+
+/// The writer task: owns the store side — appends, the spool, the outage
+/// backoff, the records held in memory.
+struct Writer {
+    store: Arc<dyn AuditStore>,
+    spool: Option<PathBuf>,
+    max_batch: usize,
+    /// How soon to come back to the spool when the store works.
+    max_age: Duration,
+    rx: mpsc::Receiver<Job>,
+    /// Records not yet written anywhere (a batch, or held during an outage).
+    held: Vec<AuditRecord>,
+    failed_batches: u64,
+    /// Set while the store fails.
+    outage: Option<Outage>,
+    /// The spool holds records not yet replayed.
+    spool_pending: bool,
+    /// Byte offset of the first spool record not yet replayed.
+    spool_offset: u64,
+    /// The last spool write failed.
+    spool_broken: bool,
+    /// Records dropped because they could be neither written nor held.
+    dropped: u64,
+}
+
+struct Outage {
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+impl Writer {
+    async fn new(audit: &Audit, rx: mpsc::Receiver<Job>) -> Self {
+        let mut spool_pending = false;
+        if let Some(path) = &audit.spool {
+            let p = path.clone();
+            match tokio::task::spawn_blocking(move || spool::prepare(&p)).await {
+                Ok(Ok(pending)) => spool_pending = pending,
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, path = %path.display(), "cannot read the audit spool")
+                }
                 Err(e) => {
-                    st.failed_batches += 1;
-                    tracing::warn!(error = %e, records = st.buffer.len(), failed_batches = st.failed_batches, "audit store write failed; keeping the batch for the next flush");
+                    tracing::error!(error = %e, path = %path.display(), "cannot read the audit spool")
+                }
+            }
+            if spool_pending {
+                tracing::info!(path = %path.display(), "the audit spool holds records of an earlier process; replaying them");
+            }
+        }
+        Writer {
+            store: audit.store.clone(),
+            spool: audit.spool.clone(),
+            max_batch: audit.max_batch,
+            max_age: audit.max_age,
+            rx,
+            held: Vec::new(),
+            failed_batches: 0,
+            outage: None,
+            spool_pending,
+            spool_offset: 0,
+            spool_broken: false,
+            dropped: 0,
+        }
+    }
+
+    async fn run(mut self) {
+        loop {
+            let job = match self.retry_delay() {
+                Some(delay) => match tokio::time::timeout(delay, self.rx.recv()).await {
+                    Ok(job) => job,
+                    Err(_) => {
+                        // Time to retry the store (replay the spool, write what is held).
+                        self.write(false).await;
+                        continue;
+                    }
+                },
+                None => self.rx.recv().await,
+            };
+            match job {
+                Some(Job::Batch { records, waiting }) => {
+                    self.held.extend(records);
+                    let mut waiting = waiting;
+                    let mut drain = None;
+                    // Batches that queued up while we wrote go in the same append.
+                    for _ in 1..COALESCE_BATCHES {
+                        match self.rx.try_recv() {
+                            Ok(Job::Batch {
+                                records,
+                                waiting: w,
+                            }) => {
+                                self.held.extend(records);
+                                waiting.extend(w);
+                            }
+                            Ok(Job::Drain(tx)) => {
+                                drain = Some(tx);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.write(drain.is_some()).await;
+                    deliver(waiting);
+                    if let Some(tx) = drain {
+                        let _ = tx.send(());
+                    }
+                }
+                Some(Job::Drain(tx)) => {
+                    self.write(true).await;
+                    let _ = tx.send(());
+                }
+                None => {
+                    // The actor stopped: write everything, then end.
+                    self.write(true).await;
+                    return;
                 }
             }
         }
-        for (tx, res) in st.waiting.drain(..) {
-            let _ = tx.send(res);
+    }
+
+    /// When to come back without new work: while the spool or memory holds
+    /// records, at the retry time (or soon, when the store works).
+    fn retry_delay(&self) -> Option<Duration> {
+        if !self.spool_pending && self.held.is_empty() {
+            return None;
         }
+        let delay = match &self.outage {
+            Some(o) => o.retry_at.saturating_duration_since(Instant::now()),
+            None => self.max_age,
+        };
+        Some(delay.max(Duration::from_millis(1)))
+    }
+
+    /// Writes what is held: replays the spool first (a slice of it, or all
+    /// of it when `force`), then the held records; what the store does not
+    /// take goes to the spool, or stays held (bounded). `force` ignores the
+    /// retry backoff.
+    async fn write(&mut self, force: bool) {
+        let may_try = force
+            || self
+                .outage
+                .as_ref()
+                .is_none_or(|o| Instant::now() >= o.retry_at);
+        if may_try && (self.spool_pending || !self.held.is_empty()) {
+            let mut ok = true;
+            if self.spool_pending {
+                let chunks = if force {
+                    usize::MAX
+                } else {
+                    REPLAY_CHUNKS_PER_WRITE
+                };
+                ok = self.replay(chunks).await;
+            }
+            // While the spool still holds records, new ones queue behind them.
+            if ok && !self.spool_pending && !self.held.is_empty() {
+                match self.store.append(&self.held).await {
+                    Ok(()) => self.held.clear(),
+                    Err(e) => {
+                        ok = false;
+                        self.failed(&e);
+                    }
+                }
+            }
+            if ok {
+                if let Some(o) = self.outage.take() {
+                    tracing::info!(
+                        failed_batches = self.failed_batches,
+                        last_backoff_ms = o.backoff.as_millis() as u64,
+                        "audit store works again"
+                    );
+                }
+            }
+        }
+        if self.held.is_empty() {
+            return;
+        }
+        if let Some(path) = &self.spool {
+            match spool::append(path, &self.held).await {
+                Ok(()) => {
+                    self.spool_pending = true;
+                    self.spool_broken = false;
+                    self.held.clear();
+                }
+                Err(e) => {
+                    if !self.spool_broken {
+                        tracing::error!(error = %e, path = %path.display(), records = self.held.len(), "cannot write the audit spool; holding the records in memory");
+                    }
+                    self.spool_broken = true;
+                }
+            }
+        }
+        self.bound();
+    }
+
+    /// Replays up to `chunks` chunks of the spool into the store, in order.
+    /// Returns whether the store took everything it was given; truncates
+    /// the spool once all of it is replayed.
+    async fn replay(&mut self, chunks: usize) -> bool {
+        let Some(path) = self.spool.clone() else {
+            self.spool_pending = false;
+            return true;
+        };
+        for _ in 0..chunks {
+            let chunk = match spool::read(&path, self.spool_offset, self.max_batch).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, path = %path.display(), "cannot read the audit spool");
+                    return false;
+                }
+            };
+            if chunk.skipped > 0 {
+                tracing::error!(
+                    lines = chunk.skipped,
+                    path = %path.display(),
+                    "audit spool lines that do not parse were skipped"
+                );
+            }
+            if chunk.records.is_empty() && chunk.next_offset == self.spool_offset {
+                // Everything is in the store.
+                if let Err(e) = spool::truncate(&path).await {
+                    tracing::error!(error = %e, path = %path.display(), "cannot truncate the audit spool; it will be replayed again (duplicates are ignored)");
+                }
+                self.spool_pending = false;
+                self.spool_offset = 0;
+                tracing::info!(path = %path.display(), "audit spool replayed into the store");
+                return true;
+            }
+            if !chunk.records.is_empty() {
+                if let Err(e) = self.store.append(&chunk.records).await {
+                    self.failed(&e);
+                    return false;
+                }
+            }
+            self.spool_offset = chunk.next_offset;
+        }
+        true
+    }
+
+    /// Notes a store failure and schedules the next attempt.
+    fn failed(&mut self, e: &AuditStoreError) {
+        self.failed_batches += 1;
+        let backoff = match &self.outage {
+            Some(o) => (o.backoff * 2).min(BACKOFF_MAX),
+            None => {
+                let to = if self.spool.is_some() {
+                    "the spool"
+                } else {
+                    "memory (bounded)"
+                };
+                tracing::warn!(error = %e, failed_batches = self.failed_batches, "audit store write failed; records go to {to} until it works again");
+                BACKOFF_MIN
+            }
+        };
+        self.outage = Some(Outage {
+            retry_at: Instant::now() + backoff,
+            backoff,
+        });
+    }
+
+    /// Bounds what is held in memory, dropping the oldest records.
+    fn bound(&mut self) {
+        if self.held.len() > HELD_MAX {
+            let cut = self.held.len() - HELD_MAX + HELD_MAX / 8;
+            self.held.drain(..cut);
+            self.dropped += cut as u64;
+            tracing::error!(
+                dropped = cut,
+                dropped_total = self.dropped,
+                "audit store unavailable and nowhere to spool: oldest audit records dropped"
+            );
+        }
+    }
+}
+
+/// The spool file: append-only JSON lines, read back from a byte offset.
+/// File I/O runs on tokio's blocking pool.
+mod spool {
+    use super::*;
+
+    /// One slice of the spool.
+    pub(super) struct Chunk {
+        pub(super) records: Vec<AuditRecord>,
+        pub(super) next_offset: u64,
+        pub(super) skipped: usize,
+    }
+
+    async fn blocking<T: Send + 'static>(
+        f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
+    /// Whether the spool holds records; ends a line cut by a crash so the
+    /// next append starts on a line of its own.
+    pub(super) fn prepare(path: &Path) -> std::io::Result<bool> {
+        let mut f = match std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let len = f.metadata()?.len();
+        if len == 0 {
+            return Ok(false);
+        }
+        f.seek(std::io::SeekFrom::Start(len - 1))?;
+        let mut last = [0u8; 1];
+        std::io::Read::read_exact(&mut f, &mut last)?;
+        if last[0] != b'\n' {
+            f.write_all(b"\n")?;
+        }
+        Ok(true)
+    }
+
+    /// Appends `records` as JSON lines (one write).
+    pub(super) async fn append(path: &Path, records: &[AuditRecord]) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(records.len() * 256);
+        for r in records {
+            serde_json::to_writer(&mut buf, r)?;
+            buf.push(b'\n');
+        }
+        let path = path.to_path_buf();
+        blocking(move || {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            f.write_all(&buf)
+        })
+        .await
+    }
+
+    /// Reads up to `max` records from byte `offset`.
+    pub(super) async fn read(path: &Path, offset: u64, max: usize) -> std::io::Result<Chunk> {
+        let path = path.to_path_buf();
+        blocking(move || {
+            let mut f = std::fs::File::open(&path)?;
+            f.seek(std::io::SeekFrom::Start(offset))?;
+            let mut r = std::io::BufReader::new(f);
+            let mut chunk = Chunk {
+                records: Vec::new(),
+                next_offset: offset,
+                skipped: 0,
+            };
+            let mut line = Vec::new();
+            while chunk.records.len() < max {
+                line.clear();
+                let n = r.read_until(b'\n', &mut line)?;
+                if n == 0 {
+                    break;
+                }
+                chunk.next_offset += n as u64;
+                let text = line.strip_suffix(b"\n").unwrap_or(&line);
+                if text.is_empty() {
+                    continue;
+                }
+                match serde_json::from_slice::<AuditRecord>(text) {
+                    Ok(rec) => chunk.records.push(rec),
+                    Err(_) => chunk.skipped += 1,
+                }
+            }
+            Ok(chunk)
+        })
+        .await
+    }
+
+    /// Empties the spool (everything in it is in the store).
+    pub(super) async fn truncate(path: &Path) -> std::io::Result<()> {
+        let path = path.to_path_buf();
+        blocking(move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)?
+                .set_len(0)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::run::{RunEvent, RunId};
+
+    #[tokio::test]
+    async fn spool_lines_round_trip_from_an_offset() {
+        let dir = std::env::temp_dir().join(format!("agentvisor-spool-{}", RunId::new()));
+        let path = dir.join("spool.jsonl");
+        let run = RunId::new();
+        let recs: Vec<AuditRecord> = (0..5)
+            .map(|i| AuditRecord {
+                run_id: run,
+                seq: i,
+                at_ms: 7,
+                entry: AuditEntry::Event(RunEvent::StepStart { iteration: i }),
+            })
+            .collect();
+        assert!(spool::append(&path, &recs[..3]).await.is_ok());
+        assert!(spool::append(&path, &recs[3..]).await.is_ok());
+        let first = spool::read(&path, 0, 2).await.ok();
+        let first = first.as_ref().map(|c| (c.records.clone(), c.next_offset));
+        let Some((got, next)) = first else {
+            panic!("spool read failed")
+        };
+        assert_eq!(got, recs[..2].to_vec());
+        let rest = spool::read(&path, next, 100).await.ok();
+        assert_eq!(rest.map(|c| c.records), Some(recs[2..].to_vec()));
+        assert!(spool::truncate(&path).await.is_ok());
+        assert_eq!(spool::prepare(&path).ok(), Some(false));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -79,6 +79,30 @@ pub struct Watch {
     pub(crate) started: Instant,
 }
 
+impl Watch {
+    /// A watch over `run`, an actor that no host submitted: the shard keeps
+    /// its record and timer as for any run, but its result goes nowhere. For
+    /// benches and tests that drive one shard alone (send it as
+    /// `CriticMsg::Watch(Box::new(..))`); a host builds its own watches.
+    pub fn unhosted(run: ActorRef<RunMsg>, limits: Limits) -> Self {
+        let (shared, _result, _events) = RunShared::new(
+            crate::ports::run::RunId::new(),
+            Arc::from("unhosted"),
+            None,
+            None,
+            limits.max_iterations,
+            false,
+            Arc::default(),
+        );
+        Watch {
+            run,
+            shared,
+            limits,
+            started: Instant::now(),
+        }
+    }
+}
+
 /// Messages to a critic shard.
 pub enum CriticMsg {
     /// A run started: watch it.
@@ -138,6 +162,16 @@ pub enum CriticMsg {
 pub struct Critic {
     pub(crate) policy: Arc<dyn CriticPolicy>,
     pub(crate) audit: ActorRef<AuditMsg>,
+}
+
+impl Critic {
+    /// A shard outside any host: it decides with `policy` and records its
+    /// decisions and the runs it finalizes to `audit`. For benches and tests
+    /// that drive one shard alone (`Actor::spawn(None, Critic::new(..), ())`);
+    /// a host spawns its own shards.
+    pub fn new(policy: Arc<dyn CriticPolicy>, audit: ActorRef<AuditMsg>) -> Self {
+        Critic { policy, audit }
+    }
 }
 
 /// Per-run record: small on purpose (C8).

@@ -211,7 +211,7 @@ impl Actor for RunActor {
             started,
         })))?;
         if let Some(info) = args.info {
-            st.audit_entry(AuditEntry::RunStarted(info));
+            st.audit_entry(AuditEntry::RunStarted(Box::new(info)));
         }
         myself.cast(RunMsg::NextStep)?;
         Ok(st)

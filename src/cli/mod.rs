@@ -1,27 +1,64 @@
 //! Command-line parsing and the commands. Each command builds a host from
-//! the embedded defaults (scripted model, in-memory stores), runs, prints,
-//! shuts the host down (so every record is written) and maps the outcome to
-//! an exit code.
+//! the embedded defaults (scripted model, the SQLite store at `--db`, or the
+//! in-memory stores with `--db :memory:`), runs, prints, shuts the host down
+//! (so every record is written) and maps the outcome to an exit code.
+//!
+//! The database: `--db PATH`, else `AGENTVISOR_DB`, else
+//! `.agentvisor/agentvisor.db` under the working directory. It holds the
+//! audit log (read back by `agentvisor runs`) and the budget ledger, so a
+//! caller's token budget holds across invocations. While it cannot be
+//! written, audit batches go to `PATH.spool` and are replayed later. A
+//! database that cannot be opened is refused with exit code 2.
 
+mod replay;
 mod run;
+mod runs;
 mod swarm;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
 use agentvisor::ports::budget::BudgetLimits;
-use agentvisor::stores::MemoryBudgetLedger;
+use agentvisor::stores::{MemoryBudgetLedger, SqliteStore};
 use agentvisor::tools::RegistryError;
-use agentvisor::{Agent, AgentSpec, Host, HostBuilder, SubmitError};
+use agentvisor::{Agent, AgentSpec, Host, HostBuilder, HostConfig, SubmitError};
+
+/// The database path when neither `--db` nor `AGENTVISOR_DB` names one.
+const DEFAULT_DB: &str = ".agentvisor/agentvisor.db";
 
 /// agentvisor: run LLM agent runs as supervised actors.
 #[derive(Parser, Debug)]
 #[command(name = "agentvisor", version, about)]
 pub(crate) struct Cli {
+    /// The run-history and budget database (SQLite; default
+    /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
+    #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
+    db: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Where a command keeps its records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Db {
+    /// The in-memory batteries: nothing outlives the process.
+    Memory,
+    /// The SQLite database at this path.
+    File(PathBuf),
+}
+
+impl Db {
+    fn from_flag(flag: Option<PathBuf>) -> Db {
+        match flag {
+            Some(p) if p.as_os_str() == ":memory:" => Db::Memory,
+            Some(p) => Db::File(p),
+            None => Db::File(PathBuf::from(DEFAULT_DB)),
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -30,13 +67,21 @@ enum Command {
     Run(run::RunArgs),
     /// Run a manifest many times with bounded concurrency and print a summary.
     Swarm(swarm::SwarmArgs),
+    /// The run history in the database: list runs, show one with its records.
+    Runs(runs::RunsArgs),
+    /// Re-run a recorded run against its recorded model responses and tool
+    /// results; exit 0 iff the trace is the same.
+    Replay(replay::ReplayArgs),
 }
 
 /// Runs the chosen command.
 pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
+    let db = Db::from_flag(cli.db);
     match cli.command {
-        Command::Run(a) => run::run(a).await,
-        Command::Swarm(a) => swarm::swarm(a).await,
+        Command::Run(a) => run::run(a, &db).await,
+        Command::Swarm(a) => swarm::swarm(a, &db).await,
+        Command::Runs(a) => runs::runs(a, &db).await,
+        Command::Replay(a) => replay::replay_run(a, &db).await,
     }
 }
 
@@ -56,25 +101,41 @@ pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Loads a manifest and prepares it on a host with the embedded defaults;
-/// the caller's token budget comes from `budget_tokens` or the manifest.
-pub(crate) async fn prepare(file: &PathBuf, budget_tokens: Option<u64>) -> Result<(Host, Agent), ExitCode> {
+/// Loads a manifest and prepares it on a host with the embedded defaults
+/// and the stores of `db`; the caller's token budget comes from
+/// `budget_tokens` or the manifest (spend already in the database counts).
+pub(crate) async fn prepare(
+    file: &PathBuf,
+    budget_tokens: Option<u64>,
+    db: &Db,
+) -> Result<(Host, Agent), ExitCode> {
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
     let tokens = budget_tokens.or(spec.budget.and_then(|b| b.tokens));
-    let ledger = MemoryBudgetLedger::with_default_limits(BudgetLimits {
+    let limits = BudgetLimits {
         tokens,
         ..Default::default()
-    });
-    let host = host_builder()
-        .budget_ledger(std::sync::Arc::new(ledger))
-        .build()
-        .await
-        .map_err(refuse)?;
+    };
+    let builder = match db {
+        Db::Memory => {
+            host_builder().budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
+        }
+        Db::File(path) => {
+            let store = Arc::new(open_db(path).await?);
+            store.set_default_limits(limits);
+            host_builder()
+                .config(sqlite_config(path))
+                .audit_store(store.clone())
+                .budget_ledger(store)
+        }
+    };
+    let host = builder.build().await.map_err(refuse)?;
     let agent = host.agent(spec).map_err(|e| {
         let line = match &e {
-            SubmitError::Tool(RegistryError::UnknownTool { name, .. }) => std::fs::read_to_string(file)
-                .map(|text| agentvisor::spec::line_of(&text, name))
-                .unwrap_or_default(),
+            SubmitError::Tool(RegistryError::UnknownTool { name, .. }) => {
+                std::fs::read_to_string(file)
+                    .map(|text| agentvisor::spec::line_of(&text, name))
+                    .unwrap_or_default()
+            }
             _ => String::new(),
         };
         refuse(format!("invalid manifest {}: {e}{line}", file.display()))
@@ -84,6 +145,26 @@ pub(crate) async fn prepare(file: &PathBuf, budget_tokens: Option<u64>) -> Resul
 
 fn host_builder() -> HostBuilder {
     Host::builder()
+}
+
+/// Opens (or creates) the database, or refuses with exit 2 and a message
+/// naming the path.
+pub(crate) async fn open_db(path: &Path) -> Result<SqliteStore, ExitCode> {
+    SqliteStore::open(path).await.map_err(refuse)
+}
+
+/// Host settings for the SQLite store: larger, slightly older audit batches
+/// (a transaction costs the same for 1 or 4096 records), and a spool beside
+/// the database.
+fn sqlite_config(path: &Path) -> HostConfig {
+    let mut spool = path.as_os_str().to_owned();
+    spool.push(".spool");
+    HostConfig {
+        audit_batch: 4096,
+        audit_max_age: Duration::from_millis(5),
+        audit_spool: Some(PathBuf::from(spool)),
+        ..HostConfig::default()
+    }
 }
 
 /// Peak resident set size of this process, in bytes (Linux; 0 elsewhere).

@@ -30,8 +30,8 @@ pub(crate) struct RunArgs {
     caller: String,
 }
 
-pub(crate) async fn run(a: RunArgs) -> ExitCode {
-    let (host, agent) = match super::prepare(&a.file, a.budget_tokens).await {
+pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
+    let (host, agent) = match super::prepare(&a.file, a.budget_tokens, db).await {
         Ok(x) => x,
         Err(code) => return code,
     };
@@ -76,7 +76,7 @@ pub(crate) async fn run(a: RunArgs) -> ExitCode {
     }
 }
 
-fn print_human(r: &RunResult) {
+pub(crate) fn print_human(r: &RunResult) {
     let reason = r.kill_reason.map(|k| format!(" ({k})")).unwrap_or_default();
     println!("run {}: {}{reason}", r.run_id, r.status);
     if let Some(kind) = &r.error_kind {

@@ -50,8 +50,8 @@ struct Summary {
     audit_terminal_records: u64,
 }
 
-pub(crate) async fn swarm(a: SwarmArgs) -> ExitCode {
-    let (host, agent) = match super::prepare(&a.file, None).await {
+pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
+    let (host, agent) = match super::prepare(&a.file, None, db).await {
         Ok(x) => x,
         Err(code) => return code,
     };

@@ -1,13 +1,20 @@
 //! The `AuditStore` port: an append-only log of what every run did. The
 //! audit actor batches records and calls `append` once per batch; a store
 //! writes a batch atomically (one transaction) or fails it whole.
+//!
+//! `(run_id, seq)` identifies a record: a store that persists records should
+//! ignore a record it already holds, so the audit actor can replay its spool
+//! after an outage without duplicates.
+//!
+//! The [`RunIndex`] port reads the history back by run (for `agentvisor runs`):
+//! one [`RunSummary`] per run that has a terminal record.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::run::{RunEvent, RunId, RunResult};
+use super::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
 
 /// Who and what a run is, recorded at its start.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,6 +33,12 @@ pub struct RunInfo {
     pub session_id: Option<String>,
     /// The prompt (capped).
     pub prompt: String,
+    /// The tools the run may call (for replay).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The run's resolved limits (for replay).
+    #[serde(default)]
+    pub limits: Option<crate::spec::LimitsSpec>,
 }
 
 /// What an audit record says.
@@ -33,7 +46,7 @@ pub struct RunInfo {
 #[serde(tag = "record", rename_all = "snake_case")]
 pub enum AuditEntry {
     /// The run started executing.
-    RunStarted(RunInfo),
+    RunStarted(Box<RunInfo>),
     /// Something happened in the run (a step, a tool call, a critic decision, an error).
     Event(RunEvent),
     /// The terminal roll-up: exactly one per run.
@@ -92,4 +105,82 @@ pub trait AuditStore: Send + Sync + 'static {
 
     /// What has been written so far.
     async fn stats(&self) -> Result<AuditStats, AuditStoreError>;
+}
+
+/// Which finished runs [`RunIndex::list_runs`] returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    /// Only runs that ended with this status.
+    pub status: Option<RunStatus>,
+    /// Only runs of this caller.
+    pub caller: Option<String>,
+    /// At most this many (`None`: all).
+    pub limit: Option<u32>,
+}
+
+/// One finished run, as the run index lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: RunId,
+    /// The agent's name.
+    pub agent: String,
+    /// Who submitted it.
+    pub caller_id: Option<String>,
+    /// The parent run, for a sub-agent run.
+    pub parent_run_id: Option<RunId>,
+    /// How it ended.
+    pub status: RunStatus,
+    /// Why it was killed, when it was.
+    pub kill_reason: Option<KillReason>,
+    /// The error kind, when not ok.
+    pub error_kind: Option<String>,
+    /// Unix ms when it started executing.
+    pub started_at: u64,
+    /// Unix ms when it ended.
+    pub finished_at: u64,
+}
+
+impl RunSummary {
+    /// The summary of a terminal result.
+    pub fn of(result: &RunResult) -> Self {
+        RunSummary {
+            run_id: result.run_id,
+            agent: result.agent.clone(),
+            caller_id: result.caller_id.clone(),
+            parent_run_id: result.parent_run_id,
+            status: result.status,
+            kill_reason: result.kill_reason,
+            error_kind: result.error_kind.clone(),
+            started_at: result.started_at,
+            finished_at: result.finished_at,
+        }
+    }
+
+    /// Wall time from start to finish, in ms.
+    pub fn duration_ms(&self) -> u64 {
+        self.finished_at.saturating_sub(self.started_at)
+    }
+
+    /// Whether this run passes `filter` (its limit aside).
+    pub fn matches(&self, filter: &RunFilter) -> bool {
+        filter.status.is_none_or(|s| s == self.status)
+            && filter
+                .caller
+                .as_deref()
+                .is_none_or(|c| self.caller_id.as_deref() == Some(c))
+    }
+}
+
+/// Reads the run history back: finished runs and their results. Object-safe;
+/// used as `Arc<dyn RunIndex>`. Stores that persist records implement it
+/// next to [`AuditStore`].
+#[async_trait]
+pub trait RunIndex: Send + Sync + 'static {
+    /// Finished runs that pass `filter`, the most recently finished first
+    /// (ties: the larger run id first).
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, AuditStoreError>;
+
+    /// A run's terminal result, `None` when no terminal record is on file.
+    async fn run_result(&self, run_id: RunId) -> Result<Option<RunResult>, AuditStoreError>;
 }

@@ -12,9 +12,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::ports::audit::{AuditRecord, AuditStats, AuditStore, AuditStoreError};
+use crate::ports::audit::{
+    AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
+    RunSummary,
+};
 use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
-use crate::ports::run::{unix_ms, RunId};
+use crate::ports::run::{unix_ms, RunId, RunResult};
 
 /// Keeps the most recent audit records in memory.
 pub struct MemoryAuditStore {
@@ -89,6 +92,37 @@ impl AuditStore for MemoryAuditStore {
 
     async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).stats)
+    }
+}
+
+/// Lists the terminal records still held (a bounded window of history).
+#[async_trait]
+impl RunIndex for MemoryAuditStore {
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, AuditStoreError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut runs: Vec<RunSummary> = g
+            .records
+            .iter()
+            .filter_map(|r| match &r.entry {
+                AuditEntry::Terminal(res) => Some(RunSummary::of(res)),
+                _ => None,
+            })
+            .filter(|s| s.matches(filter))
+            .collect();
+        runs.sort_by_key(|s| std::cmp::Reverse((s.finished_at, s.run_id)));
+        runs.dedup_by_key(|s| s.run_id);
+        if let Some(limit) = filter.limit {
+            runs.truncate(limit as usize);
+        }
+        Ok(runs)
+    }
+
+    async fn run_result(&self, run_id: RunId) -> Result<Option<RunResult>, AuditStoreError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(g.records.iter().find_map(|r| match &r.entry {
+            AuditEntry::Terminal(res) if r.run_id == run_id => Some(RunResult::clone(res)),
+            _ => None,
+        }))
     }
 }
 
@@ -188,7 +222,6 @@ impl BudgetLedger for MemoryBudgetLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::audit::AuditEntry;
     use crate::ports::run::RunEvent;
 
     fn rec(run: RunId, seq: u32) -> AuditRecord {

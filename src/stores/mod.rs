@@ -1,7 +1,11 @@
-//! Store batteries: implementations of the `AuditStore` and `BudgetLedger`
-//! ports. In memory today; SQLite (the embedded default) and Postgres come
-//! with the persistence work. Stores know nothing of actors.
+//! Store batteries: implementations of the `AuditStore`, `RunIndex` and
+//! `BudgetLedger` ports. In memory (a host built with nothing), and on
+//! embedded SQLite (the CLI's default; full history, budgets that hold
+//! across processes). Postgres comes with the multi-host work. Stores know
+//! nothing of actors.
 
 pub mod memory;
+pub mod sqlite;
 
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
+pub use sqlite::{SqliteStore, StoreError};

@@ -1,0 +1,84 @@
+//! `agentvisor replay RUN_ID`: re-runs a recorded run against its recorded
+//! model responses and tool results and reports whether the trace is the
+//! same. Exit 0 iff it is; 1 when it differs or the run is not on record; 2
+//! when the database cannot be opened or the id is malformed.
+
+use std::process::ExitCode;
+
+use clap::Args;
+
+use agentvisor::ports::audit::AuditStore;
+use agentvisor::replay::replay;
+use agentvisor::stores::SqliteStore;
+use agentvisor::tools::ToolRegistry;
+use agentvisor::RunId;
+
+use super::Db;
+
+/// Flags of `agentvisor replay`.
+#[derive(Args, Debug)]
+pub(crate) struct ReplayArgs {
+    /// The run id (32 hex digits, as `agentvisor runs list` prints it).
+    run_id: String,
+    /// Print the report (both traces) as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
+    let path = match db {
+        Db::Memory => {
+            return super::refuse("--db :memory: keeps no run history; name a database file")
+        }
+        Db::File(p) => p,
+    };
+    let run_id: RunId = match a.run_id.parse() {
+        Ok(id) if a.run_id.len() == 32 => id,
+        _ => return super::refuse(format!("`{}` is not a run id (32 hex digits)", a.run_id)),
+    };
+    let store = match SqliteStore::open_existing(path).await {
+        Ok(s) => s,
+        Err(e) => return super::refuse(e),
+    };
+    let records = store.run_records(run_id).await;
+    store.close().await;
+    let records = match records {
+        Ok(r) if !r.is_empty() => r,
+        Ok(_) => {
+            eprintln!("error: no run {run_id} in {}", path.display());
+            return ExitCode::from(1);
+        }
+        Err(e) => return super::refuse(format!("{}: {e}", path.display())),
+    };
+    let report = match replay(&records, &ToolRegistry::with_builtins()).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    } else if report.same {
+        println!(
+            "replay of {run_id}: same trace ({} items)",
+            report.recorded.len()
+        );
+    } else {
+        let i = report.first_difference.unwrap_or(0);
+        println!("replay of {run_id}: the trace differs at item {i}");
+        println!(
+            "  recorded: {}",
+            serde_json::to_string(&report.recorded.get(i)).unwrap_or_default()
+        );
+        println!(
+            "  replayed: {}",
+            serde_json::to_string(&report.replayed.get(i)).unwrap_or_default()
+        );
+    }
+    if report.same {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

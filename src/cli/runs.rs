@@ -1,0 +1,273 @@
+//! `agentvisor runs list|show`: the run history in the database.
+//!
+//! - `runs list [--status S] [--caller C] [--limit N] [--json]`: finished
+//!   runs, the most recently finished first; `--json` prints one array of
+//!   summaries (`run_id`, `agent`, `caller_id`, `status`, `kill_reason`,
+//!   `error_kind`, `started_at`, `finished_at`, …).
+//! - `runs show RUN_ID [--json]`: the run's result, then every audit record
+//!   in order (start, steps, tool calls, critic decisions, the terminal
+//!   roll-up); `--json` prints `{"result": …, "records": […]}`.
+//!
+//! Exit codes: 0 on success; 1 when `show` finds no such run; 2 when the
+//! database is missing or cannot be opened, `--db :memory:` (which keeps no
+//! history), or a malformed run id. These commands never create a database.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use agentvisor::ports::audit::{
+    AuditEntry, AuditRecord, AuditStore, RunFilter, RunIndex, RunSummary,
+};
+use agentvisor::stores::SqliteStore;
+use agentvisor::{RunId, RunResult, RunStatus};
+
+use super::Db;
+
+/// Flags of `agentvisor runs`.
+#[derive(Args, Debug)]
+pub(crate) struct RunsArgs {
+    #[command(subcommand)]
+    command: RunsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum RunsCommand {
+    /// List finished runs, the most recent first.
+    List(ListArgs),
+    /// Show one run: its result, then every audit record in order.
+    Show(ShowArgs),
+}
+
+#[derive(Args, Debug)]
+struct ListArgs {
+    /// Only runs with this status (ok, error, timeout, killed, budget_exceeded, cancelled, rejected, dry_run).
+    #[arg(long, value_name = "S", value_parser = parse_status)]
+    status: Option<RunStatus>,
+    /// Only runs of this caller.
+    #[arg(long, value_name = "C")]
+    caller: Option<String>,
+    /// At most this many runs.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    limit: u32,
+    /// Print one JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    /// The run id (32 hex digits, as `runs list` prints it).
+    run_id: String,
+    /// Print `{"result": …, "records": […]}`.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Shown<'a> {
+    result: Option<&'a RunResult>,
+    records: &'a [AuditRecord],
+}
+
+fn parse_status(s: &str) -> Result<RunStatus, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+        format!("unknown status `{s}` (ok, error, timeout, killed, budget_exceeded, cancelled, rejected, dry_run)")
+    })
+}
+
+pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
+    let path = match db {
+        Db::Memory => {
+            return super::refuse("--db :memory: keeps no run history; name a database file")
+        }
+        Db::File(p) => p,
+    };
+    let store = match SqliteStore::open_existing(path).await {
+        Ok(s) => s,
+        Err(e) => return super::refuse(e),
+    };
+    let code = match a.command {
+        RunsCommand::List(l) => list(&store, l).await,
+        RunsCommand::Show(s) => show(&store, s).await,
+    };
+    store.close().await;
+    code
+}
+
+async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
+    let filter = RunFilter {
+        status: a.status,
+        caller: a.caller,
+        limit: Some(a.limit),
+    };
+    let runs = match store.list_runs(&filter).await {
+        Ok(r) => r,
+        Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&runs).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    if runs.is_empty() {
+        println!("no runs in {}", store.path().display());
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
+        "RUN_ID", "STATUS", "AGENT", "CALLER", "FINISHED (UTC)", "MS"
+    );
+    for r in &runs {
+        println!(
+            "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
+            r.run_id,
+            status_text(r),
+            r.agent,
+            r.caller_id.as_deref().unwrap_or("-"),
+            utc(r.finished_at),
+            r.duration_ms()
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
+    let run_id: RunId = match a.run_id.parse() {
+        Ok(id) if a.run_id.len() == 32 => id,
+        _ => {
+            return super::refuse(format!(
+                "`{}` is not a run id (32 hex digits, as `agentvisor runs list` prints them)",
+                a.run_id
+            ))
+        }
+    };
+    let fail = |e: agentvisor::ports::audit::AuditStoreError| {
+        super::refuse(format!("{}: {e}", store.path().display()))
+    };
+    let result = match store.run_result(run_id).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let records = match store.run_records(run_id).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if result.is_none() && records.is_empty() {
+        eprintln!("error: no run {run_id} in {}", store.path().display());
+        return ExitCode::from(1);
+    }
+    if a.json {
+        let shown = Shown {
+            result: result.as_ref(),
+            records: &records,
+        };
+        println!("{}", serde_json::to_string(&shown).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    match &result {
+        Some(r) => super::run::print_human(r),
+        None => println!("run {run_id}: no terminal record yet (still running, or interrupted)"),
+    }
+    println!("records:");
+    for r in &records {
+        let seq = if r.seq == u32::MAX {
+            "end".to_string()
+        } else {
+            r.seq.to_string()
+        };
+        let at = utc(r.at_ms);
+        let time = at.split_once(' ').map(|(_, t)| t).unwrap_or(&at);
+        println!(
+            "  {seq:>4}  {time}.{:03}  {}",
+            r.at_ms % 1000,
+            describe(&r.entry)
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn status_text(r: &RunSummary) -> String {
+    match r.kill_reason {
+        Some(k) => format!("{} ({k})", r.status),
+        None => r.status.to_string(),
+    }
+}
+
+/// One line per record: its kind, then its JSON (capped).
+fn describe(entry: &AuditEntry) -> String {
+    let (kind, body) = match entry {
+        AuditEntry::RunStarted(info) => (
+            "run.start".to_string(),
+            serde_json::to_string(info).unwrap_or_default(),
+        ),
+        AuditEntry::Event(ev) => {
+            let json = serde_json::to_string(ev).unwrap_or_default();
+            // `{"type":"tool.call","iteration":1,…}` → `tool.call {"iteration":1,…}`
+            match json
+                .strip_prefix("{\"type\":\"")
+                .and_then(|rest| rest.split_once('"'))
+            {
+                Some((kind, rest)) => (
+                    kind.to_string(),
+                    format!("{{{}", rest.strip_prefix(',').unwrap_or(rest)),
+                ),
+                None => ("event".to_string(), json),
+            }
+        }
+        AuditEntry::Terminal(res) => {
+            let reason = res
+                .kill_reason
+                .map(|k| format!(" ({k})"))
+                .unwrap_or_default();
+            return format!(
+                "run.end {}{reason}, {} iterations",
+                res.status, res.iterations
+            );
+        }
+    };
+    format!("{kind} {}", agentvisor::ports::run::cap_text(&body, 160))
+}
+
+/// Unix ms as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_unix_ms() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(utc(1_700_000_000_123), "2023-11-14 22:13:20");
+    }
+
+    #[test]
+    fn statuses_parse_by_their_names() {
+        assert_eq!(
+            parse_status("budget_exceeded"),
+            Ok(RunStatus::BudgetExceeded)
+        );
+        assert!(parse_status("nope").is_err());
+    }
+}

@@ -1,0 +1,114 @@
+//! The budget ledger on SQLite: spend per caller and minute in
+//! `budget_spend` (a commit adds to its minute's row), limits per caller in
+//! `budget_limits`, and default limits for everyone else held in memory
+//! (they come from the host's configuration, not from the file).
+//!
+//! Spend persists, so a caller's limit holds across processes: a new
+//! process loads what the caller spent within the window before it admits
+//! the caller's first run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Row;
+
+use super::{to_i64, to_u64, SqliteStore};
+use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
+use crate::ports::run::unix_ms;
+
+/// The bucket width of committed spend.
+const MINUTE_MS: u64 = 60_000;
+
+fn unavailable(e: impl std::fmt::Display) -> BudgetLedgerError {
+    BudgetLedgerError::Unavailable(e.to_string())
+}
+
+impl SqliteStore {
+    /// Sets the limits of callers that have no row of their own. Held in
+    /// memory for this handle (each process states its defaults).
+    pub fn set_default_limits(&self, limits: BudgetLimits) {
+        *self
+            .default_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = limits;
+    }
+
+    /// Writes one caller's limits to the file (they hold for every process).
+    pub async fn set_limits(
+        &self,
+        caller: &str,
+        limits: BudgetLimits,
+    ) -> Result<(), BudgetLedgerError> {
+        let json = serde_json::to_string(&limits).map_err(unavailable)?;
+        self.writer
+            .set_limits(caller.to_string(), json)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+#[async_trait]
+impl BudgetLedger for SqliteStore {
+    async fn limits(&self, caller: &str) -> Result<BudgetLimits, BudgetLedgerError> {
+        let row: Option<String> =
+            sqlx::query_scalar("SELECT limits FROM budget_limits WHERE caller = ?")
+                .bind(caller)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        match row {
+            Some(json) => serde_json::from_str(&json).map_err(|e| {
+                BudgetLedgerError::Unavailable(format!(
+                    "the limits of caller `{caller}` do not decode: {e}"
+                ))
+            }),
+            None => Ok(*self
+                .default_limits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())),
+        }
+    }
+
+    async fn spent(&self, caller: &str, window: Duration) -> Result<Spend, BudgetLedgerError> {
+        let since = unix_ms().saturating_sub(window.as_millis() as u64) / MINUTE_MS;
+        let row = sqlx::query(
+            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost_micros), 0), \
+             COALESCE(SUM(runtime_ms), 0), COALESCE(SUM(runs), 0) \
+             FROM budget_spend WHERE caller = ? AND minute >= ?",
+        )
+        .bind(caller)
+        .bind(to_i64(since))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        let get = |i: usize| row.try_get::<i64, _>(i).map(to_u64).map_err(unavailable);
+        Ok(Spend {
+            tokens: get(0)?,
+            cost_micros: get(1)?,
+            runtime_ms: get(2)?,
+            runs: get(3)?,
+        })
+    }
+
+    async fn commit(&self, spends: &[(String, Spend)]) -> Result<(), BudgetLedgerError> {
+        if spends.is_empty() {
+            return Ok(());
+        }
+        // One row per caller (Postgres refuses an upsert that touches a row
+        // twice in one statement), so merge a caller's entries first.
+        let mut merged: BTreeMap<&str, Spend> = BTreeMap::new();
+        for (caller, s) in spends {
+            merged.entry(caller.as_str()).or_default().add(s);
+        }
+        let minute = to_i64(unix_ms() / MINUTE_MS);
+        let spends = merged
+            .into_iter()
+            .map(|(c, s)| (c.to_string(), s))
+            .collect();
+        self.writer
+            .commit(spends, minute)
+            .await
+            .map_err(unavailable)
+    }
+}

@@ -1,0 +1,312 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The CLI on the SQLite store (X1, P1): `run --db FILE` leaves the run on
+//! record, `runs list` and `runs show` read it back, budgets hold across
+//! invocations, and a database that cannot be used is refused with exit 2
+//! and its path, untouched.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+/// A fresh directory under the system temp dir (removed on drop).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "agentvisor-cli-{name}-{}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the built binary from the crate root (so `examples/…` resolve),
+/// without an inherited `AGENTVISOR_DB`.
+fn agentvisor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("AGENTVISOR_DB")
+        .output()
+        .expect("the binary runs")
+}
+
+fn db_arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_run_is_on_record_and_runs_list_and_show_read_it_back() {
+    let dir = Scratch::new("history");
+    let db = db_arg(&dir.path("a.db"));
+    let run = agentvisor(&["run", "examples/agents/hello.yaml", "--db", &db, "--json"]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let result = json(&run);
+    let run_id = result["run_id"].as_str().unwrap().to_string();
+
+    let list = agentvisor(&["runs", "list", "--db", &db, "--json"]);
+    assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
+    let runs = json(&list);
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["run_id"], run_id.as_str());
+    assert_eq!(runs[0]["status"], "ok");
+    assert_eq!(runs[0]["agent"], "hello");
+    assert_eq!(runs[0]["caller_id"], "cli");
+
+    let show = agentvisor(&["runs", "show", &run_id, "--db", &db, "--json"]);
+    assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
+    let shown = json(&show);
+    assert_eq!(
+        shown["result"], result,
+        "the recorded result is the printed one"
+    );
+    let records = shown["records"].as_array().unwrap();
+    assert_eq!(records.first().unwrap()["entry"]["record"], "run_started");
+    assert_eq!(records.last().unwrap()["entry"]["record"], "terminal");
+    assert_eq!(records.last().unwrap()["entry"]["status"], "ok");
+    let types: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r["entry"]["type"].as_str())
+        .collect();
+    assert!(
+        types.contains(&"tool.call") && types.contains(&"step.finish"),
+        "{types:?}"
+    );
+    let seqs: Vec<u64> = records.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order: {seqs:?}");
+
+    // The human forms.
+    let show = agentvisor(&["runs", "show", &run_id, "--db", &db]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains(&format!("run {run_id}: ok")), "{text}");
+    assert!(
+        text.contains("records:") && text.contains("tool.call") && text.contains("run.end ok"),
+        "{text}"
+    );
+    let list = agentvisor(&["runs", "list", "--db", &db]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains(&run_id));
+}
+
+#[test]
+fn runs_list_filters_by_status_and_caller() {
+    let dir = Scratch::new("filters");
+    let db = db_arg(&dir.path("a.db"));
+    let ok = agentvisor(&[
+        "run",
+        "examples/agents/hello.yaml",
+        "--db",
+        &db,
+        "--caller",
+        "alice",
+    ]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    let spent = agentvisor(&[
+        "run",
+        "examples/agents/budget.yaml",
+        "--db",
+        &db,
+        "--caller",
+        "bob",
+    ]);
+    assert_eq!(spent.status.code(), Some(1), "{}", stderr(&spent));
+
+    let by_status = json(&agentvisor(&[
+        "runs",
+        "list",
+        "--db",
+        &db,
+        "--json",
+        "--status",
+        "budget_exceeded",
+    ]));
+    assert_eq!(by_status.as_array().unwrap().len(), 1);
+    assert_eq!(by_status[0]["caller_id"], "bob");
+    let by_caller = json(&agentvisor(&[
+        "runs", "list", "--db", &db, "--json", "--caller", "alice",
+    ]));
+    assert_eq!(by_caller.as_array().unwrap().len(), 1);
+    assert_eq!(by_caller[0]["status"], "ok");
+    let limited = json(&agentvisor(&[
+        "runs", "list", "--db", &db, "--json", "--limit", "1",
+    ]));
+    assert_eq!(limited.as_array().unwrap().len(), 1);
+    let bad = agentvisor(&["runs", "list", "--db", &db, "--status", "sideways"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn a_budget_holds_across_invocations() {
+    let dir = Scratch::new("budget");
+    let db = db_arg(&dir.path("a.db"));
+    let first = agentvisor(&["run", "examples/agents/budget.yaml", "--db", &db, "--json"]);
+    let first = json(&first);
+    assert_eq!(first["status"], "budget_exceeded");
+    assert_eq!(
+        first["kill_reason"], "budget",
+        "crossed mid-flight: {first}"
+    );
+    assert!(first["iterations"].as_u64().unwrap() >= 1);
+
+    // A new process: the spend is on file, the run is refused up front.
+    let second = json(&agentvisor(&[
+        "run",
+        "examples/agents/budget.yaml",
+        "--db",
+        &db,
+        "--json",
+    ]));
+    assert_eq!(second["status"], "budget_exceeded");
+    assert_eq!(second["iterations"], 0, "{second}");
+
+    // The in-memory batteries forget.
+    let fresh = json(&agentvisor(&[
+        "run",
+        "examples/agents/budget.yaml",
+        "--db",
+        ":memory:",
+        "--json",
+    ]));
+    assert_eq!(fresh["kill_reason"], "budget");
+}
+
+#[test]
+fn the_database_comes_from_agentvisor_db_when_no_flag_names_one() {
+    let dir = Scratch::new("env");
+    let db = dir.path("from-env/a.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(["run", "examples/agents/hello.yaml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("AGENTVISOR_DB", &db)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(db.exists(), "the database was created at AGENTVISOR_DB");
+    let list = json(&agentvisor(&[
+        "runs",
+        "list",
+        "--db",
+        &db_arg(&db),
+        "--json",
+    ]));
+    assert_eq!(list.as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn runs_show_of_an_unknown_run_says_so_and_exits_1() {
+    let dir = Scratch::new("unknown");
+    let db = db_arg(&dir.path("a.db"));
+    assert_eq!(
+        agentvisor(&["run", "examples/agents/hello.yaml", "--db", &db])
+            .status
+            .code(),
+        Some(0)
+    );
+    let id = "0123456789abcdef0123456789abcdef";
+    let out = agentvisor(&["runs", "show", id, "--db", &db]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!("no run {id}")),
+        "{}",
+        stderr(&out)
+    );
+    let out = agentvisor(&["runs", "show", "not-an-id", "--db", &db]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn a_database_that_cannot_be_used_is_refused_with_exit_2_and_its_path() {
+    let dir = Scratch::new("refused");
+    // Corrupt: refused, named, untouched.
+    let corrupt = dir.path("corrupt.db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 31 + 7) as u8).collect();
+    std::fs::write(&corrupt, &garbage).unwrap();
+    for args in [
+        vec!["run", "examples/agents/hello.yaml", "--db"],
+        vec!["swarm", "examples/agents/hello.yaml", "--runs", "3", "--db"],
+        vec!["runs", "list", "--db"],
+    ] {
+        let mut args = args;
+        let path = db_arg(&corrupt);
+        args.push(&path);
+        let out = agentvisor(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(&path), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(std::fs::read(&corrupt).unwrap(), garbage);
+
+    // Unwritable: a file where the directory should be.
+    let file = dir.path("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let under = db_arg(&file.join("a.db"));
+    let out = agentvisor(&["run", "examples/agents/hello.yaml", "--db", &under]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains(&under), "{}", stderr(&out));
+
+    // History commands neither create a database nor read one from memory.
+    let missing = dir.path("missing.db");
+    let out = agentvisor(&["runs", "list", "--db", &db_arg(&missing)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!missing.exists());
+    let out = agentvisor(&["runs", "list", "--db", ":memory:"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_swarm_leaves_one_terminal_record_per_run() {
+    let dir = Scratch::new("swarm");
+    let db = db_arg(&dir.path("a.db"));
+    let out = agentvisor(&[
+        "swarm",
+        "examples/agents/hello.yaml",
+        "--runs",
+        "300",
+        "--concurrency",
+        "50",
+        "--json",
+        "--db",
+        &db,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let summary = json(&out);
+    assert_eq!(summary["runs"], 300);
+    assert_eq!(summary["audit_terminal_records"], 300);
+    let list = json(&agentvisor(&[
+        "runs", "list", "--db", &db, "--json", "--limit", "1000",
+    ]));
+    assert_eq!(list.as_array().unwrap().len(), 300);
+}

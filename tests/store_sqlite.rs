@@ -1,0 +1,632 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The SQLite store (P1, B1, B3): batches written and read back in order,
+//! terminal rows and the run index, duplicates ignored, budget spend that
+//! holds across processes, files refused without being touched (newer
+//! schema, corrupt, foreign, unwritable), and the audit actor's spool
+//! taking the records while the store fails and replaying them after.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentvisor::ports::audit::{
+    AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
+};
+use agentvisor::ports::budget::{BudgetLedger, BudgetLimits, Spend};
+use agentvisor::stores::{MemoryAuditStore, SqliteStore, StoreError};
+use agentvisor::{
+    AgentSpec, Host, HostConfig, Invocation, KillReason, RunEvent, RunId, RunResult, RunStatus,
+};
+use async_trait::async_trait;
+
+/// A fresh directory under the system temp dir (removed by `Scratch::drop`).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "agentvisor-test-{name}-{}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            RunId::new()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn hello() -> AgentSpec {
+    AgentSpec::from_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/agents/hello.yaml"
+    ))
+    .unwrap()
+}
+
+/// The records of one real run of `hello` (start, events, terminal).
+async fn real_run() -> (RunResult, Vec<AuditRecord>) {
+    let mem = Arc::new(MemoryAuditStore::new());
+    let host = Host::builder()
+        .audit_store(mem.clone())
+        .build()
+        .await
+        .unwrap();
+    let result = host.run(hello(), Invocation::prompt("add")).await.unwrap();
+    host.shutdown().await;
+    let records = mem.run_records(result.run_id).await.unwrap();
+    (result, records)
+}
+
+/// `records` re-keyed to a new run (and its terminal result changed by `f`).
+fn rekey(records: &[AuditRecord], f: impl Fn(&mut RunResult)) -> (RunId, Vec<AuditRecord>) {
+    let id = RunId::new();
+    let out = records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.run_id = id;
+            if let AuditEntry::Terminal(res) = &r.entry {
+                let mut res = RunResult::clone(res);
+                res.run_id = id;
+                f(&mut res);
+                r.entry = AuditEntry::Terminal(Arc::new(res));
+            }
+            r
+        })
+        .collect();
+    (id, out)
+}
+
+#[tokio::test]
+async fn a_batch_is_written_and_read_back_in_order() {
+    let dir = Scratch::new("order");
+    let store = SqliteStore::open(&dir.path("a.db")).await.unwrap();
+    let (result, records) = real_run().await;
+    assert!(records.len() >= 5, "{records:?}");
+    let (a, run_a) = rekey(&records, |_| {});
+    let (b, run_b) = rekey(&records, |_| {});
+    // Interleave two runs in one batch, newest seq first for one of them.
+    let mut batch: Vec<AuditRecord> = Vec::new();
+    for (x, y) in run_a.iter().zip(run_b.iter().rev()) {
+        batch.push(x.clone());
+        batch.push(y.clone());
+    }
+    store.append(&batch).await.unwrap();
+
+    assert_eq!(store.run_records(a).await.unwrap(), run_a);
+    assert_eq!(store.run_records(b).await.unwrap(), run_b);
+    assert!(matches!(
+        store.run_records(a).await.unwrap().last().map(|r| &r.entry),
+        Some(AuditEntry::Terminal(res)) if res.output == result.output
+    ));
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        stats,
+        AuditStats {
+            records: batch.len() as u64,
+            terminal_records: 2,
+            batches: 1
+        }
+    );
+    assert!(store.run_records(RunId::new()).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn terminal_records_fill_the_run_index() {
+    let dir = Scratch::new("index");
+    let store = SqliteStore::open(&dir.path("a.db")).await.unwrap();
+    let (_, records) = real_run().await;
+    let (ok_id, ok) = rekey(&records, |r| {
+        r.caller_id = Some("alice".into());
+        r.finished_at = 1_000;
+    });
+    let (killed_id, killed) = rekey(&records, |r| {
+        r.caller_id = Some("bob".into());
+        r.status = RunStatus::Killed;
+        r.kill_reason = Some(KillReason::Stalled);
+        r.error_kind = Some("stalled".into());
+        r.finished_at = 2_000;
+    });
+    store.append(&ok).await.unwrap();
+    store.append(&killed).await.unwrap();
+
+    let all = store.list_runs(&RunFilter::default()).await.unwrap();
+    assert_eq!(
+        all.iter().map(|s| s.run_id).collect::<Vec<_>>(),
+        vec![killed_id, ok_id],
+        "most recently finished first"
+    );
+    assert_eq!(all[0].status, RunStatus::Killed);
+    assert_eq!(all[0].kill_reason, Some(KillReason::Stalled));
+    assert_eq!(all[0].error_kind.as_deref(), Some("stalled"));
+    assert_eq!(all[0].caller_id.as_deref(), Some("bob"));
+
+    let killed_only = RunFilter {
+        status: Some(RunStatus::Killed),
+        ..Default::default()
+    };
+    assert_eq!(store.list_runs(&killed_only).await.unwrap().len(), 1);
+    let alice = RunFilter {
+        caller: Some("alice".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.list_runs(&alice).await.unwrap()[0].run_id, ok_id);
+    let one = RunFilter {
+        limit: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(store.list_runs(&one).await.unwrap().len(), 1);
+
+    let res = store.run_result(killed_id).await.unwrap().unwrap();
+    assert_eq!(res.status, RunStatus::Killed);
+    assert_eq!(res.run_id, killed_id);
+    assert_eq!(store.run_result(RunId::new()).await.unwrap(), None);
+
+    // The memory store answers the same questions.
+    let mem = MemoryAuditStore::new();
+    mem.append(&ok).await.unwrap();
+    mem.append(&killed).await.unwrap();
+    assert_eq!(mem.list_runs(&RunFilter::default()).await.unwrap(), all);
+    assert_eq!(mem.run_result(killed_id).await.unwrap(), Some(res));
+}
+
+#[tokio::test]
+async fn a_replayed_record_is_never_a_duplicate() {
+    let dir = Scratch::new("dup");
+    let store = SqliteStore::open(&dir.path("a.db")).await.unwrap();
+    let (_, records) = real_run().await;
+    let (id, run) = rekey(&records, |_| {});
+    store.append(&run).await.unwrap();
+    store.append(&run).await.unwrap();
+    store.append(&run[..2]).await.unwrap();
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+    let totals = store.totals().await.unwrap();
+    assert_eq!(totals.records, run.len() as u64);
+    assert_eq!(totals.terminal_records, 1);
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.records, stats.terminal_records, stats.batches),
+        (run.len() as u64, 1, 3)
+    );
+    assert_eq!(
+        store.list_runs(&RunFilter::default()).await.unwrap().len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn history_and_spend_survive_a_reopen() {
+    let dir = Scratch::new("reopen");
+    let path = dir.path("nested/dirs/a.db");
+    let (_, records) = real_run().await;
+    let (id, run) = rekey(&records, |_| {});
+    {
+        let store = SqliteStore::open(&path).await.unwrap();
+        store.append(&run).await.unwrap();
+        let spend = Spend {
+            tokens: 40,
+            cost_micros: 7,
+            runtime_ms: 100,
+            runs: 1,
+        };
+        store
+            .commit(&[
+                ("a".into(), spend),
+                ("a".into(), spend),
+                ("b".into(), spend),
+            ])
+            .await
+            .unwrap();
+        store
+            .set_limits(
+                "a",
+                BudgetLimits {
+                    tokens: Some(50),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        store.set_default_limits(BudgetLimits {
+            tokens: Some(1),
+            ..Default::default()
+        });
+        store.close().await;
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.version().await.unwrap(),
+        agentvisor::stores::sqlite::SCHEMA_VERSION
+    );
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+    let a = store.spent("a", Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(
+        a,
+        Spend {
+            tokens: 80,
+            cost_micros: 14,
+            runtime_ms: 200,
+            runs: 2
+        }
+    );
+    assert_eq!(
+        store
+            .spent("b", Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .tokens,
+        40
+    );
+    assert_eq!(
+        store
+            .spent("nobody", Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        Spend::default()
+    );
+    assert_eq!(store.limits("a").await.unwrap().tokens, Some(50));
+    // Default limits belong to the process that set them.
+    assert_eq!(store.limits("b").await.unwrap().tokens, None);
+}
+
+#[tokio::test]
+async fn a_token_budget_holds_across_hosts_on_one_file() {
+    let dir = Scratch::new("budget");
+    let path = dir.path("a.db");
+    let limits = BudgetLimits {
+        tokens: Some(150),
+        ..Default::default()
+    };
+    let host_on = |store: Arc<SqliteStore>| async move {
+        store.set_default_limits(limits);
+        Host::builder()
+            .audit_store(store.clone())
+            .budget_ledger(store)
+            .build()
+            .await
+            .unwrap()
+    };
+
+    // First process: one run spends more than the limit (admitted at 0).
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let host = host_on(store.clone()).await;
+    let first = host.run(hello(), Invocation::prompt("add")).await.unwrap();
+    assert_eq!(first.status, RunStatus::Ok);
+    assert!(first.usage.total() > 150, "{:?}", first.usage);
+    host.shutdown().await;
+    drop(host);
+    store.close().await;
+    drop(store);
+
+    // Second process: the spend is on file, so the caller is refused.
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let host = host_on(store.clone()).await;
+    let second = host.run(hello(), Invocation::prompt("add")).await.unwrap();
+    assert_eq!(second.status, RunStatus::BudgetExceeded, "{second:?}");
+    assert_eq!(second.iterations, 0);
+    host.shutdown().await;
+    assert_eq!(store.totals().await.unwrap().terminal_records, 2);
+}
+
+fn assert_names(e: &StoreError, path: &Path) {
+    let text = e.to_string();
+    assert!(
+        text.contains(&path.display().to_string()),
+        "the error should name {}: {text}",
+        path.display()
+    );
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused_with_the_path_and_left_alone() {
+    let dir = Scratch::new("newer");
+    let path = dir.path("a.db");
+    SqliteStore::open(&path).await.unwrap().close().await;
+    {
+        // A newer agentvisor wrote version 99.
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (99, 0)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::NewerSchema { found: 99, .. }),
+        "{err:?}"
+    );
+    assert_names(&err, &path);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the file was changed"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_file_is_refused_and_left_unchanged() {
+    let dir = Scratch::new("corrupt");
+    let path = dir.path("a.db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 13) as u8).collect();
+    std::fs::write(&path, &garbage).unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert_names(&err, &path);
+    assert_eq!(std::fs::read(&path).unwrap(), garbage);
+
+    // A database of another program is not ours to migrate.
+    let other = dir.path("other.db");
+    {
+        use sqlx::Connection;
+        let mut conn =
+            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", other.display()))
+                .await
+                .unwrap();
+        sqlx::query("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+    let before = std::fs::read(&other).unwrap();
+    let err = SqliteStore::open(&other).await.unwrap_err();
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err:?}");
+    assert_names(&err, &other);
+    assert_eq!(std::fs::read(&other).unwrap(), before);
+}
+
+#[tokio::test]
+async fn an_unwritable_path_is_refused_with_the_path() {
+    let dir = Scratch::new("unwritable");
+    // A regular file where a directory should be (refused even for root).
+    let file = dir.path("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let under_file = file.join("a.db");
+    let err = SqliteStore::open(&under_file).await.unwrap_err();
+    assert!(matches!(err, StoreError::CreateDir { .. }), "{err:?}");
+    assert_names(&err, &under_file);
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+
+    // A directory where the file should be.
+    let err = SqliteStore::open(&dir.0).await.unwrap_err();
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+    assert_names(&err, &dir.0);
+
+    // Readers never create a database.
+    let missing = dir.path("missing.db");
+    let err = SqliteStore::open_existing(&missing).await.unwrap_err();
+    assert!(matches!(err, StoreError::Missing { .. }), "{err:?}");
+    assert!(!missing.exists());
+}
+
+#[tokio::test]
+async fn an_in_memory_database_works_like_a_file() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    let (_, records) = real_run().await;
+    let (id, run) = rekey(&records, |_| {});
+    store.append(&run).await.unwrap();
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+    assert_eq!(
+        store.list_runs(&RunFilter::default()).await.unwrap().len(),
+        1
+    );
+    let other = SqliteStore::open_memory().await.unwrap();
+    assert!(
+        other.run_records(id).await.unwrap().is_empty(),
+        "each is private"
+    );
+}
+
+/// Fails its first `failures` appends, then passes everything to `inner`.
+struct FlakyStore {
+    inner: Arc<SqliteStore>,
+    failures: usize,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl AuditStore for FlakyStore {
+    async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+            return Err(AuditStoreError::Unavailable("injected fault".into()));
+        }
+        self.inner.append(batch).await
+    }
+
+    async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
+        self.inner.run_records(run_id).await
+    }
+
+    async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
+        self.inner.stats().await
+    }
+}
+
+/// Runs `n` hello runs at once on a host over a store that fails its first
+/// `failures` appends; returns the results, the spool's size when the last
+/// result arrived, and the backing store after shutdown.
+async fn swarm_over_flaky_store(
+    dir: &Scratch,
+    spool: Option<PathBuf>,
+    n: usize,
+    failures: usize,
+) -> (Vec<RunResult>, u64, Arc<SqliteStore>) {
+    let inner = Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap());
+    let flaky = Arc::new(FlakyStore {
+        inner: inner.clone(),
+        failures,
+        calls: AtomicUsize::new(0),
+    });
+    let host = Host::builder()
+        .config(HostConfig {
+            audit_spool: spool.clone(),
+            audit_batch: 64,
+            ..HostConfig::default()
+        })
+        .audit_store(flaky.clone())
+        .build()
+        .await
+        .unwrap();
+    let agent = host.agent(hello()).unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        handles.push(
+            host.submit(&agent, Invocation::prompt("add"))
+                .await
+                .unwrap(),
+        );
+    }
+    let mut results = Vec::new();
+    for h in handles {
+        // No run blocks on the failing store.
+        let r = tokio::time::timeout(Duration::from_secs(20), h)
+            .await
+            .expect("a run blocked on its audit record");
+        results.push(r);
+    }
+    let spooled = spool
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .unwrap_or(0);
+    // The writer retries with a backoff (100 ms, doubling): wait until the
+    // store works again and has taken everything.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while inner.totals().await.unwrap().terminal_records < n as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the records never reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(flaky.calls.load(Ordering::SeqCst) > failures);
+    host.shutdown().await;
+    (results, spooled, inner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spool_takes_the_records_while_the_store_fails_and_replays_them() {
+    let dir = Scratch::new("spool");
+    let spool = dir.path("audit.spool");
+    let n = 200;
+    let (results, spooled, store) = swarm_over_flaky_store(&dir, Some(spool.clone()), n, 3).await;
+    assert!(results.iter().all(|r| r.status == RunStatus::Ok));
+    assert!(
+        spooled > 0,
+        "the spool took the records while the store failed"
+    );
+    let totals = store.totals().await.unwrap();
+    assert_eq!(
+        totals.terminal_records, n as u64,
+        "one terminal record per run"
+    );
+    for r in results.iter().take(5) {
+        let records = store.run_records(r.run_id).await.unwrap();
+        assert!(matches!(
+            records.first().map(|x| &x.entry),
+            Some(AuditEntry::RunStarted(_))
+        ));
+        assert_eq!(records.iter().filter(|x| x.is_terminal()).count(), 1);
+        let seqs: Vec<u32> = records.iter().map(|x| x.seq).collect();
+        let mut sorted = seqs.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(seqs, sorted);
+    }
+    assert_eq!(
+        std::fs::metadata(&spool).unwrap().len(),
+        0,
+        "replayed, then truncated"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_spool_the_records_are_held_and_retried() {
+    let dir = Scratch::new("held");
+    let n = 100;
+    let (results, _, store) = swarm_over_flaky_store(&dir, None, n, 3).await;
+    assert!(results.iter().all(|r| r.status == RunStatus::Ok));
+    assert_eq!(store.totals().await.unwrap().terminal_records, n as u64);
+}
+
+#[tokio::test]
+async fn a_spool_left_by_an_earlier_process_is_replayed_at_start() {
+    let dir = Scratch::new("leftover");
+    let spool = dir.path("audit.spool");
+    let (_, records) = real_run().await;
+    let (id, run) = rekey(&records, |_| {});
+    let mut lines = String::new();
+    for r in &run {
+        lines.push_str(&serde_json::to_string(r).unwrap());
+        lines.push('\n');
+    }
+    // A crash cut the last line short.
+    lines.push_str("{\"run_id\":\"0");
+    std::fs::write(&spool, lines).unwrap();
+
+    let store = Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap());
+    let host = Host::builder()
+        .config(HostConfig {
+            audit_spool: Some(spool.clone()),
+            ..HostConfig::default()
+        })
+        .audit_store(store.clone())
+        .build()
+        .await
+        .unwrap();
+    host.shutdown().await;
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+    assert_eq!(std::fs::metadata(&spool).unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn records_of_every_kind_round_trip() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    let id = RunId::new();
+    let ev = |seq: u32, e: RunEvent| AuditRecord {
+        run_id: id,
+        seq,
+        at_ms: 1_700_000_000_000 + u64::from(seq),
+        entry: AuditEntry::Event(e),
+    };
+    let batch = vec![
+        ev(0, RunEvent::StepStart { iteration: 1 }),
+        ev(
+            1,
+            RunEvent::Error {
+                kind: "rate_limited".into(),
+                message: "slow down \"now\"\n".into(),
+            },
+        ),
+        ev(
+            2,
+            RunEvent::MessageCreate {
+                role: "user".into(),
+                text: "héllo ✓".into(),
+            },
+        ),
+    ];
+    store.append(&batch).await.unwrap();
+    assert_eq!(store.run_records(id).await.unwrap(), batch);
+}
