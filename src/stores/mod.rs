@@ -1,11 +1,13 @@
-//! Store batteries: implementations of the `AuditStore`, `RunIndex` and
-//! `BudgetLedger` ports. In memory (a host built with nothing), and on
+//! Store batteries: implementations of the `AuditStore`, `RunIndex`,
+//! `BudgetLedger` and `Checkpointer` ports. In memory (a host built with nothing), and on
 //! embedded SQLite (the CLI's default; full history, budgets that hold
 //! across processes). Postgres comes with the multi-host work. Stores know
 //! nothing of actors.
 
 pub mod memory;
+pub mod memory_checkpoint;
 pub mod sqlite;
 
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
+pub use memory_checkpoint::MemoryCheckpointer;
 pub use sqlite::{SqliteStore, StoreError};
