@@ -102,8 +102,13 @@ pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
 }
 
 /// Loads a manifest and prepares it on a host with the embedded defaults
-/// and the stores of `db`; the caller's token budget comes from
-/// `budget_tokens` or the manifest (spend already in the database counts).
+/// and the stores of `db`.
+///
+/// A token budget given on the command line (`--budget-tokens`) or in the
+/// manifest (`budget.tokens`) is this invocation's allowance, counted from
+/// zero: it is metered in memory, so the same manifest behaves the same way
+/// every time it runs. Without one, the caller's limits and spend come from
+/// the database's ledger and hold across processes.
 pub(crate) async fn prepare(
     file: &PathBuf,
     budget_tokens: Option<u64>,
@@ -121,11 +126,14 @@ pub(crate) async fn prepare(
         }
         Db::File(path) => {
             let store = Arc::new(open_db(path).await?);
-            store.set_default_limits(limits);
-            host_builder()
+            let builder = host_builder()
                 .config(sqlite_config(path))
-                .audit_store(store.clone())
-                .budget_ledger(store)
+                .audit_store(store.clone());
+            if tokens.is_some() {
+                builder.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
+            } else {
+                builder.budget_ledger(store)
+            }
         }
     };
     let host = builder.build().await.map_err(refuse)?;

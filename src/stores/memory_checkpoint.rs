@@ -42,6 +42,12 @@ impl Checkpointer for MemoryCheckpointer {
     }
 
     async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
-        Ok(self.saved.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect())
+        Ok(self
+            .saved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect())
     }
 }
