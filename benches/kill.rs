@@ -232,7 +232,8 @@ fn main() {
         report("floor", &fl);
         report("agentvisor", &av);
         let (a, f) = (&av.one_at_a_time, &fl.one_at_a_time);
-        println!(
+        if a.count > 0 {
+            println!(
             "RESULT kill n={n} one at a time: agentvisor p50 {:.2} ms p99 {:.2} ms (target p99 < 5 ms: {}); agentvisor/floor p50 {:.0}x p99 {:.0}x",
             us(a.p50) / 1e3,
             us(a.p99) / 1e3,
@@ -240,6 +241,7 @@ fn main() {
             ratio(us(a.p50), us(f.p50)),
             ratio(us(a.p99), us(f.p99)),
         );
+        }
         if let (Some((a, aw)), Some((f, fw))) = (&av.storm, &fl.storm) {
             println!(
                 "RESULT kill n={n} storm: agentvisor p50 {:.2} ms p99 {:.2} ms, {:.0} kills/s; agentvisor/floor p99 {:.0}x, wall {:.0}x",
