@@ -31,7 +31,10 @@
 //! - [`ports`]: the traits actors depend on and the data they speak.
 //! - [`actors`]: host, critic, run, budget, audit — one per file.
 //! - [`providers`]: `ChatModel` batteries (the scripted model).
-//! - [`stores`]: `AuditStore` / `BudgetLedger` batteries (in memory).
+//! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
+//!   batteries (in memory; embedded SQLite).
+//! - [`replay`]: re-run a recorded run against its recording, compare traces.
+//! - [`workload`]: the W1 benchmark workload and its bare-tokio floor.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
 
