@@ -174,26 +174,3 @@ fn sqlite_config(path: &Path) -> HostConfig {
         ..HostConfig::default()
     }
 }
-
-/// Peak resident set size of this process, in bytes (Linux; 0 elsewhere).
-pub(crate) fn peak_rss_bytes() -> u64 {
-    proc_status_kib("VmHWM:") * 1024
-}
-
-/// Current resident set size, in bytes (Linux; 0 elsewhere).
-#[allow(dead_code)]
-pub(crate) fn rss_bytes() -> u64 {
-    proc_status_kib("VmRSS:") * 1024
-}
-
-fn proc_status_kib(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}

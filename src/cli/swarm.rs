@@ -136,7 +136,7 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
     };
     let by_status = statuses.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let done = latencies.len() as u64;
-    let peak = super::peak_rss_bytes();
+    let peak = agentvisor::workload::peak_rss_bytes();
     let s = Summary {
         runs: done,
         concurrency: a.concurrency,
