@@ -76,7 +76,7 @@ impl Default for HostConfig {
                 .unwrap_or(2),
             default_limits: LimitsSpec::default(),
             audit_batch: 1024,
-            audit_max_age: Duration::from_millis(2),
+            audit_max_age: Duration::from_millis(1),
             audit_spool: None,
             budget_window: Duration::from_secs(24 * 3600),
             budget_flush_every: Duration::from_millis(100),
