@@ -18,6 +18,7 @@ pub struct Agent {
 struct AgentInner {
     spec: Arc<AgentSpec>,
     name: Arc<str>,
+    tool_names: Arc<[String]>,
     model: Arc<dyn ChatModel>,
     tools: ToolSet,
     limits: Limits,
@@ -33,6 +34,7 @@ impl Agent {
         Agent {
             inner: Arc::new(AgentInner {
                 name: Arc::from(spec.name.as_str()),
+                tool_names: Arc::from(spec.tools.clone()),
                 spec,
                 model,
                 tools,
@@ -49,6 +51,11 @@ impl Agent {
     /// The agent's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The tool names the manifest asks for, shared by every run's record.
+    pub(crate) fn tool_names(&self) -> Arc<[String]> {
+        self.inner.tool_names.clone()
     }
 
     pub(crate) fn name_arc(&self) -> Arc<str> {

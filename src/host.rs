@@ -529,7 +529,7 @@ impl Host {
             parent_run_id: inv.parent_run_id,
             session_id: inv.session_id,
             prompt: cap_text(&prompt, 2048),
-            tools: agent.spec().tools.clone(),
+            tools: agent.tool_names(),
             limits: Some(limits.to_spec()),
         };
         let args = RunArgs {

@@ -258,7 +258,7 @@ pub async fn replay(
     }
 
     let mut spec = AgentSpec::new(info.agent.clone(), "recorded");
-    spec.tools = info.tools.clone();
+    spec.tools = info.tools.to_vec();
     spec.limits = info.limits.unwrap_or_default();
     // Timing is not replayed: no deadline or stall may cut the replay short.
     spec.limits = LimitsSpec {

@@ -85,11 +85,6 @@ pub enum RunMsg {
         /// One outcome per call, in the model's order.
         outcomes: Vec<ToolOutcome>,
     },
-    /// Streamed text from the model.
-    TextDelta {
-        /// The new text.
-        text: String,
-    },
     /// Inject a message before the next model call.
     Steer {
         /// The message.
@@ -280,10 +275,6 @@ impl RunState {
                     self.inflight = None;
                     self.tools_done(myself, outcomes);
                 }
-            }
-            RunMsg::TextDelta { text } => {
-                let iteration = self.iteration;
-                self.shared.emit(&RunEvent::TextDelta { iteration, text });
             }
             RunMsg::Steer { text } => self.steers.push(text),
             RunMsg::RaiseIterations { by } => {

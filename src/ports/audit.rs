@@ -35,7 +35,7 @@ pub struct RunInfo {
     pub prompt: String,
     /// The tools the run may call (for replay).
     #[serde(default)]
-    pub tools: Vec<String>,
+    pub tools: std::sync::Arc<[String]>,
     /// The run's resolved limits (for replay).
     #[serde(default)]
     pub limits: Option<crate::spec::LimitsSpec>,
