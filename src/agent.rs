@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
+use crate::output::OutputSchema;
 use crate::ports::model::ChatModel;
+use crate::pricing::Price;
 use crate::spec::{AgentSpec, Limits};
 use crate::tools::ToolSet;
 
@@ -20,6 +22,11 @@ struct AgentInner {
     name: Arc<str>,
     tool_names: Arc<[String]>,
     model: Arc<dyn ChatModel>,
+    /// The model's price, looked up once; `None` for a model that costs
+    /// nothing or that the price table does not know.
+    price: Option<Price>,
+    /// The manifest's `output_schema`, compiled once.
+    output: Option<OutputSchema>,
     tools: ToolSet,
     limits: Limits,
 }
@@ -35,6 +42,8 @@ impl Agent {
             inner: Arc::new(AgentInner {
                 name: Arc::from(spec.name.as_str()),
                 tool_names: Arc::from(spec.tools.clone()),
+                price: model.price_id().and_then(crate::pricing::lookup),
+                output: spec.output_schema.clone().map(OutputSchema::new),
                 spec,
                 model,
                 tools,
@@ -46,6 +55,11 @@ impl Agent {
     /// The manifest.
     pub fn spec(&self) -> &AgentSpec {
         &self.inner.spec
+    }
+
+    /// The manifest, shared.
+    pub(crate) fn spec_arc(&self) -> Arc<AgentSpec> {
+        self.inner.spec.clone()
     }
 
     /// The agent's name.
@@ -65,6 +79,25 @@ impl Agent {
     /// The model its runs call.
     pub fn model(&self) -> &Arc<dyn ChatModel> {
         &self.inner.model
+    }
+
+    /// The schema the final answer must follow, if the manifest gives one.
+    pub(crate) fn output(&self) -> Option<&OutputSchema> {
+        self.inner.output.as_ref()
+    }
+
+    /// The model's price, when it is priced and the table knows it.
+    pub(crate) fn price(&self) -> Option<&Price> {
+        self.inner.price.as_ref()
+    }
+
+    /// The model's price id when the model is priced but the price table
+    /// does not know it (its runs cost 0 and get a warning).
+    pub(crate) fn unpriced_model(&self) -> Option<&str> {
+        match self.inner.price {
+            Some(_) => None,
+            None => self.inner.model.price_id(),
+        }
     }
 
     /// The tools its runs may call.

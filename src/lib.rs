@@ -30,7 +30,10 @@
 //!
 //! - [`ports`]: the traits actors depend on and the data they speak.
 //! - [`actors`]: host, critic, run, budget, audit — one per file.
-//! - [`providers`]: `ChatModel` batteries (the scripted model).
+//! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
+//!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
+//! - [`pricing`]: the price table (costs in micro-dollars, context windows).
+//! - [`output`]: structured output: the final answer's schema and its check.
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
@@ -42,8 +45,10 @@ pub mod actors;
 pub mod agent;
 pub mod handle;
 pub mod host;
+pub mod output;
 pub mod policy;
 pub mod ports;
+pub mod pricing;
 pub mod providers;
 pub mod replay;
 pub mod spec;
@@ -53,7 +58,10 @@ pub mod workload;
 
 pub use agent::Agent;
 pub use handle::{Ending, LiveState, RunEvents, RunHandle};
-pub use host::{AgentSource, Host, HostBuilder, HostConfig, HostError, SubmitError};
+pub use host::{
+    AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
+    MAX_RESUMES,
+};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::run::{
     CriticAction, CriticDecision, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,

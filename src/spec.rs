@@ -416,8 +416,10 @@ pub struct BudgetSpec {
 pub struct AgentSpec {
     /// Agent name.
     pub name: String,
-    /// Model spec (`scripted`, `openai:MODEL`, a tier name, …).
-    #[serde(default = "default_model")]
+    /// Model spec (`scripted`, `openai:MODEL`, `anthropic:MODEL`,
+    /// `ollama:MODEL`, a tier name such as `fast`). Left out: `scripted`
+    /// when the manifest has a `script`, else the default tier `fast`.
+    #[serde(default)]
     pub model: String,
     /// What the agent is for (shown to parents that delegate to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -443,10 +445,18 @@ pub struct AgentSpec {
     /// Checkpoint after every step and resume after a crash (`Host::recover`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub durable: bool,
-}
-
-fn default_model() -> String {
-    "scripted".to_string()
+    /// The model server's API base (`http://127.0.0.1:8080/v1`), over
+    /// `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL` and the public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The environment variable that holds the API key (it must be set),
+    /// instead of `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// A JSON Schema the final answer must parse and validate against (one
+    /// repair turn on mismatch, then `error`/`invalid_output`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
 }
 
 impl AgentSpec {
@@ -463,6 +473,9 @@ impl AgentSpec {
             script: Vec::new(),
             budget: None,
             durable: false,
+            base_url: None,
+            api_key_env: None,
+            output_schema: None,
         }
     }
 
@@ -482,10 +495,17 @@ impl AgentSpec {
     }
 
     fn parse(text: &str, path: Option<String>) -> Result<Self, SpecError> {
-        let spec: AgentSpec = serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
+        let mut spec: AgentSpec = serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
             path: path.clone(),
             message: e.to_string(),
         })?;
+        if spec.model.trim().is_empty() {
+            spec.model = if spec.script.is_empty() {
+                crate::providers::DEFAULT_TIER.to_string()
+            } else {
+                "scripted".to_string()
+            };
+        }
         spec.check(text)
             .map_err(|message| SpecError::Invalid { path, message })?;
         Ok(spec)
@@ -527,6 +547,14 @@ impl AgentSpec {
             if e.repeat == Some(0) {
                 return Err(format!("script entry {n}: `repeat` must be at least 1"));
             }
+        }
+        if let Some(schema) = &self.output_schema {
+            crate::tools::validate::compile_schema(schema).map_err(|e| {
+                format!(
+                    "`output_schema` is not a usable JSON Schema{}: {e}",
+                    line_of(source, "output_schema")
+                )
+            })?;
         }
         if self.model == "scripted" && self.script.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

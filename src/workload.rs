@@ -230,6 +230,8 @@ impl Floor {
                 call_index,
                 response_schema: None,
                 on_delta: None,
+                deadline: None,
+                on_retry: None,
             };
             let Ok(response) = self.model.complete(request).await else {
                 return false;

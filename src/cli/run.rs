@@ -28,10 +28,14 @@ pub(crate) struct RunArgs {
     /// The caller id the run is charged to.
     #[arg(long, default_value = "cli")]
     caller: String,
+    /// Run on this model instead of the manifest's (`openai:MODEL`,
+    /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).
+    #[arg(long, value_name = "SPEC")]
+    model: Option<String>,
 }
 
 pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
-    let (host, agent) = match super::prepare(&a.file, a.budget_tokens, db).await {
+    let (host, agent) = match super::prepare(&a.file, a.budget_tokens, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
     };

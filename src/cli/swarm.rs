@@ -33,6 +33,9 @@ pub(crate) struct SwarmArgs {
     /// The prompt of every run (default: the manifest's `prompt`).
     #[arg(long)]
     input: Option<String>,
+    /// Run on this model instead of the manifest's (see `run --model`).
+    #[arg(long, value_name = "SPEC")]
+    model: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -51,7 +54,7 @@ struct Summary {
 }
 
 pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
-    let (host, agent) = match super::prepare(&a.file, None, db).await {
+    let (host, agent) = match super::prepare(&a.file, None, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
     };

@@ -71,6 +71,11 @@ impl Message {
 /// Receives streamed text as it arrives (a chat bot shows it token by token).
 pub type DeltaSink = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// Told about each retry before its backoff sleep: the error that is retried
+/// and how long the retry layer waits. The run turns it into a heartbeat
+/// the critic sees and a `model.retry` event.
+pub type RetrySink = Arc<dyn Fn(&ModelError, Duration) + Send + Sync>;
+
 /// One model call.
 #[derive(Clone)]
 pub struct ChatRequest {
@@ -85,6 +90,25 @@ pub struct ChatRequest {
     pub response_schema: Option<Arc<Value>>,
     /// Where to stream text deltas, when someone listens.
     pub on_delta: Option<DeltaSink>,
+    /// The run's hard deadline, when known: a retry layer never sleeps past it.
+    pub deadline: Option<tokio::time::Instant>,
+    /// Told about each retry (a heartbeat for the critic).
+    pub on_retry: Option<RetrySink>,
+}
+
+impl ChatRequest {
+    /// A request with no schema, no listeners and no deadline.
+    pub fn new(messages: Arc<Vec<Message>>, tools: Arc<[ToolSpec]>, call_index: u32) -> Self {
+        ChatRequest {
+            messages,
+            tools,
+            call_index,
+            response_schema: None,
+            on_delta: None,
+            deadline: None,
+            on_retry: None,
+        }
+    }
 }
 
 /// What the model answered.
@@ -135,6 +159,11 @@ pub enum ModelError {
     /// The circuit breaker for this endpoint is open.
     #[error("circuit open for {0}")]
     CircuitOpen(String),
+    /// The stream failed after it had delivered text to the listener: the
+    /// caller has seen part of an answer, so the call is never retried. The
+    /// kind is the cause's.
+    #[error("stream interrupted after content: {0}")]
+    Interrupted(Box<ModelError>),
 }
 
 impl ModelError {
@@ -149,6 +178,42 @@ impl ModelError {
             ModelError::Malformed(_) => "malformed_response",
             ModelError::Transport(_) => "transport",
             ModelError::CircuitOpen(_) => "circuit_open",
+            ModelError::Interrupted(cause) => cause.kind(),
+        }
+    }
+
+    /// Whether a retry may help: a 429, a 408/409/5xx/529, or a connection
+    /// that failed before any content. Never a quota error, a refused
+    /// request, a refused key, a response we could not read, an open
+    /// circuit or a stream that already delivered content.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ModelError::RateLimited { .. } | ModelError::Server { .. } | ModelError::Transport(_)
+        )
+    }
+
+    /// Whether this error says the endpoint is unhealthy (what a circuit
+    /// breaker counts): rate limits, quota, server and transport errors,
+    /// unreadable responses. A refused request or key says nothing about
+    /// the endpoint.
+    pub fn is_endpoint_failure(&self) -> bool {
+        match self {
+            ModelError::RateLimited { .. }
+            | ModelError::Quota(_)
+            | ModelError::Server { .. }
+            | ModelError::Malformed(_)
+            | ModelError::Transport(_) => true,
+            ModelError::Interrupted(cause) => cause.is_endpoint_failure(),
+            ModelError::BadRequest(_) | ModelError::Auth | ModelError::CircuitOpen(_) => false,
+        }
+    }
+
+    /// The server's retry hint, if it gave one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ModelError::RateLimited { retry_after } => *retry_after,
+            _ => None,
         }
     }
 }
@@ -161,4 +226,18 @@ pub trait ChatModel: Send + Sync + 'static {
 
     /// Performs one call. Must be cancel-safe.
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError>;
+
+    /// A cheap admission check before a run is started on this model: an
+    /// open circuit breaker refuses here, so the run is `rejected` at once.
+    fn admit(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// The model id to price this model's usage by (see `crate::pricing`),
+    /// or `None` for a model that costs nothing (scripted, local, a test
+    /// double). A priced model missing from the table costs 0 and the run
+    /// gets a warning event.
+    fn price_id(&self) -> Option<&str> {
+        None
+    }
 }

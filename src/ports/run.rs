@@ -183,14 +183,15 @@ impl fmt::Display for KillReason {
 /// Token usage, summed over a run's model calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Prompt tokens.
+    /// Prompt tokens, cache reads and writes included (providers normalize
+    /// to this; Anthropic reports them apart).
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
-    /// Prompt tokens read from a provider cache.
+    /// Of the prompt tokens, those read from a provider cache.
     #[serde(default)]
     pub cache_read_tokens: u64,
-    /// Prompt tokens written to a provider cache.
+    /// Of the prompt tokens, those written to a provider cache.
     #[serde(default)]
     pub cache_write_tokens: u64,
     /// Reasoning tokens (part of the output on most providers).
@@ -398,6 +399,37 @@ pub enum RunEvent {
     /// The critic killed the run.
     #[serde(rename = "critic.kill")]
     CriticKill(CriticDecision),
+    /// A model call failed and is retried after a backoff (the critic saw
+    /// it as a heartbeat).
+    #[serde(rename = "model.retry")]
+    ModelRetry {
+        /// 1-based iteration.
+        iteration: u32,
+        /// The error's stable kind (`rate_limited`, `server_error`, …).
+        kind: String,
+        /// The error (never a secret).
+        message: String,
+        /// How long the retry layer waits before the next attempt.
+        delay_ms: u64,
+    },
+    /// Something the run went on despite (an unpriced model, a compaction
+    /// that failed).
+    #[serde(rename = "warning")]
+    Warning {
+        /// Stable snake_case kind (`unknown_price`, …).
+        kind: String,
+        /// What happened.
+        message: String,
+    },
+    /// A durable run was resumed from its checkpoint after its process
+    /// ended (`Host::recover`); the steps after `iteration` run again.
+    #[serde(rename = "run.resumed")]
+    Resumed {
+        /// Which resume this is (1-based; capped, then `crash_loop`).
+        attempt: u32,
+        /// Model iterations completed before the interruption.
+        iteration: u32,
+    },
     /// An error the run recovered from or ended with.
     #[serde(rename = "error")]
     Error {

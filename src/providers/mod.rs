@@ -1,15 +1,410 @@
-//! Model batteries: the [`ChatModel`](crate::ports::model::ChatModel)
-//! implementations a host can plug in.
+//! Model batteries: the [`ChatModel`] implementations a host can plug in,
+//! the layers around them, and the one resolver that turns a manifest's
+//! `model:` into a model.
 //!
 //! - [`scripted`]: plays a manifest's `script`, one entry per model call, so
 //!   tests, benches and demos provoke every behaviour (tool loops, hangs,
 //!   provider errors, usage) deterministically and without a network.
-//! - `openai` and `anthropic` HTTP providers come later.
+//! - [`openai`]: Chat Completions, for OpenAI and every compatible server
+//!   (llama.cpp, vLLM, Ollama, LM Studio).
+//! - [`anthropic`]: the Messages API.
+//! - [`retry`]: the one retry layer (jittered backoff, `retry-after`, the
+//!   run's deadline, a heartbeat per retry).
+//! - [`breaker`]: the circuit breaker per endpoint + model.
+//! - [`chaos`]: wraps a model and injects provider faults (soaks).
+//! - [`chaos`]: wraps a model and, at a seeded random rate, makes calls
+//!   slow, hang, fail with a 429 or answer with malformed tool arguments
+//!   (`agentvisor soak --chaos`).
+//!
+//! # Model specs
+//!
+//! `scripted`, `openai:MODEL`, `anthropic:MODEL`, `ollama:MODEL`
+//! (OpenAI-compatible at `http://127.0.0.1:11434/v1`), or a tier name
+//! (`fast`, `smart`, …) that the host's [`ProviderConfig::tiers`] maps to
+//! one of those (default tier: `fast`). A name the host registered with
+//! `HostBuilder::model` wins over all of these.
+//!
+//! The base URL is the manifest's `base_url`, else `OPENAI_BASE_URL` /
+//! `ANTHROPIC_BASE_URL`, else the public endpoint. The key is read from the
+//! variable the manifest's `api_key_env` names (which must then be set),
+//! else from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`; no key is fine (local
+//! servers). A key is never printed, logged or put in an error.
+//!
+//! Every HTTP model is built as `Retrying(CircuitBreaking(provider))` and
+//! cached per endpoint + model + key variable, so the agents and runs of a
+//! host share one connection pool and one breaker per endpoint.
 //!
 //! A provider answers one call and nothing more: it must not know about
-//! actors, runs' state, retries or budgets. Those live in `crate::actors`,
-//! which see providers only through the port.
+//! actors, runs' state or budgets. Those live in `crate::actors`, which see
+//! providers only through the port.
 
+pub mod anthropic;
+pub mod breaker;
+pub mod chaos;
+mod http;
+pub mod openai;
+pub mod retry;
 pub mod scripted;
+mod sse;
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+pub use anthropic::{AnthropicConfig, AnthropicModel};
+pub use breaker::{Breaker, BreakerPolicy, CircuitBreaking, CircuitState};
+pub use http::Secret;
+pub use openai::{OpenAiConfig, OpenAiModel, StreamMode};
+pub use retry::{RetryPolicy, Retrying};
 pub use scripted::ScriptedModel;
+
+use crate::ports::model::ChatModel;
+use crate::spec::AgentSpec;
+
+/// The tier a manifest that names no model (and has no script) runs on.
+pub const DEFAULT_TIER: &str = "fast";
+
+/// Where `ollama:MODEL` points.
+pub const OLLAMA_BASE_URL: &str = "http://127.0.0.1:11434/v1";
+
+/// The tiers a host knows unless told otherwise: `fast` →
+/// `openai:gpt-4o-mini`, `smart` → `openai:gpt-4o`.
+pub fn default_tiers() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("fast".to_string(), "openai:gpt-4o-mini".to_string()),
+        ("smart".to_string(), "openai:gpt-4o".to_string()),
+    ])
+}
+
+/// The model a spec names: its `model`, or when that is empty, `scripted`
+/// for a spec with a script and the default tier for one without.
+pub fn effective_model(spec: &AgentSpec) -> &str {
+    match spec.model.trim() {
+        "" if spec.script.is_empty() => DEFAULT_TIER,
+        "" => "scripted",
+        m => m,
+    }
+}
+
+/// A parsed model spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ModelSpec {
+    /// The scripted model (plays the manifest's `script`).
+    Scripted,
+    /// An OpenAI-compatible server.
+    OpenAi(String),
+    /// Anthropic.
+    Anthropic(String),
+    /// Ollama's OpenAI-compatible endpoint.
+    Ollama(String),
+}
+
+impl ModelSpec {
+    /// Parses `scripted` or `PROVIDER:MODEL`; `None` for anything else (a
+    /// tier or a registered name).
+    pub fn parse(text: &str) -> Option<ModelSpec> {
+        let text = text.trim();
+        if text == "scripted" {
+            return Some(ModelSpec::Scripted);
+        }
+        let (provider, model) = text.split_once(':')?;
+        let model = model.trim();
+        if model.is_empty() {
+            return None;
+        }
+        match provider.trim() {
+            "openai" => Some(ModelSpec::OpenAi(model.to_string())),
+            "anthropic" => Some(ModelSpec::Anthropic(model.to_string())),
+            "ollama" => Some(ModelSpec::Ollama(model.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// Why a model spec could not be made into a model.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// Neither a provider spec, a tier nor a registered name.
+    #[error("unknown model `{0}`")]
+    Unknown(String),
+    /// Tiers that map onto each other in a loop.
+    #[error("model tier `{0}` maps onto itself")]
+    TierLoop(String),
+    /// `api_key_env` names a variable that is not set.
+    #[error("`api_key_env` names `{0}`, which is not set")]
+    MissingKey(String),
+}
+
+/// How a host resolves and wraps models. Every field has a default.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    /// Tier name → model spec (default: [`default_tiers`]).
+    pub tiers: BTreeMap<String, String>,
+    /// The retry layer's settings.
+    pub retry: RetryPolicy,
+    /// The circuit breakers' settings.
+    pub breaker: BreakerPolicy,
+    /// When set, environment lookups (base URLs, keys) read this map
+    /// instead of the process environment (embedded hosts, tests).
+    pub env: Option<Arc<HashMap<String, String>>>,
+    /// When set, every agent runs on this model spec (or tier), whatever
+    /// its manifest names (the CLI's `--model`); a manifest's script is
+    /// then ignored unless this says `scripted`.
+    pub model_override: Option<String>,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig {
+            tiers: default_tiers(),
+            retry: RetryPolicy::default(),
+            breaker: BreakerPolicy::default(),
+            env: None,
+            model_override: None,
+        }
+    }
+}
+
+impl ProviderConfig {
+    fn var(&self, name: &str) -> Option<String> {
+        match &self.env {
+            Some(map) => map.get(name).cloned(),
+            None => std::env::var(name).ok(),
+        }
+        .filter(|v| !v.trim().is_empty())
+    }
+}
+
+/// Resolves model specs for one host and caches the HTTP models it builds
+/// (see the module doc).
+#[derive(Default)]
+pub struct ModelResolver {
+    config: ProviderConfig,
+    cache: DashMap<String, Arc<dyn ChatModel>>,
+}
+
+impl std::fmt::Debug for ModelResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelResolver")
+            .field("config", &self.config)
+            .field("cached", &self.cache.len())
+            .finish()
+    }
+}
+
+impl ModelResolver {
+    /// A resolver with these settings.
+    pub fn new(config: ProviderConfig) -> Self {
+        ModelResolver {
+            config,
+            cache: DashMap::new(),
+        }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &ProviderConfig {
+        &self.config
+    }
+
+    /// Follows tiers from `name` to what they map to (a spec or a
+    /// registered name); `name` itself when it is no tier.
+    pub fn follow_tiers(&self, name: &str) -> Result<String, ResolveError> {
+        let mut current = name.trim().to_string();
+        for _ in 0..8 {
+            match self.config.tiers.get(&current) {
+                Some(next) if ModelSpec::parse(&current).is_none() => {
+                    current = next.trim().to_string()
+                }
+                _ => return Ok(current),
+            }
+        }
+        Err(ResolveError::TierLoop(name.to_string()))
+    }
+
+    /// The model spec an agent runs on: the host's override, else what its
+    /// manifest names (see [`effective_model`]).
+    pub fn model_of<'a>(&'a self, spec: &'a AgentSpec) -> &'a str {
+        match &self.config.model_override {
+            Some(m) if !m.trim().is_empty() => m.trim(),
+            _ => effective_model(spec),
+        }
+    }
+
+    /// Tier mappings from `NAME=SPEC` pairs separated by commas or
+    /// whitespace (`fast=ollama:llama3.2,smart=openai:gpt-4o`), over the
+    /// defaults; `Err` names the first pair that is not `NAME=SPEC`.
+    pub fn parse_tiers(text: &str) -> Result<BTreeMap<String, String>, String> {
+        let mut tiers = default_tiers();
+        for pair in text
+            .split([',', ' ', '\n'])
+            .filter(|p| !p.trim().is_empty())
+        {
+            match pair.split_once('=') {
+                Some((name, spec)) if !name.trim().is_empty() && !spec.trim().is_empty() => {
+                    tiers.insert(name.trim().to_string(), spec.trim().to_string());
+                }
+                _ => return Err(format!("bad tier mapping `{pair}` (use NAME=SPEC)")),
+            }
+        }
+        Ok(tiers)
+    }
+
+    /// What a caller may name, for error messages.
+    pub fn known(&self) -> Vec<String> {
+        let mut known = vec![
+            "scripted".to_string(),
+            "openai:MODEL".to_string(),
+            "anthropic:MODEL".to_string(),
+            "ollama:MODEL".to_string(),
+        ];
+        known.extend(self.config.tiers.keys().cloned());
+        known
+    }
+
+    /// The model for `spec` (`model` already followed through the tiers
+    /// by the caller or not: it is followed again here).
+    pub fn resolve(&self, spec: &AgentSpec) -> Result<Arc<dyn ChatModel>, ResolveError> {
+        let target = self.follow_tiers(self.model_of(spec))?;
+        let parsed =
+            ModelSpec::parse(&target).ok_or_else(|| ResolveError::Unknown(spec.model.clone()))?;
+        let c = &self.config;
+        let (provider, model, default_base, base_var, key_var) = match &parsed {
+            ModelSpec::Scripted => return Ok(Arc::new(ScriptedModel::new(spec.script.clone()))),
+            ModelSpec::OpenAi(m) => (
+                "openai",
+                m,
+                openai::DEFAULT_BASE_URL,
+                Some("OPENAI_BASE_URL"),
+                Some("OPENAI_API_KEY"),
+            ),
+            ModelSpec::Anthropic(m) => (
+                "anthropic",
+                m,
+                anthropic::DEFAULT_BASE_URL,
+                Some("ANTHROPIC_BASE_URL"),
+                Some("ANTHROPIC_API_KEY"),
+            ),
+            ModelSpec::Ollama(m) => ("ollama", m, OLLAMA_BASE_URL, None, None),
+        };
+        let base_url = spec
+            .base_url
+            .clone()
+            .or_else(|| base_var.and_then(|v| c.var(v)))
+            .unwrap_or_else(|| default_base.to_string());
+        let base_url = http::trim_base(&base_url);
+        let key_name = match &spec.api_key_env {
+            Some(name) => Some(name.as_str()),
+            None => key_var,
+        };
+        let api_key = match key_name {
+            Some(name) => match c.var(name) {
+                Some(v) => Secret::new(v),
+                None if spec.api_key_env.is_some() => {
+                    return Err(ResolveError::MissingKey(name.to_string()))
+                }
+                None => None,
+            },
+            None => None,
+        };
+        // The cache key names the key's variable, never the key.
+        let cache_key = format!("{provider} {model} {base_url} {}", key_name.unwrap_or("-"));
+        if let Some(m) = self.cache.get(&cache_key) {
+            return Ok(m.clone());
+        }
+        let name = format!("{provider}:{model}");
+        let inner: Arc<dyn ChatModel> = match parsed {
+            ModelSpec::Anthropic(_) => {
+                let mut cfg = AnthropicConfig::new(model.clone(), base_url);
+                cfg.api_key = api_key;
+                Arc::new(AnthropicModel::new(cfg))
+            }
+            _ => {
+                let mut cfg = OpenAiConfig::new(model.clone(), base_url);
+                cfg.name = name.clone();
+                cfg.api_key = api_key;
+                cfg.priced = provider != "ollama";
+                Arc::new(OpenAiModel::new(cfg))
+            }
+        };
+        let breaker = Arc::new(Breaker::new(name, c.breaker));
+        let wrapped: Arc<dyn ChatModel> = Arc::new(Retrying::new(
+            Arc::new(CircuitBreaking::new(inner, breaker)),
+            c.retry,
+        ));
+        Ok(self.cache.entry(cache_key).or_insert(wrapped).clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn specs_parse() {
+        assert_eq!(ModelSpec::parse("scripted"), Some(ModelSpec::Scripted));
+        assert_eq!(
+            ModelSpec::parse("openai:gpt-4o-mini"),
+            Some(ModelSpec::OpenAi("gpt-4o-mini".into()))
+        );
+        assert_eq!(
+            ModelSpec::parse("ollama:llama3.2:3b"),
+            Some(ModelSpec::Ollama("llama3.2:3b".into()))
+        );
+        assert_eq!(ModelSpec::parse("openai:"), None);
+        assert_eq!(ModelSpec::parse("fast"), None);
+        assert_eq!(ModelSpec::parse("gemini:x"), None);
+    }
+
+    fn resolver(env: &[(&str, &str)]) -> ModelResolver {
+        let mut c = ProviderConfig {
+            env: Some(Arc::new(
+                env.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )),
+            ..ProviderConfig::default()
+        };
+        c.tiers.insert("cheap".into(), "fast".into());
+        c.tiers.insert("loop".into(), "loop2".into());
+        c.tiers.insert("loop2".into(), "loop".into());
+        ModelResolver::new(c)
+    }
+
+    #[test]
+    fn tiers_resolve_and_models_are_shared() {
+        let r = resolver(&[]);
+        let mut spec = AgentSpec::new("a", "cheap");
+        let m = r.resolve(&spec).unwrap();
+        assert_eq!(m.name(), "openai:gpt-4o-mini");
+        spec.model = "openai:gpt-4o-mini".into();
+        assert!(Arc::ptr_eq(&m, &r.resolve(&spec).unwrap()));
+        spec.model = "loop".into();
+        assert!(matches!(r.resolve(&spec), Err(ResolveError::TierLoop(_))));
+        spec.model = "nope".into();
+        assert!(matches!(r.resolve(&spec), Err(ResolveError::Unknown(_))));
+        spec.model = "ollama:qwen2.5".into();
+        let o = r.resolve(&spec).unwrap();
+        assert_eq!((o.name(), o.price_id()), ("ollama:qwen2.5", None));
+    }
+
+    #[test]
+    fn a_named_key_variable_must_be_set() {
+        let r = resolver(&[("MY_KEY", "k-1")]);
+        let mut spec = AgentSpec::new("a", "openai:gpt-4o");
+        spec.api_key_env = Some("MY_KEY".into());
+        assert!(r.resolve(&spec).is_ok());
+        spec.api_key_env = Some("OTHER_KEY".into());
+        let e = r
+            .resolve(&spec)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("OTHER_KEY"), "{e}");
+        spec.api_key_env = None;
+        assert!(r.resolve(&spec).is_ok(), "no key is fine by default");
+    }
+}

@@ -359,6 +359,8 @@ mod tests {
             call_index,
             response_schema: None,
             on_delta: None,
+            deadline: None,
+            on_retry: None,
         }
     }
 

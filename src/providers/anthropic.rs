@@ -1,0 +1,626 @@
+//! The Anthropic Messages provider.
+//!
+//! # Wire
+//!
+//! `POST {base_url}/messages` with `x-api-key` (marked sensitive) and
+//! `anthropic-version: 2023-06-01`. System messages become the `system`
+//! field; the transcript becomes alternating user/assistant turns of
+//! content blocks: an assistant turn carries `text` and `tool_use` blocks,
+//! and the tool results that answer it go back as `tool_result` blocks in
+//! one user turn (with any user text that follows them), as the API wants.
+//! A response schema is asked for in the system prompt (the Messages API
+//! has no `response_format`); the run validates the answer either way.
+//!
+//! Streaming (same [`StreamMode`] as the OpenAI provider) reads the event
+//! sequence `message_start` → `content_block_start` / `content_block_delta`
+//! (`text_delta`, `input_json_delta`) / `content_block_stop` →
+//! `message_delta` → `message_stop`; `ping` and unknown events (thinking
+//! blocks, signatures) are skipped, an `error` event is a typed error. A
+//! stream that ends before `message_stop` is a `Transport` error, wrapped in
+//! `Interrupted` once text reached the listener.
+//!
+//! # Usage
+//!
+//! Anthropic counts `input_tokens` without the cache; ours include it:
+//! input = `input_tokens + cache_read_input_tokens +
+//! cache_creation_input_tokens`, with the two cache counts kept apart for
+//! pricing. In a stream, `message_delta` usage is cumulative: the last one wins.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::http::{self, Secret};
+use super::openai::StreamMode;
+use super::sse::{SseEvent, SseParser};
+use crate::ports::model::{
+    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest,
+};
+use crate::ports::run::Usage;
+
+/// The public Anthropic endpoint.
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
+
+/// The API version header this provider speaks.
+pub const API_VERSION: &str = "2023-06-01";
+
+/// How to reach one model.
+#[derive(Clone, Debug)]
+pub struct AnthropicConfig {
+    /// The name in results and logs (`anthropic:claude-sonnet-4-5`).
+    pub name: String,
+    /// The model id sent on the wire.
+    pub model: String,
+    /// The API base, ending before `/messages`.
+    pub base_url: String,
+    /// The key.
+    pub api_key: Option<Secret>,
+    /// When to stream.
+    pub stream: StreamMode,
+    /// `max_tokens` of every call (the API requires one).
+    pub max_tokens: u32,
+}
+
+impl AnthropicConfig {
+    /// A config for `model` at `base_url`, no key, named `anthropic:MODEL`.
+    pub fn new(model: impl Into<String>, base_url: impl Into<String>) -> Self {
+        let model = model.into();
+        AnthropicConfig {
+            name: format!("anthropic:{model}"),
+            model,
+            base_url: base_url.into(),
+            api_key: None,
+            stream: StreamMode::default(),
+            max_tokens: 4096,
+        }
+    }
+}
+
+/// A [`ChatModel`] over the Messages API.
+pub struct AnthropicModel {
+    config: AnthropicConfig,
+    url: String,
+    client: reqwest::Client,
+}
+
+impl AnthropicModel {
+    /// A model with its own connection pool.
+    pub fn new(config: AnthropicConfig) -> Self {
+        let url = format!("{}/messages", http::trim_base(&config.base_url));
+        AnthropicModel {
+            config,
+            url,
+            client: http::client(),
+        }
+    }
+
+    /// The endpoint's URL (for the circuit breaker's key).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn body(&self, request: &ChatRequest, stream: bool) -> Value {
+        let mut system: Vec<&str> = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::System)
+            .map(|m| m.content.as_str())
+            .collect();
+        let schema_note;
+        if let Some(schema) = &request.response_schema {
+            schema_note = format!(
+                "Your final answer must be only a JSON value that follows this JSON Schema, with no other text:\n{schema}"
+            );
+            system.push(&schema_note);
+        }
+        let mut body = json!({
+            "model": self.config.model,
+            "max_tokens": self.config.max_tokens,
+            "messages": wire_messages(&request.messages),
+        });
+        if !system.is_empty() {
+            body["system"] = Value::String(system.join("\n\n"));
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({
+                        "name": t.name,
+                        "description": t.description,
+                        "input_schema": t.parameters,
+                    })
+                })
+                .collect();
+        }
+        if stream {
+            body["stream"] = Value::Bool(true);
+        }
+        body
+    }
+}
+
+/// The transcript as alternating turns of content blocks.
+fn wire_messages(messages: &[Message]) -> Vec<Value> {
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for m in messages {
+        let (role, blocks) = match m.role {
+            Role::System => continue,
+            Role::User => ("user", text_block(&m.content)),
+            Role::Tool => (
+                "user",
+                vec![json!({
+                    "type": "tool_result",
+                    "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
+                    "content": m.content,
+                })],
+            ),
+            Role::Assistant => {
+                let mut blocks = text_block(&m.content);
+                for c in &m.tool_calls {
+                    // Arguments that were not a JSON object go back as an
+                    // empty input: the tool result says what was wrong.
+                    let input = serde_json::from_str::<Value>(&c.arguments)
+                        .ok()
+                        .filter(Value::is_object)
+                        .unwrap_or_else(|| json!({}));
+                    blocks.push(json!({
+                        "type": "tool_use",
+                        "id": c.id,
+                        "name": c.name,
+                        "input": input,
+                    }));
+                }
+                ("assistant", blocks)
+            }
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some((r, b)) if *r == role => {
+                // Tool results lead their turn, text follows them.
+                b.extend(blocks);
+            }
+            _ => turns.push((role, blocks)),
+        }
+    }
+    turns
+        .into_iter()
+        .map(|(role, content)| json!({ "role": role, "content": content }))
+        .collect()
+}
+
+fn text_block(text: &str) -> Vec<Value> {
+    if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({ "type": "text", "text": text })]
+    }
+}
+
+// ---- Wire types (lenient) ----
+
+#[derive(Deserialize, Default)]
+struct WireMessage {
+    #[serde(default)]
+    content: Vec<WireBlock>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireBlock {
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Folds a later usage report into this one (fields it carries win).
+    fn merge(&mut self, later: WireUsage) {
+        self.input_tokens = later.input_tokens.or(self.input_tokens);
+        self.output_tokens = later.output_tokens.or(self.output_tokens);
+        self.cache_creation_input_tokens = later
+            .cache_creation_input_tokens
+            .or(self.cache_creation_input_tokens);
+        self.cache_read_input_tokens = later
+            .cache_read_input_tokens
+            .or(self.cache_read_input_tokens);
+    }
+
+    fn usage(&self) -> Usage {
+        let read = self.cache_read_input_tokens.unwrap_or(0);
+        let write = self.cache_creation_input_tokens.unwrap_or(0);
+        Usage {
+            input_tokens: self.input_tokens.unwrap_or(0) + read + write,
+            output_tokens: self.output_tokens.unwrap_or(0),
+            cache_read_tokens: read,
+            cache_write_tokens: write,
+            reasoning_tokens: 0,
+        }
+    }
+}
+
+/// Tool input as raw argument text (`{}` when there is none).
+fn input_text(input: Option<&Value>) -> String {
+    match input {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(v) => v.to_string(),
+    }
+}
+
+fn parse_plain(
+    body: &[u8],
+    call_index: u32,
+    secret: Option<&Secret>,
+) -> Result<ChatResponse, ModelError> {
+    let wire: WireMessage =
+        serde_json::from_slice(body).map_err(|e| http::malformed("message", &e, body, secret))?;
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for (j, b) in wire.content.into_iter().enumerate() {
+        match b.kind.as_str() {
+            "text" => text.push_str(b.text.as_deref().unwrap_or_default()),
+            "tool_use" => tool_calls.push(ToolCallRequest {
+                id: b.id.unwrap_or_else(|| format!("call_{call_index}_{j}")),
+                name: b.name.unwrap_or_default(),
+                arguments: input_text(b.input.as_ref()),
+            }),
+            _ => {}
+        }
+    }
+    Ok(ChatResponse {
+        text,
+        tool_calls,
+        usage: wire.usage.unwrap_or_default().usage(),
+    })
+}
+
+/// A content block being streamed.
+enum OpenBlock {
+    Text,
+    Tool {
+        id: String,
+        name: String,
+        /// The input given at block start (used when no delta comes).
+        initial: Option<Value>,
+        json: String,
+    },
+    Other,
+}
+
+#[derive(Default)]
+struct StreamState {
+    text: String,
+    blocks: BTreeMap<u64, OpenBlock>,
+    usage: WireUsage,
+    stopped: bool,
+    delivered: bool,
+}
+
+#[derive(Deserialize)]
+struct StartEvent {
+    #[serde(default)]
+    message: WireMessage,
+}
+
+#[derive(Deserialize)]
+struct BlockStart {
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    content_block: WireBlock,
+}
+
+#[derive(Deserialize)]
+struct BlockDelta {
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    delta: WireDelta,
+}
+
+#[derive(Deserialize, Default)]
+struct WireDelta {
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    partial_json: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+impl StreamState {
+    fn apply(
+        &mut self,
+        ev: &SseEvent,
+        request: &ChatRequest,
+        secret: Option<&Secret>,
+    ) -> Result<(), ModelError> {
+        let data = ev.data.as_bytes();
+        // The type is in the data too; servers that leave out `event:` work.
+        let kind = if ev.event.is_empty() {
+            serde_json::from_slice::<Value>(data)
+                .ok()
+                .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_default()
+        } else {
+            ev.event.clone()
+        };
+        let parse_err = |e: serde_json::Error| http::malformed(&kind, &e, data, secret);
+        match kind.as_str() {
+            "message_start" => {
+                let s: StartEvent = serde_json::from_slice(data).map_err(parse_err)?;
+                if let Some(u) = s.message.usage {
+                    self.usage.merge(u);
+                }
+            }
+            "content_block_start" => {
+                let s: BlockStart = serde_json::from_slice(data).map_err(parse_err)?;
+                let block = match s.content_block.kind.as_str() {
+                    "text" => {
+                        if let Some(t) = s.content_block.text.filter(|t| !t.is_empty()) {
+                            self.push_text(&t, request);
+                        }
+                        OpenBlock::Text
+                    }
+                    "tool_use" => OpenBlock::Tool {
+                        id: s.content_block.id.unwrap_or_default(),
+                        name: s.content_block.name.unwrap_or_default(),
+                        initial: s.content_block.input,
+                        json: String::new(),
+                    },
+                    _ => OpenBlock::Other,
+                };
+                self.blocks.insert(s.index, block);
+            }
+            "content_block_delta" => {
+                let d: BlockDelta = serde_json::from_slice(data).map_err(parse_err)?;
+                match d.delta.kind.as_str() {
+                    "text_delta" => {
+                        if let Some(t) = d.delta.text {
+                            self.push_text(&t, request);
+                        }
+                    }
+                    "input_json_delta" => {
+                        if let Some(OpenBlock::Tool { json, .. }) = self.blocks.get_mut(&d.index) {
+                            json.push_str(d.delta.partial_json.as_deref().unwrap_or_default());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                let d: MessageDelta = serde_json::from_slice(data).map_err(parse_err)?;
+                if let Some(u) = d.usage {
+                    self.usage.merge(u);
+                }
+            }
+            "message_stop" => self.stopped = true,
+            "error" => return Err(http::stream_error(data, secret)),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn push_text(&mut self, t: &str, request: &ChatRequest) {
+        if let Some(sink) = &request.on_delta {
+            sink(t);
+            self.delivered = true;
+        }
+        self.text.push_str(t);
+    }
+
+    fn into_response(self, call_index: u32) -> ChatResponse {
+        let mut tool_calls = Vec::new();
+        for (j, block) in self.blocks.into_values().enumerate() {
+            if let OpenBlock::Tool {
+                id,
+                name,
+                initial,
+                json,
+            } = block
+            {
+                let arguments = if json.is_empty() {
+                    input_text(initial.as_ref())
+                } else {
+                    json
+                };
+                tool_calls.push(ToolCallRequest {
+                    id: if id.is_empty() {
+                        format!("call_{call_index}_{j}")
+                    } else {
+                        id
+                    },
+                    name,
+                    arguments,
+                });
+            }
+        }
+        ChatResponse {
+            text: self.text,
+            tool_calls,
+            usage: self.usage.usage(),
+        }
+    }
+
+    fn fail(&self, e: ModelError) -> ModelError {
+        if self.delivered {
+            ModelError::Interrupted(Box::new(e))
+        } else {
+            e
+        }
+    }
+}
+
+async fn read_stream(
+    resp: &mut reqwest::Response,
+    request: &ChatRequest,
+    secret: Option<&Secret>,
+) -> Result<ChatResponse, ModelError> {
+    let mut parser = SseParser::default();
+    let mut events = Vec::new();
+    let mut st = StreamState::default();
+    loop {
+        let chunk = match resp.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => return Err(st.fail(http::transport(e, secret))),
+        };
+        parser.feed(&chunk, &mut events);
+        for ev in events.drain(..) {
+            st.apply(&ev, request, secret).map_err(|e| st.fail(e))?;
+            if st.stopped {
+                return Ok(st.into_response(request.call_index));
+            }
+        }
+    }
+    Err(st.fail(ModelError::Transport(
+        "the stream ended before message_stop".into(),
+    )))
+}
+
+#[async_trait]
+impl ChatModel for AnthropicModel {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn price_id(&self) -> Option<&str> {
+        Some(&self.config.model)
+    }
+
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        let secret = self.config.api_key.as_ref();
+        let stream = match self.config.stream {
+            StreamMode::Always => true,
+            StreamMode::Never => false,
+            StreamMode::WhenListened => request.on_delta.is_some(),
+        };
+        let body = serde_json::to_vec(&self.body(&request, stream))
+            .map_err(|e| ModelError::BadRequest(format!("cannot encode the request: {e}")))?;
+        let mut req = self
+            .client
+            .post(&self.url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(
+                ACCEPT,
+                if stream {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                },
+            )
+            .header("anthropic-version", API_VERSION)
+            .body(body);
+        if let Some(key) = secret {
+            req = req.header("x-api-key", http::secret_header(key.expose())?);
+        }
+        let mut resp = req.send().await.map_err(|e| http::transport(e, secret))?;
+        let status = resp.status().as_u16();
+        if !resp.status().is_success() {
+            let headers = resp.headers().clone();
+            let body = http::read_body(&mut resp, secret).await.unwrap_or_default();
+            return Err(http::status_error(status, &headers, &body, secret));
+        }
+        let is_sse = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if stream && is_sse {
+            read_stream(&mut resp, &request, secret).await
+        } else {
+            let body = http::read_body(&mut resp, secret).await?;
+            let response = parse_plain(&body, request.call_index, secret)?;
+            if let (Some(sink), false) = (&request.on_delta, response.text.is_empty()) {
+                sink(&response.text);
+            }
+            Ok(response)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn tool_results_share_one_user_turn_after_the_tool_use_turn() {
+        let call = |id: &str| ToolCallRequest {
+            id: id.into(),
+            name: "add".into(),
+            arguments: r#"{"a":1}"#.into(),
+        };
+        let tool = |id: &str| Message {
+            role: Role::Tool,
+            content: "3".into(),
+            tool_calls: Vec::new(),
+            tool_call_id: Some(id.into()),
+        };
+        let msgs = vec![
+            Message::text(Role::System, "sys"),
+            Message::text(Role::User, "hi"),
+            Message {
+                role: Role::Assistant,
+                content: String::new(),
+                tool_calls: vec![call("a"), call("b")],
+                tool_call_id: None,
+            },
+            tool("a"),
+            tool("b"),
+            Message::text(Role::User, "steer"),
+        ];
+        let w = wire_messages(&msgs);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[1]["role"], "assistant");
+        assert_eq!(w[1]["content"][1]["type"], "tool_use");
+        assert_eq!(w[1]["content"][1]["input"]["a"], 1);
+        assert_eq!(w[2]["role"], "user");
+        let blocks = w[2]["content"].as_array().unwrap();
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[0]["type"], "tool_result");
+        assert_eq!(blocks[2]["type"], "text");
+    }
+
+    #[test]
+    fn usage_includes_cache_tokens() {
+        let body = br#"{"content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"output_tokens":3,"cache_read_input_tokens":100,"cache_creation_input_tokens":20}}"#;
+        let r = parse_plain(body, 0, None).unwrap();
+        assert_eq!(r.usage.input_tokens, 130);
+        assert_eq!(r.usage.cache_read_tokens, 100);
+        assert_eq!(r.usage.cache_write_tokens, 20);
+        assert_eq!(r.text, "hi");
+    }
+}

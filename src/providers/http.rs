@@ -1,0 +1,341 @@
+//! What the HTTP providers share: the API key wrapper ([`Secret`]), the
+//! client, the mapping from an HTTP answer to a typed [`ModelError`], and
+//! the scrubbing that keeps secrets out of every error text.
+//!
+//! # Status → error
+//!
+//! | answer | error |
+//! |---|---|
+//! | 429, or 400/403 whose body speaks of quota, billing or credit | `Quota` when the body says so, else `RateLimited` (with `retry-after-ms` or `retry-after`) |
+//! | 408, 409, 5xx, 529 | `Server` |
+//! | 401, 403 | `Auth` (no message: servers echo keys there) |
+//! | other 4xx (400, 404, 413, 422 …) | `BadRequest` |
+//! | a body we cannot parse | `Malformed` |
+//! | connect failure, reset, a body cut off | `Transport` |
+//!
+//! # Secrets
+//!
+//! The key lives in a [`Secret`], whose `Debug` prints `[redacted]` and
+//! which has no `Display`; it reaches the wire only as a header value
+//! marked sensitive. No request header is ever formatted. Every text that
+//! goes into an error — a server's message, a transport error's chain — is
+//! capped and passed through [`scrub`], which replaces the key itself and
+//! anything shaped like an API key (`sk-…`, `Bearer …`) with `[redacted]`.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+
+use crate::ports::model::ModelError;
+
+/// Error texts are capped to this many bytes.
+const MESSAGE_BYTES: usize = 300;
+
+/// A non-streamed response body larger than this is refused as malformed.
+pub(crate) const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// The longest wait a `retry-after` header may ask for (a larger one is
+/// taken as this).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+
+/// An API key. Never printed: `Debug` shows `[redacted]`, there is no
+/// `Display`, and it is compared only to scrub it out of texts.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a key. An empty or blank key is no key (`None`).
+    pub fn new(key: impl Into<String>) -> Option<Secret> {
+        let key = key.into();
+        let trimmed = key.trim();
+        if trimmed.is_empty() {
+            None
+        } else {
+            Some(Secret(trimmed.to_string()))
+        }
+    }
+
+    /// The key, for the one header that carries it.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+/// A header value carrying a secret: marked sensitive, so HTTP layers that
+/// print headers leave it out.
+pub(crate) fn secret_header(value: &str) -> Result<reqwest::header::HeaderValue, ModelError> {
+    let mut v = reqwest::header::HeaderValue::from_str(value)
+        .map_err(|_| ModelError::BadRequest("the API key is not a valid header value".into()))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// The client both providers use: rustls, a connect timeout, no overall
+/// timeout (the run's deadline and the critic bound a call).
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default()
+}
+
+/// Replaces the key and anything shaped like an API key with `[redacted]`,
+/// then caps the text.
+pub(crate) fn scrub(text: &str, secret: Option<&Secret>) -> String {
+    let mut s = text.to_string();
+    if let Some(k) = secret {
+        if !k.0.is_empty() {
+            s = s.replace(k.0.as_str(), "[redacted]");
+        }
+    }
+    let mut out = String::with_capacity(s.len().min(MESSAGE_BYTES + 16));
+    let mut redact_next = false;
+    for (i, word) in s.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let bare = word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '_');
+        let keyish = (bare.starts_with("sk-") || bare.starts_with("sk_")) && bare.len() > 8;
+        if redact_next || keyish {
+            out.push_str(&word.replace(bare, "[redacted]"));
+        } else {
+            out.push_str(word);
+        }
+        redact_next = word.eq_ignore_ascii_case("bearer");
+        if out.len() > MESSAGE_BYTES * 4 {
+            break;
+        }
+    }
+    crate::ports::run::cap_text(out.trim(), MESSAGE_BYTES)
+}
+
+/// A transport error: the error's kind and its cause chain, never its URL
+/// (which could carry credentials), scrubbed.
+pub(crate) fn transport(e: reqwest::Error, secret: Option<&Secret>) -> ModelError {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    ModelError::Transport(scrub(&text, secret))
+}
+
+/// The server's retry hint: `retry-after-ms` (milliseconds), else
+/// `retry-after` (seconds); an HTTP date is ignored.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| -> Option<f64> {
+        let v = headers
+            .get(name)?
+            .to_str()
+            .ok()?
+            .trim()
+            .parse::<f64>()
+            .ok()?;
+        (v.is_finite() && v >= 0.0).then_some(v)
+    };
+    let d = if let Some(ms) = number("retry-after-ms") {
+        Duration::from_secs_f64(ms.min(MAX_RETRY_AFTER.as_secs_f64() * 1000.0) / 1000.0)
+    } else {
+        Duration::from_secs_f64(number("retry-after")?.min(MAX_RETRY_AFTER.as_secs_f64()))
+    };
+    Some(d)
+}
+
+/// The message and type a JSON error body carries, in either provider's
+/// shape (`{"error": {"message", "type", "code"}}` or `{"type": "error",
+/// "error": {...}}`), else the raw text.
+fn error_text(body: &[u8]) -> (String, String) {
+    let raw = || String::from_utf8_lossy(body).into_owned();
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return (raw(), String::new());
+    };
+    let err = v.get("error").unwrap_or(&v);
+    let message = match err {
+        Value::String(s) => s.clone(),
+        _ => err
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(raw),
+    };
+    let mut kind = String::new();
+    for key in ["type", "code"] {
+        if let Some(s) = err.get(key).and_then(Value::as_str) {
+            kind.push_str(s);
+            kind.push(' ');
+        }
+    }
+    (message, kind)
+}
+
+/// Whether an error body says the account is out of quota or credit.
+fn says_quota(message: &str, kind: &str) -> bool {
+    let t = format!("{kind} {message}").to_ascii_lowercase();
+    [
+        "insufficient_quota",
+        "quota",
+        "billing",
+        "credit balance",
+        "exceeded your current",
+    ]
+    .iter()
+    .any(|m| t.contains(m))
+}
+
+/// The typed error for a non-success HTTP answer (see the module doc).
+pub(crate) fn status_error(
+    status: u16,
+    headers: &HeaderMap,
+    body: &[u8],
+    secret: Option<&Secret>,
+) -> ModelError {
+    let (message, kind) = error_text(body);
+    let message = scrub(&message, secret);
+    match status {
+        429 | 400 | 403 if says_quota(&message, &kind) => ModelError::Quota(message),
+        429 => ModelError::RateLimited {
+            retry_after: retry_after(headers),
+        },
+        401 | 403 => ModelError::Auth,
+        408 | 409 | 500..=599 => ModelError::Server { status, message },
+        _ => ModelError::BadRequest(format!("{status}: {message}")),
+    }
+}
+
+/// The typed error for an error object a server sent inside a stream (its
+/// status is 200 by then): rate limits, overload and server errors by
+/// their type, else a server error.
+pub(crate) fn stream_error(data: &[u8], secret: Option<&Secret>) -> ModelError {
+    let (message, kind) = error_text(data);
+    let message = scrub(&message, secret);
+    let k = kind.to_ascii_lowercase();
+    if says_quota(&message, &kind) {
+        ModelError::Quota(message)
+    } else if k.contains("rate_limit") {
+        ModelError::RateLimited { retry_after: None }
+    } else if k.contains("overloaded") {
+        ModelError::Server {
+            status: 529,
+            message,
+        }
+    } else if k.contains("invalid_request") {
+        ModelError::BadRequest(message)
+    } else if k.contains("authentication") || k.contains("permission") {
+        ModelError::Auth
+    } else {
+        ModelError::Server {
+            status: 500,
+            message,
+        }
+    }
+}
+
+/// Reads a whole body, refusing one larger than [`MAX_BODY`].
+pub(crate) async fn read_body(
+    resp: &mut reqwest::Response,
+    secret: Option<&Secret>,
+) -> Result<Vec<u8>, ModelError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(e, secret))? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(ModelError::Malformed(format!(
+                "response body larger than {MAX_BODY} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A `Malformed` error for a body that did not parse: the parser's message
+/// and the start of the body, scrubbed.
+pub(crate) fn malformed(
+    what: &str,
+    err: &serde_json::Error,
+    body: &[u8],
+    secret: Option<&Secret>,
+) -> ModelError {
+    let head = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+    ModelError::Malformed(scrub(
+        &format!("{what}: {err}; body starts: {head}"),
+        secret,
+    ))
+}
+
+/// Base URL without a trailing slash.
+pub(crate) fn trim_base(url: &str) -> String {
+    url.trim().trim_end_matches('/').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_typed_errors() {
+        let h = HeaderMap::new();
+        let e = |s: u16, b: &str| status_error(s, &h, b.as_bytes(), None);
+        assert_eq!(e(429, "{}").kind(), "rate_limited");
+        assert_eq!(
+            e(429, r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}"#).kind(),
+            "quota"
+        );
+        assert_eq!(e(400, r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low"}}"#).kind(), "quota");
+        for s in [408, 409, 500, 502, 503, 529] {
+            assert_eq!(e(s, "oops").kind(), "server_error", "{s}");
+        }
+        for s in [400, 404, 413, 422] {
+            assert_eq!(e(s, "no").kind(), "bad_request", "{s}");
+        }
+        assert_eq!(e(401, "key sk-abc").kind(), "auth");
+        assert_eq!(e(403, "forbidden").kind(), "auth");
+    }
+
+    #[test]
+    fn retry_after_reads_both_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", "7".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        h.insert("retry-after-ms", "1500".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(1500)));
+        let mut d = HeaderMap::new();
+        d.insert(
+            "retry-after",
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&d), None);
+        d.insert("retry-after", "99999".parse().unwrap());
+        assert_eq!(retry_after(&d), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn scrub_removes_keys_and_key_shapes() {
+        let key = Secret::new("canary-123456").unwrap();
+        let s = scrub(
+            "Incorrect API key provided: canary-123456, also sk-proj-abcdefghijkl and Bearer xyz.",
+            Some(&key),
+        );
+        assert!(
+            !s.contains("canary-123456") && !s.contains("sk-proj") && !s.contains("xyz"),
+            "{s}"
+        );
+        assert!(s.contains("Incorrect API key"));
+        assert_eq!(format!("{key:?}"), "Secret([redacted])");
+        assert!(Secret::new("  ").is_none());
+        assert!(scrub(&"x".repeat(5000), None).len() < 400);
+    }
+}

@@ -1,0 +1,132 @@
+//! Server-sent events framing, as both streaming providers receive it: an
+//! incremental parser fed with body chunks as they arrive, yielding one
+//! [`SseEvent`] per blank-line-terminated block.
+//!
+//! Hand-written rather than a crate: the two wire protocols use only
+//! `event:` and `data:` fields, and this parser is a few dozen lines over
+//! `reqwest::Response::chunk`, where a stream adapter would pull in the
+//! `stream` feature and its dependencies.
+//!
+//! Lines end with `\n`, `\r\n` or `\r`; `:` lines are comments; several
+//! `data:` lines join with `\n`; `id:` and `retry:` are ignored. A block
+//! still open when the body ends is dropped, as the specification says (the
+//! providers then see a stream that ended early).
+
+/// One event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SseEvent {
+    /// The `event:` field (empty when the block had none).
+    pub(crate) event: String,
+    /// The `data:` lines, joined with `\n`.
+    pub(crate) data: String,
+}
+
+/// The incremental parser.
+#[derive(Debug, Default)]
+pub(crate) struct SseParser {
+    /// Bytes of a line not yet ended.
+    line: Vec<u8>,
+    /// The last byte seen was `\r` (a `\n` right after it ends nothing).
+    after_cr: bool,
+    event: String,
+    data: String,
+    has_data: bool,
+}
+
+/// Lines longer than this are cut (a hostile server cannot grow memory
+/// without bound through one line).
+const MAX_LINE: usize = 8 * 1024 * 1024;
+
+impl SseParser {
+    /// Feeds a chunk; pushes every event it completes onto `out`.
+    pub(crate) fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) {
+        for &b in chunk {
+            match b {
+                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' | b'\r' => {
+                    self.after_cr = b == b'\r';
+                    self.end_line(out);
+                }
+                _ => {
+                    self.after_cr = false;
+                    if self.line.len() < MAX_LINE {
+                        self.line.push(b);
+                    }
+                }
+            }
+        }
+    }
+
+    fn end_line(&mut self, out: &mut Vec<SseEvent>) {
+        if self.line.is_empty() {
+            if self.has_data {
+                out.push(SseEvent {
+                    event: std::mem::take(&mut self.event),
+                    data: std::mem::take(&mut self.data),
+                });
+            }
+            self.event.clear();
+            self.has_data = false;
+            return;
+        }
+        let line = String::from_utf8_lossy(&self.line).into_owned();
+        self.line.clear();
+        if line.starts_with(':') {
+            return;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line.as_str(), ""),
+        };
+        match field {
+            "event" => self.event = value.to_string(),
+            "data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(value);
+                self.has_data = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(chunks: &[&[u8]]) -> Vec<SseEvent> {
+        let mut p = SseParser::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            p.feed(c, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn events_split_anywhere_reassemble() {
+        let text = b"event: message_start\ndata: {\"a\":1}\n\n: ping\n\ndata: x\r\ndata: y\r\n\r\ndata:[DONE]\n\n";
+        let whole = parse(&[text]);
+        assert_eq!(whole.len(), 3);
+        assert_eq!(whole[0].event, "message_start");
+        assert_eq!(whole[0].data, "{\"a\":1}");
+        assert_eq!(whole[1].data, "x\ny");
+        assert_eq!(whole[2].data, "[DONE]");
+        for cut in 1..text.len() {
+            let (a, b) = text.split_at(cut);
+            assert_eq!(parse(&[a, b]), whole, "cut at {cut}");
+        }
+        let bytewise: Vec<&[u8]> = text.chunks(1).collect();
+        assert_eq!(parse(&bytewise), whole);
+    }
+
+    #[test]
+    fn an_unterminated_block_is_dropped_and_utf8_survives_splits() {
+        assert!(parse(&[b"data: {\"half\":"]).is_empty());
+        let text = "data: héllo\n\n".as_bytes();
+        let (a, b) = text.split_at(8);
+        assert_eq!(parse(&[a, b])[0].data, "héllo");
+    }
+}
