@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -44,6 +44,8 @@ pub(crate) struct Partial {
     /// How many steps moved into the result at the end (so the live state
     /// still counts them afterwards).
     pub(crate) steps_taken: usize,
+    /// Cost so far in micro-dollars (of the whole usage, priced once).
+    pub(crate) cost_micros: u64,
 }
 
 /// How a run ends, before it becomes a [`RunResult`].
@@ -88,6 +90,10 @@ impl Ending {
     }
 }
 
+/// The `error_kind` of runs the host's shutdown cancels; a durable run
+/// ending so is suspended, not finished (see [`RunShared::finish`]).
+pub(crate) const SUSPENDED: &str = "shutdown";
+
 /// Delivers the result (once) and closes the event stream.
 pub(crate) struct Finisher {
     pub(crate) result_tx: oneshot::Sender<Arc<RunResult>>,
@@ -106,6 +112,9 @@ pub(crate) struct RunShared {
     events: Mutex<Option<mpsc::UnboundedSender<RunEvent>>>,
     listening: bool,
     seq: AtomicU32,
+    /// Checkpointed: its checkpoint is cleared with its terminal record, and
+    /// a host shutdown suspends it (no terminal record, checkpoint kept).
+    durable: AtomicBool,
     host_live: Arc<crate::host::LiveRuns>,
 }
 
@@ -144,6 +153,7 @@ impl RunShared {
             listening: events_tx.is_some(),
             events: Mutex::new(events_tx),
             seq: AtomicU32::new(0),
+            durable: AtomicBool::new(false),
             host_live,
         });
         (shared, result_rx, events_rx)
@@ -171,6 +181,21 @@ impl RunShared {
         }
     }
 
+    /// Marks the run durable.
+    pub(crate) fn set_durable(&self) {
+        self.durable.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the run is durable.
+    pub(crate) fn is_durable(&self) -> bool {
+        self.durable.load(Ordering::Relaxed)
+    }
+
+    /// Continues the audit sequence of a resumed run after its last record.
+    pub(crate) fn start_seq_at(&self, next: u32) {
+        self.seq.store(next, Ordering::Relaxed);
+    }
+
     /// The next audit sequence number.
     pub(crate) fn next_seq(&self) -> u32 {
         self.seq.fetch_add(1, Ordering::Relaxed)
@@ -180,6 +205,11 @@ impl RunShared {
     /// partial record, hands the terminal record to the audit actor (which
     /// delivers the result once the record is written), closes the event
     /// stream. Returns the result when this call won.
+    ///
+    /// A durable run that the host's shutdown ends is suspended instead: its
+    /// caller gets the `cancelled`/`shutdown` result at once, no terminal
+    /// record is written and its checkpoint stays, so `Host::recover`
+    /// resumes it.
     pub(crate) fn finish(
         &self,
         ending: Ending,
@@ -214,7 +244,7 @@ impl RunShared {
                 steps: std::mem::take(&mut p.steps),
                 iterations: p.iterations,
                 usage: p.usage,
-                cost_micros: 0,
+                cost_micros: p.cost_micros,
                 critic: std::mem::take(&mut p.critic),
                 started_at,
                 finished_at: now.max(started_at),
@@ -232,6 +262,12 @@ impl RunShared {
                 }
             }
         }
+        let durable = self.is_durable();
+        if durable && result.error_kind.as_deref() == Some(SUSPENDED) {
+            let _ = finisher.result_tx.send(result.clone());
+            self.host_live.leave();
+            return Some(result);
+        }
         let record = AuditRecord {
             run_id: self.run_id,
             seq: self.next_seq(),
@@ -243,6 +279,7 @@ impl RunShared {
             audit.cast(AuditMsg::Terminal {
                 record,
                 deliver: finisher.result_tx,
+                durable,
             })
         {
             let _ = deliver.send(result.clone());

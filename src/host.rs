@@ -24,19 +24,20 @@ use crate::actors::audit::{Audit, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
 use crate::actors::critic::{Critic, CriticMsg};
 use crate::actors::host::{HostActor, HostMsg};
-use crate::actors::run::{RunActor, RunArgs};
+use crate::actors::run::{DurableRun, RunActor, RunArgs};
 use crate::agent::Agent;
 use crate::handle::{Ending, RunEvents, RunHandle, RunShared};
 use crate::policy::RulesPolicy;
-use crate::ports::audit::{AuditStats, AuditStore, RunInfo};
+use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
+use crate::ports::checkpoint::{Checkpoint, Checkpointer};
 use crate::ports::critic::CriticPolicy;
-use crate::ports::model::ChatModel;
-use crate::ports::run::{cap_text, RunStatus};
+use crate::ports::model::{ChatModel, Message, Role};
+use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
 use crate::ports::tool::Tool;
-use crate::providers::ScriptedModel;
+use crate::providers::{ModelResolver, ProviderConfig, ResolveError};
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
-use crate::stores::{MemoryAuditStore, MemoryBudgetLedger};
+use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
 use crate::tools::{RegistryError, ToolRegistry};
 
 /// Host-wide settings. Every field has a default.
@@ -66,6 +67,9 @@ pub struct HostConfig {
     pub max_concurrent_runs: Option<usize>,
     /// The caller id of invocations that name none.
     pub default_caller: String,
+    /// Every run is durable (checkpointed after every step), whatever its
+    /// manifest says (default: only manifests with `durable: true`).
+    pub durable_default: bool,
 }
 
 impl Default for HostConfig {
@@ -84,8 +88,66 @@ impl Default for HostConfig {
             admission_timeout: Duration::from_secs(5),
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),
+            durable_default: false,
         }
     }
+}
+
+/// How many times `recover` resumes one run at most; a run interrupted
+/// again after that ends `error`/`crash_loop`.
+pub const MAX_RESUMES: u32 = 3;
+
+/// What [`Host::recover`] did.
+#[derive(Default)]
+#[non_exhaustive]
+pub struct Recovery {
+    /// Runs resumed from their checkpoints (await them for their results).
+    pub resumed: Vec<RunHandle>,
+    /// Checkpointed runs whose terminal record was already on file (cleared).
+    pub already_finished: Vec<RunId>,
+    /// Runs ended `error`/`crash_loop` (resumed too often).
+    pub crash_loops: Vec<RunId>,
+    /// Runs ended `error`/`unrecoverable` (their manifest no longer prepares).
+    pub unrecoverable: Vec<RunId>,
+    /// Runs that were not durable, ended `error`/`interrupted`.
+    pub interrupted: Vec<RunId>,
+}
+
+impl std::fmt::Debug for Recovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recovery")
+            .field("resumed", &self.resumed.len())
+            .field("already_finished", &self.already_finished.len())
+            .field("crash_loops", &self.crash_loops.len())
+            .field("unrecoverable", &self.unrecoverable.len())
+            .field("interrupted", &self.interrupted.len())
+            .finish()
+    }
+}
+
+/// Why [`Host::recover`] could not read what it needs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoverError {
+    /// Runs were submitted (or `recover` ran) on this host already.
+    #[error("recover runs once, at boot, before any run is submitted")]
+    NotAtBoot,
+    /// The checkpoints could not be read or cleared.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::ports::checkpoint::CheckpointError),
+    /// The audit log could not be read.
+    #[error(transparent)]
+    Audit(#[from] crate::ports::audit::AuditStoreError),
+}
+
+/// The transcript a new run starts from: the system prompt, then the input.
+fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
+    let mut t = Vec::with_capacity(8);
+    if !spec.system.is_empty() {
+        t.push(Message::text(Role::System, spec.system.clone()));
+    }
+    t.push(Message::text(Role::User, prompt));
+    t
 }
 
 /// Why a host could not be built.
@@ -131,9 +193,11 @@ pub struct HostBuilder {
     tools: ToolRegistry,
     extra_tools: Vec<Arc<dyn Tool>>,
     models: HashMap<String, Arc<dyn ChatModel>>,
+    providers: ProviderConfig,
     audit: Option<Arc<dyn AuditStore>>,
     ledger: Option<Arc<dyn BudgetLedger>>,
     policy: Option<Arc<dyn CriticPolicy>>,
+    checkpointer: Option<Arc<dyn Checkpointer>>,
 }
 
 impl HostBuilder {
@@ -161,6 +225,20 @@ impl HostBuilder {
         self
     }
 
+    /// Maps a model tier (`fast`, `smart`, …) to a model spec
+    /// (`openai:gpt-4o-mini`, `ollama:llama3.2`) or a registered name.
+    pub fn tier(mut self, tier: impl Into<String>, spec: impl Into<String>) -> Self {
+        self.providers.tiers.insert(tier.into(), spec.into());
+        self
+    }
+
+    /// How models are resolved and wrapped: tiers, retries, circuit
+    /// breakers (default: [`ProviderConfig::default`]).
+    pub fn providers(mut self, providers: ProviderConfig) -> Self {
+        self.providers = providers;
+        self
+    }
+
     /// Where audit records go (default: in memory).
     pub fn audit_store(mut self, store: Arc<dyn AuditStore>) -> Self {
         self.audit = Some(store);
@@ -170,6 +248,13 @@ impl HostBuilder {
     /// Where budgets come from (default: in memory, no limits).
     pub fn budget_ledger(mut self, ledger: Arc<dyn BudgetLedger>) -> Self {
         self.ledger = Some(ledger);
+        self
+    }
+
+    /// Where durable runs' checkpoints go (default: in memory, which
+    /// resumes runs within one process only).
+    pub fn checkpointer(mut self, checkpointer: Arc<dyn Checkpointer>) -> Self {
+        self.checkpointer = Some(checkpointer);
         self
     }
 
@@ -206,11 +291,15 @@ impl HostBuilder {
         let ledger = self
             .ledger
             .unwrap_or_else(|| Arc::new(MemoryBudgetLedger::new()));
+        let checkpointer = self
+            .checkpointer
+            .unwrap_or_else(|| Arc::new(MemoryCheckpointer::new()));
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
             spool: c.audit_spool.clone(),
+            checkpointer: checkpointer.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -241,11 +330,14 @@ impl HostBuilder {
                 config: c,
                 tools,
                 models: self.models,
+                resolver: ModelResolver::new(self.providers),
                 root,
                 critics,
                 audit,
                 budget,
                 audit_store,
+                checkpointer,
+                booted: AtomicBool::new(false),
                 accounts: DashMap::new(),
                 live: Arc::new(LiveRuns::default()),
                 closed: AtomicBool::new(false),
@@ -292,11 +384,16 @@ struct HostInner {
     config: HostConfig,
     tools: ToolRegistry,
     models: HashMap<String, Arc<dyn ChatModel>>,
+    resolver: ModelResolver,
     root: ActorRef<HostMsg>,
     critics: Vec<ActorRef<CriticMsg>>,
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
+    checkpointer: Arc<dyn Checkpointer>,
+    /// A run was submitted or `recover` ran: from then on `recover` would
+    /// take this host's own runs for interrupted ones, so it refuses.
+    booted: AtomicBool,
     accounts: DashMap<Arc<str>, Arc<Account>>,
     live: Arc<LiveRuns>,
     closed: AtomicBool,
@@ -355,9 +452,11 @@ impl Host {
             tools: ToolRegistry::with_builtins(),
             extra_tools: Vec::new(),
             models: HashMap::new(),
+            providers: ProviderConfig::default(),
             audit: None,
             ledger: None,
             policy: None,
+            checkpointer: None,
         }
     }
 
@@ -385,21 +484,37 @@ impl Host {
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
         let tools = self.inner.tools.select(&spec.tools)?;
-        let model: Arc<dyn ChatModel> = match self.inner.models.get(&spec.model) {
-            Some(m) => m.clone(),
-            None if spec.model == "scripted" => Arc::new(ScriptedModel::new(spec.script.clone())),
-            None => {
-                let mut known: Vec<&str> = self.inner.models.keys().map(String::as_str).collect();
-                known.push("scripted");
-                known.sort_unstable();
-                return Err(SubmitError::UnknownModel {
-                    model: spec.model.clone(),
-                    known: known.join(", "),
-                });
-            }
-        };
+        let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
         Ok(Agent::new(spec, model, tools, limits))
+    }
+
+    /// The model a manifest names: a registered name (directly or through
+    /// a tier), else what the provider resolver makes of it.
+    fn model_for(&self, spec: &AgentSpec) -> Result<Arc<dyn ChatModel>, SubmitError> {
+        let resolver = &self.inner.resolver;
+        let named = resolver.model_of(spec);
+        let target = resolver
+            .follow_tiers(named)
+            .unwrap_or_else(|_| named.to_string());
+        for name in [named, target.as_str()] {
+            if let Some(m) = self.inner.models.get(name) {
+                return Ok(m.clone());
+            }
+        }
+        resolver.resolve(spec).map_err(|e| {
+            let mut known: Vec<String> = self.inner.models.keys().cloned().collect();
+            known.extend(resolver.known());
+            known.sort_unstable();
+            let model = match e {
+                ResolveError::Unknown(m) => m,
+                other => format!("{} ({other})", spec.model),
+            };
+            SubmitError::UnknownModel {
+                model,
+                known: known.join(", "),
+            }
+        })
     }
 
     /// Submits a run. The handle resolves to its result.
@@ -411,7 +526,7 @@ impl Host {
         let agent = self.resolve(agent.into())?;
         // Boxed: the spawn future is large and would otherwise sit in every
         // caller's future for as long as it awaits the run.
-        Ok(Box::pin(self.start(agent, invocation, false)).await.0)
+        Ok(Box::pin(self.start(agent, invocation, false, None)).await.0)
     }
 
     /// Submits a run and subscribes to its events.
@@ -421,7 +536,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
         let agent = self.resolve(agent.into())?;
-        let (handle, events) = Box::pin(self.start(agent, invocation, true)).await;
+        let (handle, events) = Box::pin(self.start(agent, invocation, true, None)).await;
         Ok((handle, events.unwrap_or_else(RunEvents::closed)))
     }
 
@@ -441,13 +556,19 @@ impl Host {
         }
     }
 
+    /// Admits and spawns a run: a new one, or (`resumed`) a durable run
+    /// from its checkpoint.
     async fn start(
         &self,
         agent: Agent,
-        inv: Invocation,
+        mut inv: Invocation,
         with_events: bool,
+        resumed: Option<(Box<Checkpoint>, u32)>,
     ) -> (RunHandle, Option<RunEvents>) {
         let h = &self.inner;
+        if resumed.is_none() && !h.booted.load(Ordering::Relaxed) {
+            h.booted.store(true, Ordering::Relaxed);
+        }
         let run_id = inv.run_id.unwrap_or_default();
         let limits = if inv.limits == LimitsSpec::default() {
             *agent.limits()
@@ -466,6 +587,15 @@ impl Host {
             with_events,
             h.live.clone(),
         );
+        let durable = resumed.is_some() || agent.spec().durable || h.config.durable_default;
+        if durable {
+            shared.set_durable();
+        }
+        let resumed = resumed.map(|(c, next_seq)| {
+            // The resumed run's records follow the ones already on file.
+            shared.start_seq_at(next_seq);
+            c
+        });
         let shard = (h.next_shard.fetch_add(1, Ordering::Relaxed) as usize) % h.critics.len();
         let critic = h.critics[shard].clone();
         let mut handle = RunHandle {
@@ -504,6 +634,72 @@ impl Host {
                 return (handle, events);
             }
         }
+        // The model's circuit breaker: an open circuit refuses at once.
+        if let Err(e) = agent.model().admit() {
+            shared.finish(
+                Ending::failed(RunStatus::Rejected, e.kind(), e.to_string()),
+                &h.audit,
+            );
+            return (handle, events);
+        }
+        let prompt = if !inv.prompt.is_empty() {
+            std::mem::take(&mut inv.prompt)
+        } else if let Some(p) = &agent.spec().prompt {
+            p.clone()
+        } else if !inv.inputs.is_empty() {
+            serde_json::to_string(&inv.inputs).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let transcript = match &resumed {
+            Some(c) => c.transcript.clone(),
+            None => Arc::new(initial_transcript(agent.spec(), &prompt)),
+        };
+        // A durable run is accepted once its first checkpoint is saved: from
+        // then on a crash cannot lose it (`recover` resumes or ends it).
+        let durable = if durable {
+            let d = Arc::new(DurableRun {
+                spec: agent.spec_arc(),
+                invocation: Invocation {
+                    run_id: Some(run_id),
+                    caller_id: Some(caller.to_string()),
+                    prompt: prompt.clone(),
+                    ..inv.clone()
+                },
+                resumes: resumed.as_ref().map_or(0, |c| c.resumes),
+                started_at: resumed.as_ref().map_or_else(unix_ms, |c| c.started_at),
+            });
+            let first = match &resumed {
+                Some(c) => Checkpoint::clone(c),
+                None => Checkpoint {
+                    run_id,
+                    spec: d.spec.clone(),
+                    invocation: d.invocation.clone(),
+                    transcript: transcript.clone(),
+                    iteration: 0,
+                    steps: Vec::new(),
+                    usage: Default::default(),
+                    critic: Vec::new(),
+                    resumes: 0,
+                    started_at: d.started_at,
+                    saved_at: unix_ms(),
+                },
+            };
+            if let Err(e) = self.save_checkpoint(first).await {
+                shared.finish(
+                    Ending::failed(
+                        RunStatus::Rejected,
+                        "checkpoint_unavailable",
+                        format!("the run's first checkpoint could not be saved: {e}"),
+                    ),
+                    &h.audit,
+                );
+                return (handle, events);
+            }
+            Some(d)
+        } else {
+            None
+        };
         let ticket = match self.admit(&caller).await {
             Ok(t) => t,
             Err(ending) => {
@@ -512,15 +708,6 @@ impl Host {
             }
         };
 
-        let prompt = if !inv.prompt.is_empty() {
-            inv.prompt
-        } else if let Some(p) = &agent.spec().prompt {
-            p.clone()
-        } else if !inv.inputs.is_empty() {
-            serde_json::to_string(&inv.inputs).unwrap_or_default()
-        } else {
-            String::new()
-        };
         let info = RunInfo {
             agent: agent.name().to_string(),
             model: agent.model().name().to_string(),
@@ -536,8 +723,10 @@ impl Host {
             shared: shared.clone(),
             agent,
             limits,
-            prompt,
-            info: Some(info),
+            transcript,
+            durable,
+            info: resumed.is_none().then_some(info),
+            resumed,
             critic: critic.clone(),
             audit: h.audit.clone(),
             budget: h.budget.clone(),
@@ -553,6 +742,177 @@ impl Host {
             }
         }
         (handle, events)
+    }
+
+    /// Resumes the durable runs an earlier process left unfinished, each
+    /// from its last checkpoint and with no new input, and ends the rest:
+    ///
+    /// - a checkpointed run whose terminal record is on file (the process
+    ///   ended between the record and the clearing) is only cleared;
+    /// - a run resumed [`MAX_RESUMES`] times already ends `error`/`crash_loop`;
+    /// - a run whose manifest no longer prepares on this host (an unknown
+    ///   model or tool) ends `error`/`unrecoverable`;
+    /// - a run on record with neither a terminal record nor a checkpoint (it
+    ///   was not durable) ends `error`/`interrupted`.
+    ///
+    /// Each of these gets exactly one terminal record. Call it once, at
+    /// boot, before any run is submitted (afterwards it refuses with
+    /// [`RecoverError::NotAtBoot`]: it would take this host's own runs for
+    /// interrupted ones), with the stores the earlier process used; one host
+    /// per store. A killed run is never resumed: its kill wrote its terminal
+    /// record and cleared its checkpoint.
+    pub async fn recover(&self) -> Result<Recovery, RecoverError> {
+        let h = &self.inner;
+        if h.booted.swap(true, Ordering::AcqRel) {
+            return Err(RecoverError::NotAtBoot);
+        }
+        let mut out = Recovery::default();
+        let mut checkpointed = std::collections::HashSet::new();
+        let mut cleared = Vec::new();
+        let saved = h.checkpointer.load_all().await?;
+        for mut c in saved {
+            checkpointed.insert(c.run_id);
+            let records = h.audit_store.run_records(c.run_id).await?;
+            if records.iter().any(AuditRecord::is_terminal) {
+                cleared.push(c.run_id);
+                out.already_finished.push(c.run_id);
+                continue;
+            }
+            let next_seq = records.last().map_or(0, |r| r.seq + 1);
+            if c.resumes >= MAX_RESUMES {
+                let error = format!(
+                    "resumed {} times and interrupted again; not resumed",
+                    c.resumes
+                );
+                self.end_unresumed(&c, next_seq, "crash_loop", error);
+                out.crash_loops.push(c.run_id);
+                continue;
+            }
+            let agent = match self.agent(c.spec.clone()) {
+                Ok(a) => a,
+                Err(e) => {
+                    let error = format!("its manifest does not prepare on this host: {e}");
+                    self.end_unresumed(&c, next_seq, "unrecoverable", error);
+                    out.unrecoverable.push(c.run_id);
+                    continue;
+                }
+            };
+            c.resumes += 1;
+            c.saved_at = unix_ms();
+            let inv = c.invocation.clone();
+            let (handle, _) =
+                Box::pin(self.start(agent, inv, false, Some((Box::new(c), next_seq)))).await;
+            out.resumed.push(handle);
+        }
+        if !cleared.is_empty() {
+            h.checkpointer.clear(&cleared).await?;
+        }
+        for run_id in h.audit_store.unfinished_runs().await? {
+            if checkpointed.contains(&run_id) {
+                continue;
+            }
+            let records = h.audit_store.run_records(run_id).await?;
+            let Some(first) = records.first() else {
+                continue;
+            };
+            if records.iter().any(AuditRecord::is_terminal) {
+                continue;
+            }
+            let AuditEntry::RunStarted(info) = &first.entry else {
+                continue;
+            };
+            let iterations = records
+                .iter()
+                .filter(|r| {
+                    matches!(
+                        r.entry,
+                        AuditEntry::Event(crate::ports::run::RunEvent::StepStart { .. })
+                    )
+                })
+                .count() as u32;
+            let now = unix_ms();
+            let result = RunResult {
+                run_id,
+                agent: info.agent.clone(),
+                caller_id: info.caller_id.clone(),
+                parent_run_id: info.parent_run_id,
+                status: RunStatus::Error,
+                kill_reason: None,
+                error_kind: Some("interrupted".into()),
+                error: Some("its process ended before it finished, and it was not durable".into()),
+                output: None,
+                steps: Vec::new(),
+                iterations,
+                usage: Default::default(),
+                cost_micros: 0,
+                critic: Vec::new(),
+                started_at: first.at_ms,
+                finished_at: now.max(first.at_ms),
+            };
+            let seq = records.last().map_or(0, |r| r.seq + 1);
+            let _ = h.audit.cast(AuditMsg::Records(vec![AuditRecord {
+                run_id,
+                seq,
+                at_ms: result.finished_at,
+                entry: AuditEntry::Terminal(Arc::new(result)),
+            }]));
+            out.interrupted.push(run_id);
+        }
+        Ok(out)
+    }
+
+    /// Ends a checkpointed run without running it: its terminal record
+    /// (built from the checkpoint) is written and its checkpoint cleared.
+    fn end_unresumed(&self, c: &Checkpoint, seq: u32, kind: &str, error: String) {
+        let now = unix_ms();
+        let result = Arc::new(RunResult {
+            run_id: c.run_id,
+            agent: c.spec.name.clone(),
+            caller_id: c.invocation.caller_id.clone(),
+            parent_run_id: c.invocation.parent_run_id,
+            status: RunStatus::Error,
+            kill_reason: None,
+            error_kind: Some(kind.to_string()),
+            error: Some(error),
+            output: None,
+            steps: c.steps.clone(),
+            iterations: c.iteration,
+            usage: c.usage,
+            cost_micros: 0,
+            critic: c.critic.clone(),
+            started_at: c.started_at,
+            finished_at: now.max(c.started_at),
+        });
+        let (deliver, _) = tokio::sync::oneshot::channel();
+        let _ = self.inner.audit.cast(AuditMsg::Terminal {
+            record: AuditRecord {
+                run_id: c.run_id,
+                seq,
+                at_ms: result.finished_at,
+                entry: AuditEntry::Terminal(result),
+            },
+            deliver,
+            durable: true,
+        });
+    }
+
+    /// Saves a checkpoint with the audit actor's next batch and waits until
+    /// it is written (at most the admission timeout).
+    async fn save_checkpoint(&self, checkpoint: Checkpoint) -> Result<(), String> {
+        let h = &self.inner;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        h.audit
+            .cast(AuditMsg::Checkpoint {
+                checkpoint: Box::new(checkpoint),
+                saved: Some(tx),
+            })
+            .map_err(|_| "the audit actor is gone".to_string())?;
+        match tokio::time::timeout(h.config.admission_timeout, rx).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(_)) => Err("the audit actor stopped".into()),
+            Err(_) => Err("timed out".into()),
+        }
     }
 
     /// Finds (or loads) the caller's account and takes a ticket from it.

@@ -630,3 +630,42 @@ async fn records_of_every_kind_round_trip() {
     store.append(&batch).await.unwrap();
     assert_eq!(store.run_records(id).await.unwrap(), batch);
 }
+
+#[tokio::test]
+async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
+    use agentvisor::ports::checkpoint::{Checkpoint, Checkpointer};
+    use agentvisor::ports::model::{Message, Role};
+    let dir = Scratch::new("checkpoints");
+    let path = dir.path("c.db");
+    let spec = Arc::new(hello());
+    let at = |run_id: RunId, iteration: u32| Checkpoint {
+        run_id,
+        spec: spec.clone(),
+        invocation: Invocation {
+            run_id: Some(run_id),
+            prompt: "go".into(),
+            ..Invocation::default()
+        },
+        transcript: Arc::new(vec![Message::text(Role::User, format!("step {iteration}"))]),
+        iteration,
+        steps: Vec::new(),
+        usage: Default::default(),
+        critic: Vec::new(),
+        resumes: 1,
+        started_at: 10,
+        saved_at: 20 + u64::from(iteration),
+    };
+    let (a, b) = (RunId::new(), RunId::new());
+    {
+        let store = SqliteStore::open(&path).await.unwrap();
+        store.save(&[at(a, 1), at(b, 1)]).await.unwrap();
+        store.save(&[at(a, 2)]).await.unwrap();
+        store.clear(&[b]).await.unwrap();
+        store.close().await;
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    let saved = store.load_all().await.unwrap();
+    assert_eq!(saved, vec![at(a, 2)], "the latest save of a, nothing of b");
+    store.clear(&[a]).await.unwrap();
+    assert!(store.load_all().await.unwrap().is_empty());
+}

@@ -53,7 +53,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError};
-use crate::ports::run::RunResult;
+use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
+use crate::ports::run::{RunId, RunResult};
 
 /// Records held in memory at most while the store fails and no spool takes them.
 pub const HELD_MAX: usize = 100_000;
@@ -84,6 +85,16 @@ pub enum AuditMsg {
         record: AuditRecord,
         /// The run's result channel.
         deliver: oneshot::Sender<Arc<RunResult>>,
+        /// The run is durable: clear its checkpoint once the record is written.
+        durable: bool,
+    },
+    /// A durable run's checkpoint, saved with the next batch (only the
+    /// latest of a run is written); `saved` answers once it is.
+    Checkpoint {
+        /// The state to save.
+        checkpoint: Box<Checkpoint>,
+        /// Who waits for the save (a run being accepted).
+        saved: Option<oneshot::Sender<Result<(), CheckpointError>>>,
     },
     /// Write the buffer (timer).
     Flush,
@@ -98,7 +109,11 @@ pub struct Audit {
     pub(crate) max_age: Duration,
     /// Where batches go while the store fails (`None`: held in memory).
     pub(crate) spool: Option<PathBuf>,
+    /// Where durable runs' checkpoints go.
+    pub(crate) checkpointer: Arc<dyn Checkpointer>,
 }
+
+type SaveAck = oneshot::Sender<Result<(), CheckpointError>>;
 
 type Waiter = (oneshot::Sender<Arc<RunResult>>, Arc<RunResult>);
 
@@ -108,6 +123,8 @@ enum Job {
     Batch {
         records: Vec<AuditRecord>,
         waiting: Vec<Waiter>,
+        saves: Vec<(Box<Checkpoint>, Option<SaveAck>)>,
+        clears: Vec<RunId>,
     },
     /// Write everything (spool included, backoff ignored), then answer.
     Drain(oneshot::Sender<()>),
@@ -117,6 +134,8 @@ enum Job {
 pub struct AuditState {
     buffer: Vec<AuditRecord>,
     waiting: Vec<Waiter>,
+    saves: Vec<(Box<Checkpoint>, Option<SaveAck>)>,
+    clears: Vec<RunId>,
     flush_armed: bool,
     writer: Option<mpsc::Sender<Job>>,
     writer_task: Option<JoinHandle<()>>,
@@ -137,6 +156,8 @@ impl Actor for Audit {
         Ok(AuditState {
             buffer: Vec::with_capacity(self.max_batch),
             waiting: Vec::new(),
+            saves: Vec::new(),
+            clears: Vec::new(),
             flush_armed: false,
             writer: Some(tx),
             writer_task: Some(tokio::spawn(writer.run())),
@@ -152,12 +173,20 @@ impl Actor for Audit {
         match msg {
             AuditMsg::Record(r) => st.buffer.push(r),
             AuditMsg::Records(rs) => st.buffer.extend(rs),
-            AuditMsg::Terminal { record, deliver } => {
+            AuditMsg::Terminal {
+                record,
+                deliver,
+                durable,
+            } => {
                 if let AuditEntry::Terminal(res) = &record.entry {
                     st.waiting.push((deliver, res.clone()));
                 }
+                if durable {
+                    st.clears.push(record.run_id);
+                }
                 st.buffer.push(record);
             }
+            AuditMsg::Checkpoint { checkpoint, saved } => st.saves.push((checkpoint, saved)),
             AuditMsg::Flush => {
                 st.flush_armed = false;
                 self.flush(st).await;
@@ -172,7 +201,7 @@ impl Actor for Audit {
         }
         if st.buffer.len() >= self.max_batch {
             self.flush(st).await;
-        } else if !st.buffer.is_empty() && !st.flush_armed {
+        } else if st.has_work() && !st.flush_armed {
             st.flush_armed = true;
             myself.send_after(self.max_age, || AuditMsg::Flush);
         }
@@ -194,26 +223,50 @@ impl Actor for Audit {
     }
 }
 
+impl AuditState {
+    fn has_work(&self) -> bool {
+        !(self.buffer.is_empty()
+            && self.waiting.is_empty()
+            && self.saves.is_empty()
+            && self.clears.is_empty())
+    }
+}
+
 impl Audit {
     /// Hands the buffer to the writer (waits while its queue is full).
     async fn flush(&self, st: &mut AuditState) {
-        if st.buffer.is_empty() && st.waiting.is_empty() {
+        if !st.has_work() {
             return;
         }
         let job = Job::Batch {
             records: std::mem::replace(&mut st.buffer, Vec::with_capacity(self.max_batch)),
             waiting: std::mem::take(&mut st.waiting),
+            saves: std::mem::take(&mut st.saves),
+            clears: std::mem::take(&mut st.clears),
         };
         let sent = match &st.writer {
             Some(w) => w.send(job).await.map_err(|e| e.0),
             None => Err(job),
         };
-        if let Err(Job::Batch { records, waiting }) = sent {
+        if let Err(Job::Batch {
+            records,
+            waiting,
+            saves,
+            ..
+        }) = sent
+        {
             tracing::error!(
                 records = records.len(),
                 "the audit writer is gone; records dropped"
             );
             deliver(waiting);
+            for (_, ack) in saves {
+                if let Some(ack) = ack {
+                    let _ = ack.send(Err(CheckpointError::Unavailable(
+                        "the audit writer is gone".into(),
+                    )));
+                }
+            }
         }
     }
 }
@@ -256,6 +309,11 @@ struct Writer {
     spool_broken: bool,
     /// Records dropped because they could be neither written nor held.
     dropped: u64,
+    checkpointer: Arc<dyn Checkpointer>,
+    /// Checkpoints not yet saved (the latest per run).
+    unsaved: std::collections::HashMap<RunId, Box<Checkpoint>>,
+    /// Checkpoints to clear once the runs' terminal records are written.
+    uncleared: Vec<RunId>,
 }
 
 struct Outage {
@@ -294,6 +352,9 @@ impl Writer {
             spool_offset: 0,
             spool_broken: false,
             dropped: 0,
+            checkpointer: audit.checkpointer.clone(),
+            unsaved: std::collections::HashMap::new(),
+            uncleared: Vec::new(),
         }
     }
 
@@ -305,15 +366,22 @@ impl Writer {
                     Err(_) => {
                         // Time to retry the store (replay the spool, write what is held).
                         self.write(false).await;
+                        self.checkpoints(Vec::new()).await;
                         continue;
                     }
                 },
                 None => self.rx.recv().await,
             };
             match job {
-                Some(Job::Batch { records, waiting }) => {
+                Some(Job::Batch {
+                    records,
+                    waiting,
+                    saves,
+                    clears,
+                }) => {
                     self.held.extend(records);
                     let mut waiting = waiting;
+                    let mut acks = self.take_checkpoints(saves, clears);
                     let mut drain = None;
                     // Batches that queued up while we wrote go in the same append.
                     for _ in 1..COALESCE_BATCHES {
@@ -321,9 +389,12 @@ impl Writer {
                             Ok(Job::Batch {
                                 records,
                                 waiting: w,
+                                saves,
+                                clears,
                             }) => {
                                 self.held.extend(records);
                                 waiting.extend(w);
+                                acks.extend(self.take_checkpoints(saves, clears));
                             }
                             Ok(Job::Drain(tx)) => {
                                 drain = Some(tx);
@@ -333,6 +404,7 @@ impl Writer {
                         }
                     }
                     self.write(drain.is_some()).await;
+                    self.checkpoints(acks).await;
                     deliver(waiting);
                     if let Some(tx) = drain {
                         let _ = tx.send(());
@@ -340,19 +412,80 @@ impl Writer {
                 }
                 Some(Job::Drain(tx)) => {
                     self.write(true).await;
+                    self.checkpoints(Vec::new()).await;
                     let _ = tx.send(());
                 }
                 None => {
                     // The actor stopped: write everything, then end.
                     self.write(true).await;
+                    self.checkpoints(Vec::new()).await;
                     return;
                 }
             }
         }
     }
 
+    /// Takes a batch's checkpoint work: the latest save per run (a run that
+    /// ended meanwhile is cleared instead); returns who waits for a save.
+    fn take_checkpoints(
+        &mut self,
+        saves: Vec<(Box<Checkpoint>, Option<SaveAck>)>,
+        clears: Vec<RunId>,
+    ) -> Vec<SaveAck> {
+        let mut acks = Vec::new();
+        for (c, ack) in saves {
+            self.unsaved.insert(c.run_id, c);
+            acks.extend(ack);
+        }
+        for run in clears {
+            self.unsaved.remove(&run);
+            self.uncleared.push(run);
+        }
+        acks
+    }
+
+    /// Saves pending checkpoints (answering `acks`), then clears those of
+    /// runs whose terminal records are written (to the store or the spool).
+    /// What fails stays pending and is tried again with the next write.
+    async fn checkpoints(&mut self, acks: Vec<SaveAck>) {
+        if !self.unsaved.is_empty() {
+            let batch: Vec<Checkpoint> = self
+                .unsaved
+                .values()
+                .map(|c| Checkpoint::clone(c))
+                .collect();
+            match self.checkpointer.save(&batch).await {
+                Ok(()) => {
+                    self.unsaved.clear();
+                    for ack in acks {
+                        let _ = ack.send(Ok(()));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, runs = batch.len(), "cannot save checkpoints; retrying with the next write");
+                    for ack in acks {
+                        let _ = ack.send(Err(e.clone()));
+                    }
+                }
+            }
+        } else {
+            for ack in acks {
+                let _ = ack.send(Ok(()));
+            }
+        }
+        if !self.uncleared.is_empty() && self.held.is_empty() {
+            match self.checkpointer.clear(&self.uncleared).await {
+                Ok(()) => self.uncleared.clear(),
+                Err(e) => {
+                    tracing::error!(error = %e, runs = self.uncleared.len(), "cannot clear checkpoints; retrying with the next write")
+                }
+            }
+        }
+    }
+
     /// When to come back without new work: while the spool or memory holds
-    /// records, at the retry time (or soon, when the store works).
+    /// records, at the retry time (or soon, when the store works). Failed
+    /// checkpoint work is tried again with the next write.
     fn retry_delay(&self) -> Option<Duration> {
         if !self.spool_pending && self.held.is_empty() {
             return None;

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 
 use crate::actors::audit::AuditMsg;
 use crate::actors::run::RunMsg;
-use crate::handle::{Ending, RunShared};
+use crate::handle::{Ending, RunShared, SUSPENDED};
 use crate::ports::audit::{AuditEntry, AuditRecord};
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::run::{unix_ms, CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
@@ -301,7 +301,7 @@ impl Actor for Critic {
                 for pid in pids {
                     if let Some(w) = st.runs.get_mut(&pid) {
                         let e =
-                            Ending::failed(RunStatus::Cancelled, "shutdown", "the host shut down");
+                            Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down");
                         self.begin_stop(w, now, e, None);
                     }
                     arm(st, pid);

@@ -36,13 +36,15 @@ use crate::actors::budget::{BudgetMsg, Ticket};
 use crate::actors::critic::{Beat, CriticMsg, Watch};
 use crate::agent::Agent;
 use crate::handle::{Ending, RunShared};
+use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
+use crate::ports::checkpoint::Checkpoint;
 use crate::ports::model::{
-    ChatRequest, ChatResponse, DeltaSink, Message, ModelError, Role, ToolCallRequest,
+    ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role, ToolCallRequest,
 };
 use crate::ports::run::{cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord};
 use crate::ports::tool::{ToolContext, ToolError};
-use crate::spec::Limits;
+use crate::spec::{AgentSpec, Invocation, Limits};
 
 /// Summaries in steps and events are capped to this many bytes.
 const SUMMARY_BYTES: usize = 200;
@@ -107,12 +109,27 @@ pub struct RunArgs {
     pub(crate) shared: Arc<RunShared>,
     pub(crate) agent: Agent,
     pub(crate) limits: Limits,
-    pub(crate) prompt: String,
+    /// The transcript to start from (system prompt and input, or a
+    /// checkpoint's).
+    pub(crate) transcript: Arc<Vec<Message>>,
+    /// Set for a durable run: what its checkpoints are made of.
+    pub(crate) durable: Option<Arc<DurableRun>>,
+    /// The checkpoint a resumed run starts from.
+    pub(crate) resumed: Option<Box<Checkpoint>>,
     pub(crate) info: Option<RunInfo>,
     pub(crate) critic: ActorRef<CriticMsg>,
     pub(crate) audit: ActorRef<AuditMsg>,
     pub(crate) budget: ActorRef<BudgetMsg>,
     pub(crate) ticket: Option<Ticket>,
+}
+
+/// What a durable run's checkpoints carry besides its progress.
+pub(crate) struct DurableRun {
+    pub(crate) spec: Arc<AgentSpec>,
+    /// The invocation, with its run id and resolved prompt.
+    pub(crate) invocation: Invocation,
+    pub(crate) resumes: u32,
+    pub(crate) started_at: u64,
 }
 
 /// The run actor (configuration-free: everything is in its arguments).
@@ -145,6 +162,7 @@ pub struct RunState {
     done: bool,
     pending_audit: Vec<AuditRecord>,
     beats: Vec<Beat>,
+    durable: Option<Arc<DurableRun>>,
     span: tracing::Span,
 }
 
@@ -159,19 +177,22 @@ impl Actor for RunActor {
         args: RunArgs,
     ) -> Result<RunState, ActorProcessingErr> {
         let started = Instant::now();
-        let started_ms = unix_ms();
-        let mut transcript = Vec::with_capacity(8);
-        if !args.agent.spec().system.is_empty() {
-            transcript.push(Message::text(
-                Role::System,
-                args.agent.spec().system.clone(),
-            ));
-        }
-        transcript.push(Message::text(Role::User, args.prompt));
+        let mut iteration = 0;
+        let started_ms = match &args.resumed {
+            Some(c) => c.started_at,
+            None => unix_ms(),
+        };
         {
             let mut p = args.shared.partial();
             p.started = Some((started, started_ms));
             p.max_iterations = args.limits.max_iterations;
+            if let Some(c) = &args.resumed {
+                iteration = c.iteration;
+                p.iterations = c.iteration;
+                p.steps = c.steps.clone();
+                p.usage = c.usage;
+                p.critic = c.critic.clone();
+            }
         }
         let span = tracing::info_span!("invoke_agent", run_id = %args.shared.run_id, agent = %args.shared.agent);
         let mut st = RunState {
@@ -184,8 +205,8 @@ impl Actor for RunActor {
             audit: args.audit,
             budget: args.budget,
             ticket: args.ticket,
-            transcript: Arc::new(transcript),
-            iteration: 0,
+            transcript: args.transcript,
+            iteration,
             steers: Vec::new(),
             inflight: None,
             epoch: 0,
@@ -197,6 +218,7 @@ impl Actor for RunActor {
             done: false,
             pending_audit: Vec::with_capacity(8),
             beats: Vec::with_capacity(4),
+            durable: args.durable,
             span,
         };
         st.critic.cast(CriticMsg::Watch(Box::new(Watch {
@@ -207,6 +229,12 @@ impl Actor for RunActor {
         })))?;
         if let Some(info) = args.info {
             st.audit_entry(AuditEntry::RunStarted(Box::new(info)));
+        }
+        if let (Some(c), Some(d)) = (&args.resumed, &st.durable) {
+            st.event(RunEvent::Resumed {
+                attempt: d.resumes,
+                iteration: c.iteration,
+            });
         }
         myself.cast(RunMsg::NextStep)?;
         Ok(st)
@@ -338,8 +366,12 @@ impl RunState {
             messages: self.transcript.clone(),
             tools: self.agent.tools().specs(),
             call_index: self.iteration - 1,
-            response_schema: None,
+            response_schema: self.agent.output().map(|o| o.schema().clone()),
             on_delta,
+            // The deadline as this run knows it (the critic may extend it;
+            // a retry layer then stops early rather than late).
+            deadline: Some(self.started + self.limits.hard_timeout),
+            on_retry: Some(self.retry_sink()),
         };
         let model = self.agent.model().clone();
         let fut = Box::pin(async move { model.complete(request).await });
@@ -379,9 +411,19 @@ impl RunState {
         {
             let mut p = self.shared.partial();
             p.usage.add(&resp.usage);
+            if let Some(price) = self.agent.price() {
+                p.cost_micros = price.cost_micros(&p.usage);
+            }
             if !resp.text.trim().is_empty() {
                 p.last_text = Some(resp.text.clone());
             }
+        }
+        if let (1, Some(id)) = (self.iteration, self.agent.unpriced_model()) {
+            let message = format!("the price table has no model `{id}`: its cost counts as 0");
+            self.event(RunEvent::Warning {
+                kind: "unknown_price".into(),
+                message,
+            });
         }
         if let Some(t) = &self.ticket {
             t.charge(tokens);
@@ -405,6 +447,22 @@ impl RunState {
                 role: "assistant".into(),
                 text: resp.text.clone(),
             });
+            // Structured output (M7): one repair turn, then `invalid_output`.
+            if let Some(Err(why)) = self.agent.output().map(|o| o.check(&resp.text)) {
+                if OutputSchema::repaired(&self.transcript) {
+                    let mut e = Ending::failed(RunStatus::Error, "invalid_output", why);
+                    e.output = Some(resp.text);
+                    return self.finish(myself, e);
+                }
+                let text = self
+                    .agent
+                    .output()
+                    .map(|o| o.repair_prompt(&why))
+                    .unwrap_or_default();
+                self.steers.push(text);
+                let _ = myself.cast(RunMsg::NextStep);
+                return;
+            }
             return self.finish(myself, Ending::ok(resp.text));
         }
         let calls = resp.tool_calls.clone();
@@ -555,6 +613,7 @@ impl RunState {
                 return self.finish(myself, e);
             }
         }
+        self.checkpoint();
         if std::mem::take(&mut self.gate_next_step) {
             // Step on only once the critic has seen this turn's heartbeats
             self.flush_beats();
@@ -586,6 +645,62 @@ impl RunState {
             });
         }
         myself.stop(None);
+    }
+
+    /// What the retry layer calls before each backoff sleep: a heartbeat
+    /// straight to the critic (the actor is not in the loop while the call
+    /// is in flight) and a `model.retry` event, recorded.
+    fn retry_sink(&self) -> RetrySink {
+        let critic = self.critic.clone();
+        let audit = self.audit.clone();
+        let shared = self.shared.clone();
+        let (pid, iteration) = (self.pid, self.iteration);
+        Arc::new(move |e: &ModelError, delay: std::time::Duration| {
+            let _ = critic.cast(CriticMsg::Beat {
+                run: pid,
+                beat: Beat::Alive,
+            });
+            let ev = RunEvent::ModelRetry {
+                iteration,
+                kind: e.kind().to_string(),
+                message: e.to_string(),
+                delay_ms: delay.as_millis() as u64,
+            };
+            shared.emit(&ev);
+            let _ = audit.cast(AuditMsg::Records(vec![AuditRecord {
+                run_id: shared.run_id,
+                seq: shared.next_seq(),
+                at_ms: unix_ms(),
+                entry: AuditEntry::Event(ev),
+            }]));
+        })
+    }
+
+    /// Saves a durable run's progress (through the audit actor, which writes
+    /// the latest per run with its next batch); the run does not wait.
+    fn checkpoint(&mut self) {
+        let Some(d) = &self.durable else { return };
+        let (steps, usage, critic) = {
+            let p = self.shared.partial();
+            (p.steps.clone(), p.usage, p.critic.clone())
+        };
+        let checkpoint = Checkpoint {
+            run_id: self.shared.run_id,
+            spec: d.spec.clone(),
+            invocation: d.invocation.clone(),
+            transcript: self.transcript.clone(),
+            iteration: self.iteration,
+            steps,
+            usage,
+            critic,
+            resumes: d.resumes,
+            started_at: d.started_at,
+            saved_at: unix_ms(),
+        };
+        let _ = self.audit.cast(AuditMsg::Checkpoint {
+            checkpoint: Box::new(checkpoint),
+            saved: None,
+        });
     }
 
     /// Queues a heartbeat; the queue goes to the critic as one message at

@@ -105,6 +105,14 @@ pub trait AuditStore: Send + Sync + 'static {
 
     /// What has been written so far.
     async fn stats(&self) -> Result<AuditStats, AuditStoreError>;
+
+    /// Runs that have records but no terminal record (interrupted by the
+    /// end of their process, or still running): what `Host::recover` ends
+    /// as `interrupted` when no checkpoint resumes them. A store that
+    /// cannot tell answers none.
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Which finished runs [`RunIndex::list_runs`] returns.

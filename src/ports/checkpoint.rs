@@ -6,6 +6,8 @@
 //! kill — a killed run is never resumed); kept when the host shuts down or
 //! the process dies. A resumed run repeats at most the step it was in.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -18,12 +20,13 @@ use crate::spec::{AgentSpec, Invocation};
 pub struct Checkpoint {
     /// The run.
     pub run_id: RunId,
-    /// The manifest it runs.
-    pub spec: AgentSpec,
+    /// The manifest it runs (shared with the run: a save copies no manifest).
+    pub spec: Arc<AgentSpec>,
     /// How it was invoked (caller, session, limits override, …).
     pub invocation: Invocation,
-    /// The transcript up to the last completed step.
-    pub transcript: Vec<Message>,
+    /// The transcript up to the last completed step (shared with the run
+    /// until its next message).
+    pub transcript: Arc<Vec<Message>>,
     /// Model iterations completed.
     pub iteration: u32,
     /// Tool calls so far.
@@ -36,6 +39,9 @@ pub struct Checkpoint {
     pub resumes: u32,
     /// Unix ms when the run first started.
     pub started_at: u64,
+    /// Unix ms of this save.
+    #[serde(default)]
+    pub saved_at: u64,
 }
 
 /// A checkpointer failure.

@@ -93,6 +93,24 @@ impl AuditStore for MemoryAuditStore {
     async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).stats)
     }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut started = std::collections::BTreeSet::new();
+        let mut ended = std::collections::HashSet::new();
+        for r in &g.records {
+            match r.entry {
+                AuditEntry::RunStarted(_) => {
+                    started.insert(r.run_id);
+                }
+                AuditEntry::Terminal(_) => {
+                    ended.insert(r.run_id);
+                }
+                AuditEntry::Event(_) => {}
+            }
+        }
+        Ok(started.into_iter().filter(|r| !ended.contains(r)).collect())
+    }
 }
 
 /// Lists the terminal records still held (a bounded window of history).

@@ -54,6 +54,9 @@ fn event_kind(body: &str) -> &'static str {
         "critic.extend",
         "critic.raise_iterations",
         "critic.kill",
+        "run.resumed",
+        "model.retry",
+        "warning",
         "error",
     ];
     body.strip_prefix("{\"type\":\"")
@@ -215,6 +218,18 @@ impl AuditStore for SqliteStore {
     /// What this handle wrote since it was opened: records and terminal
     /// records actually inserted (replayed duplicates are not counted),
     /// batches committed. [`SqliteStore::totals`] counts the whole file.
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT a.run_id FROM audit_records a WHERE a.kind = 'run.start' \
+             AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = a.run_id) \
+             ORDER BY a.run_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        ids.iter().map(|s| parse_id(s)).collect()
+    }
+
     async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
         Ok(AuditStats {
             records: self.records.load(Ordering::Relaxed),

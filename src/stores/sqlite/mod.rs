@@ -1,7 +1,8 @@
 //! The embedded SQLite battery: one database file that holds the audit log
 //! ([`AuditStore`](crate::ports::audit::AuditStore) and
 //! [`RunIndex`](crate::ports::audit::RunIndex)) and the budget ledger
-//! ([`BudgetLedger`](crate::ports::budget::BudgetLedger)). It is the CLI's
+//! ([`BudgetLedger`](crate::ports::budget::BudgetLedger)) and durable runs'
+//! checkpoints ([`Checkpointer`](crate::ports::checkpoint::Checkpointer)). It is the CLI's
 //! default store; a library host opts in with
 //! `Host::builder().audit_store(store.clone()).budget_ledger(store)`.
 //!
@@ -40,11 +41,11 @@
 //! SQLite and Postgres share, so the Postgres battery can apply the same
 //! files (less one `WITHOUT ROWID`).
 //!
-//! Checkpoints and sessions have their (empty) tables already; their ports
-//! come with later work.
+//! Sessions have their (empty) table already; its port comes with later work.
 
 mod audit;
 mod budget;
+mod checkpoint;
 mod writer;
 
 use std::path::{Path, PathBuf};

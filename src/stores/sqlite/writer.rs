@@ -54,6 +54,16 @@ pub(super) struct RunRow {
     pub(super) result: String,
 }
 
+/// One `checkpoints` row, ready to bind.
+pub(super) struct CheckpointRow {
+    pub(super) run_id: String,
+    pub(super) agent: String,
+    pub(super) iteration: i64,
+    pub(super) attempts: i64,
+    pub(super) state: String,
+    pub(super) updated_at: i64,
+}
+
 type Reply<T> = oneshot::Sender<Result<T, sqlx::Error>>;
 
 /// Work for the writer thread.
@@ -74,6 +84,12 @@ enum Job {
     SetLimits {
         caller: String,
         limits: String,
+        reply: Reply<()>,
+    },
+    /// Upserts durable runs' checkpoints and deletes others', in one transaction.
+    Checkpoints {
+        save: Vec<CheckpointRow>,
+        clear: Vec<String>,
         reply: Reply<()>,
     },
     /// `PRAGMA wal_checkpoint(MODE)`.
@@ -201,6 +217,16 @@ impl Writer {
         .await
     }
 
+    /// Saves and clears checkpoints in one transaction.
+    pub(super) async fn checkpoints(
+        &self,
+        save: Vec<CheckpointRow>,
+        clear: Vec<String>,
+    ) -> Result<(), WriteError> {
+        self.ask(|reply| Job::Checkpoints { save, clear, reply })
+            .await
+    }
+
     /// Runs a WAL checkpoint between two writes.
     pub(super) async fn checkpoint(&self, mode: &'static str) -> Result<(), WriteError> {
         self.ask(|reply| Job::Checkpoint { mode, reply }).await
@@ -261,6 +287,9 @@ async fn run(
                 .await
                 .map(|_| ());
                 let _ = reply.send(r);
+            }
+            Job::Checkpoints { save, clear, reply } => {
+                let _ = reply.send(checkpoints(&mut conn, save, clear).await);
             }
             Job::Checkpoint { mode, reply } => {
                 let sql = match mode {
@@ -417,6 +446,39 @@ async fn commit(
         .bind(to_i64(s.runs))
         .execute(&mut *tx)
         .await?;
+    }
+    tx.commit().await
+}
+
+/// Upserts `save` and deletes `clear`, in one transaction.
+async fn checkpoints(
+    conn: &mut SqliteConnection,
+    save: Vec<CheckpointRow>,
+    clear: Vec<String>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    for c in save {
+        sqlx::query(
+            "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (run_id) DO UPDATE SET agent = excluded.agent, \
+             iteration = excluded.iteration, attempts = excluded.attempts, \
+             state = excluded.state, updated_at = excluded.updated_at",
+        )
+        .bind(c.run_id)
+        .bind(c.agent)
+        .bind(c.iteration)
+        .bind(c.attempts)
+        .bind(c.state)
+        .bind(c.updated_at)
+        .execute(&mut *tx)
+        .await?;
+    }
+    for run_id in clear {
+        sqlx::query("DELETE FROM checkpoints WHERE run_id = ?")
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await
 }

@@ -1,0 +1,377 @@
+//! Durable runs: a checkpoint after every step, cleared with the terminal
+//! record, kept by a shutdown; `Host::recover` resumes what an earlier host
+//! left, ends crash loops, and gives every interrupted run exactly one
+//! terminal record.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore, RunInfo};
+use agentvisor::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
+use agentvisor::ports::model::Role;
+use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer};
+use agentvisor::{Invocation, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES};
+use async_trait::async_trait;
+use support::{audited_events, builder, records, spec, terminal_count, RecordingModel};
+
+/// Two tool steps, then a slow answer (so a test can stop the host while
+/// the third model call is in flight).
+const SLOW_THIRD: &str = r#"
+name: durable
+model: recorded
+durable: true
+prompt: add then shout
+tools: [add, upper]
+limits: { max_runtime: 10m, stall_timeout: 5m, soft_timeout: 4m }
+script:
+  - { tool: add, args: { a: 2, b: 3 } }
+  - { tool: upper, args: { text: done } }
+  - { text: "5 DONE", latency: 30s }
+"#;
+
+struct Stores {
+    audit: Arc<MemoryAuditStore>,
+    checkpoints: Arc<MemoryCheckpointer>,
+}
+
+impl Stores {
+    fn new() -> Self {
+        Stores {
+            audit: Arc::new(MemoryAuditStore::new()),
+            checkpoints: Arc::new(MemoryCheckpointer::new()),
+        }
+    }
+
+    /// A host on these stores, with a recording scripted model for `yaml`.
+    async fn host(&self, yaml: &str) -> (agentvisor::Host, Arc<RecordingModel>) {
+        let model = RecordingModel::new(&spec(yaml));
+        let host = builder()
+            .model("recorded", model.clone())
+            .audit_store(self.audit.clone())
+            .checkpointer(self.checkpoints.clone())
+            .build()
+            .await
+            .unwrap();
+        (host, model)
+    }
+
+    async fn saved(&self) -> Vec<Checkpoint> {
+        self.checkpoints.load_all().await.unwrap()
+    }
+}
+
+/// Lets the runtime run everything that is ready (paused time advances
+/// only when every task waits on a timer).
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_durable_run_is_checkpointed_after_each_step_and_cleared_when_it_ends() {
+    let stores = Stores::new();
+    let (host, _) = stores.host(SLOW_THIRD).await;
+    let handle = host
+        .submit(spec(SLOW_THIRD), Invocation::default())
+        .await
+        .unwrap();
+    // Accepted means checkpointed: the first save is written before submit returns.
+    let first = stores.saved().await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].run_id, handle.run_id());
+    assert_eq!(first[0].iteration, 0);
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    let mid = stores.saved().await;
+    assert_eq!(
+        mid.len(),
+        1,
+        "one checkpoint per run, replaced at every step"
+    );
+    assert_eq!(mid[0].iteration, 2);
+    assert_eq!(mid[0].steps.len(), 2);
+    let tool_texts: Vec<&str> = mid[0]
+        .transcript
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(tool_texts, vec!["5", "DONE"]);
+
+    let result = handle.await;
+    assert_eq!(result.status, RunStatus::Ok, "{result:?}");
+    host.shutdown().await;
+    assert!(
+        stores.saved().await.is_empty(),
+        "success clears the checkpoint"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_keeps_a_durable_run_and_recover_resumes_it_where_it_stopped() {
+    let stores = Stores::new();
+    let (first, first_model) = stores.host(SLOW_THIRD).await;
+    let handle = first
+        .submit(spec(SLOW_THIRD), Invocation::default())
+        .await
+        .unwrap();
+    let run_id = handle.run_id();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(first_model.calls(), 3, "the third call is in flight");
+    first.shutdown().await;
+    let suspended = handle.await;
+    assert_eq!(suspended.status, RunStatus::Cancelled);
+    assert_eq!(suspended.error_kind.as_deref(), Some("shutdown"));
+    assert_eq!(
+        terminal_count(&records(&stores.audit, run_id).await),
+        0,
+        "a suspended run is not finished on record"
+    );
+    assert_eq!(
+        stores.saved().await.len(),
+        1,
+        "shutdown keeps the checkpoint"
+    );
+
+    let (second, second_model) = stores.host(SLOW_THIRD).await;
+    let recovery = second.recover().await.unwrap();
+    assert_eq!(recovery.resumed.len(), 1);
+    let resumed = recovery.resumed.into_iter().next().unwrap();
+    assert_eq!(resumed.run_id(), run_id);
+    let result = resumed.await;
+    assert_eq!(result.status, RunStatus::Ok, "{result:?}");
+    assert_eq!(result.output.as_deref(), Some("5 DONE"));
+    assert_eq!(result.steps.len(), 2, "the steps before the stop are kept");
+    assert_eq!(result.iterations, 3);
+    // Only the interrupted call ran again, with the saved transcript.
+    assert_eq!(second_model.calls(), 1);
+    assert_eq!(second_model.tool_messages(0), vec!["5", "DONE"]);
+    second.shutdown().await;
+
+    let recs = records(&stores.audit, run_id).await;
+    assert_eq!(terminal_count(&recs), 1);
+    let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
+    let mut unique = seqs.clone();
+    unique.dedup();
+    assert_eq!(seqs, unique, "resumed records follow the earlier ones");
+    assert!(audited_events(&recs).iter().any(|e| matches!(
+        e,
+        RunEvent::Resumed {
+            attempt: 1,
+            iteration: 2
+        }
+    )));
+    assert!(stores.saved().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_killed_durable_run_is_never_resumed() {
+    let stores = Stores::new();
+    let (host, _) = stores.host(SLOW_THIRD).await;
+    let handle = host
+        .submit(spec(SLOW_THIRD), Invocation::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    handle.kill();
+    let result = handle.await;
+    assert_eq!(result.status, RunStatus::Killed);
+    host.shutdown().await;
+    assert!(
+        stores.saved().await.is_empty(),
+        "a kill clears the checkpoint"
+    );
+
+    let (next, _) = stores.host(SLOW_THIRD).await;
+    let recovery = next.recover().await.unwrap();
+    assert!(recovery.resumed.is_empty());
+    assert!(recovery.interrupted.is_empty());
+    next.shutdown().await;
+}
+
+fn started(run_id: RunId, seq: u32) -> AuditRecord {
+    AuditRecord {
+        run_id,
+        seq,
+        at_ms: 1,
+        entry: AuditEntry::RunStarted(Box::new(RunInfo {
+            agent: "durable".into(),
+            model: "recorded".into(),
+            caller_id: Some("alice".into()),
+            channel_id: None,
+            parent_run_id: None,
+            session_id: None,
+            prompt: "add then shout".into(),
+            tools: Arc::from(vec!["add".to_string()]),
+            limits: None,
+        })),
+    }
+}
+
+fn checkpoint(run_id: RunId, resumes: u32) -> Checkpoint {
+    let s = spec(SLOW_THIRD);
+    Checkpoint {
+        run_id,
+        spec: Arc::new(s),
+        invocation: Invocation {
+            run_id: Some(run_id),
+            caller_id: Some("alice".into()),
+            prompt: "add then shout".into(),
+            ..Invocation::default()
+        },
+        transcript: Arc::new(vec![agentvisor::ports::model::Message::text(
+            Role::User,
+            "add then shout",
+        )]),
+        iteration: 0,
+        steps: Vec::new(),
+        usage: Default::default(),
+        critic: Vec::new(),
+        resumes,
+        started_at: 1,
+        saved_at: 1,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_interrupted_too_often_ends_crash_loop_once() {
+    let stores = Stores::new();
+    let looping = RunId::new();
+    stores.audit.append(&[started(looping, 0)]).await.unwrap();
+    stores
+        .checkpoints
+        .save(&[checkpoint(looping, MAX_RESUMES)])
+        .await
+        .unwrap();
+    let (host, model) = stores.host(SLOW_THIRD).await;
+    let recovery = host.recover().await.unwrap();
+    assert_eq!(recovery.crash_loops, vec![looping]);
+    assert!(recovery.resumed.is_empty());
+    host.shutdown().await;
+    assert_eq!(model.calls(), 0, "a crash loop is not run again");
+
+    let recs = records(&stores.audit, looping).await;
+    assert_eq!(terminal_count(&recs), 1);
+    let AuditEntry::Terminal(result) = &recs.last().unwrap().entry else {
+        panic!("the last record is the terminal one")
+    };
+    assert_eq!(result.status, RunStatus::Error);
+    assert_eq!(result.error_kind.as_deref(), Some("crash_loop"));
+    assert_eq!(result.caller_id.as_deref(), Some("alice"));
+    assert!(stores.saved().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn recover_counts_resumes_and_only_clears_runs_already_on_record() {
+    let stores = Stores::new();
+    let finished = RunId::new();
+    let pending = RunId::new();
+    let orphan = RunId::new();
+    // `finished` ended on record but its checkpoint was not cleared yet.
+    let (host, _) = stores.host(SLOW_THIRD).await;
+    let done = host
+        .run(
+            spec(SLOW_THIRD),
+            Invocation {
+                run_id: Some(finished),
+                ..Invocation::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, RunStatus::Ok);
+    host.shutdown().await;
+    stores
+        .checkpoints
+        .save(&[checkpoint(finished, 0), checkpoint(pending, 1)])
+        .await
+        .unwrap();
+    stores
+        .audit
+        .append(&[started(pending, 0), started(orphan, 0)])
+        .await
+        .unwrap();
+
+    let (host, _) = stores.host(SLOW_THIRD).await;
+    let recovery = host.recover().await.unwrap();
+    assert_eq!(recovery.already_finished, vec![finished]);
+    assert_eq!(recovery.interrupted, vec![orphan]);
+    assert_eq!(recovery.resumed.len(), 1);
+    // The resume is counted before the run goes on, so a crash now counts.
+    let saved = stores.saved().await;
+    let p = saved.iter().find(|c| c.run_id == pending).unwrap();
+    assert_eq!(p.resumes, 2);
+    assert!(saved.iter().all(|c| c.run_id != finished));
+    for h in recovery.resumed {
+        assert_eq!(h.await.status, RunStatus::Ok);
+    }
+    assert!(matches!(host.recover().await, Err(RecoverError::NotAtBoot)));
+    host.shutdown().await;
+
+    for run in [finished, pending, orphan] {
+        let recs = records(&stores.audit, run).await;
+        assert_eq!(terminal_count(&recs), 1, "run {run}");
+    }
+    let orphan_recs = records(&stores.audit, orphan).await;
+    let AuditEntry::Terminal(r) = &orphan_recs.last().unwrap().entry else {
+        panic!("terminal last")
+    };
+    assert_eq!(r.error_kind.as_deref(), Some("interrupted"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn recover_refuses_once_runs_were_submitted() {
+    let stores = Stores::new();
+    let (host, _) = stores.host(SLOW_THIRD).await;
+    let running = host
+        .submit(spec(SLOW_THIRD), Invocation::default())
+        .await
+        .unwrap();
+    assert!(matches!(host.recover().await, Err(RecoverError::NotAtBoot)));
+    running.cancel();
+    host.shutdown().await;
+}
+
+struct BrokenCheckpointer;
+
+#[async_trait]
+impl Checkpointer for BrokenCheckpointer {
+    async fn save(&self, _: &[Checkpoint]) -> Result<(), CheckpointError> {
+        Err(CheckpointError::Unavailable("disk full".into()))
+    }
+    async fn clear(&self, _: &[RunId]) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+    async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
+        Ok(Vec::new())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_durable_run_whose_first_checkpoint_fails_is_rejected_on_record() {
+    let audit = Arc::new(MemoryAuditStore::new());
+    let model = RecordingModel::new(&spec(SLOW_THIRD));
+    let host = builder()
+        .model("recorded", model.clone())
+        .audit_store(audit.clone())
+        .checkpointer(Arc::new(BrokenCheckpointer))
+        .build()
+        .await
+        .unwrap();
+    let result = host
+        .run(spec(SLOW_THIRD), Invocation::default())
+        .await
+        .unwrap();
+    assert_eq!(result.status, RunStatus::Rejected);
+    assert_eq!(result.error_kind.as_deref(), Some("checkpoint_unavailable"));
+    assert!(result.error.as_deref().unwrap().contains("disk full"));
+    assert_eq!(model.calls(), 0);
+    host.shutdown().await;
+    assert_eq!(terminal_count(&records(&audit, result.run_id).await), 1);
+}
