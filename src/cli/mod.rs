@@ -6,13 +6,16 @@
 //! The database: `--db PATH`, else `AGENTVISOR_DB`, else
 //! `.agentvisor/agentvisor.db` under the working directory. It holds the
 //! audit log (read back by `agentvisor runs`) and the budget ledger, so a
-//! caller's token budget holds across invocations. While it cannot be
+//! caller's token budget holds across invocations, and durable runs'
+//! checkpoints, which `agentvisor recover` resumes after a crash. While it cannot be
 //! written, audit batches go to `PATH.spool` and are replayed later. A
 //! database that cannot be opened is refused with exit code 2.
 
+mod recover;
 mod replay;
 mod run;
 mod runs;
+mod soak;
 mod swarm;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +26,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use agentvisor::ports::budget::BudgetLimits;
+use agentvisor::providers::{ModelResolver, ProviderConfig};
 use agentvisor::stores::{MemoryBudgetLedger, SqliteStore};
 use agentvisor::tools::RegistryError;
 use agentvisor::{Agent, AgentSpec, Host, HostBuilder, HostConfig, SubmitError};
@@ -67,11 +71,18 @@ enum Command {
     Run(run::RunArgs),
     /// Run a manifest many times with bounded concurrency and print a summary.
     Swarm(swarm::SwarmArgs),
+    /// Keep C runs of a manifest in flight for a while (optionally with
+    /// injected faults), sample the process every second, and judge it
+    /// (exit 0 iff the verdict passes).
+    Soak(soak::SoakArgs),
     /// The run history in the database: list runs, show one with its records.
     Runs(runs::RunsArgs),
     /// Re-run a recorded run against its recorded model responses and tool
     /// results; exit 0 iff the trace is the same.
     Replay(replay::ReplayArgs),
+    /// Resume the durable runs an earlier process left unfinished (from
+    /// their checkpoints) and end the rest on record; prints what it did.
+    Recover(recover::RecoverArgs),
 }
 
 /// Runs the chosen command.
@@ -80,8 +91,10 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Run(a) => run::run(a, &db).await,
         Command::Swarm(a) => swarm::swarm(a, &db).await,
+        Command::Soak(a) => soak::soak(a, &db).await,
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
+        Command::Recover(a) => recover::recover(a, &db).await,
     }
 }
 
@@ -109,12 +122,31 @@ pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
 /// zero: it is metered in memory, so the same manifest behaves the same way
 /// every time it runs. Without one, the caller's limits and spend come from
 /// the database's ledger and hold across processes.
+///
+/// `model` (`--model`) runs the agent on that model spec instead of its
+/// manifest's (see [`providers`]).
 pub(crate) async fn prepare(
     file: &PathBuf,
     budget_tokens: Option<u64>,
     db: &Db,
+    model: Option<String>,
+) -> Result<(Host, Agent), ExitCode> {
+    prepare_with(file, budget_tokens, db, |_, builder| {
+        Ok(builder.providers(providers(model)?))
+    })
+    .await
+}
+
+/// [`prepare`], with `customize` given the manifest and the host builder
+/// before the stores are set (`soak` registers its fault-injecting model).
+pub(crate) async fn prepare_with(
+    file: &PathBuf,
+    budget_tokens: Option<u64>,
+    db: &Db,
+    customize: impl FnOnce(&AgentSpec, HostBuilder) -> Result<HostBuilder, ExitCode>,
 ) -> Result<(Host, Agent), ExitCode> {
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
+    let base = customize(&spec, host_builder())?;
     let tokens = budget_tokens.or(spec.budget.and_then(|b| b.tokens));
     let limits = BudgetLimits {
         tokens,
@@ -122,13 +154,14 @@ pub(crate) async fn prepare(
     };
     let builder = match db {
         Db::Memory => {
-            host_builder().budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
+            base.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
         }
         Db::File(path) => {
             let store = Arc::new(open_db(path).await?);
-            let builder = host_builder()
+            let builder = base
                 .config(sqlite_config(path))
-                .audit_store(store.clone());
+                .audit_store(store.clone())
+                .checkpointer(store.clone());
             if tokens.is_some() {
                 builder.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
             } else {
@@ -155,10 +188,41 @@ fn host_builder() -> HostBuilder {
     Host::builder()
 }
 
+/// How `run` and `swarm` resolve models: tiers from `AGENTVISOR_TIERS`
+/// (`fast=ollama:llama3.2,smart=openai:gpt-4o`) over the default tiers, and
+/// `--model SPEC` over every manifest's `model` (its `script` is then
+/// ignored). Base URLs and keys come from the usual variables
+/// (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, …).
+pub(crate) fn providers(model: Option<String>) -> Result<ProviderConfig, ExitCode> {
+    let tiers = match std::env::var("AGENTVISOR_TIERS") {
+        Ok(text) => ModelResolver::parse_tiers(&text)
+            .map_err(|e| refuse(format!("AGENTVISOR_TIERS: {e}")))?,
+        Err(_) => agentvisor::providers::default_tiers(),
+    };
+    Ok(ProviderConfig {
+        tiers,
+        model_override: model,
+        ..ProviderConfig::default()
+    })
+}
+
 /// Opens (or creates) the database, or refuses with exit 2 and a message
 /// naming the path.
 pub(crate) async fn open_db(path: &Path) -> Result<SqliteStore, ExitCode> {
     SqliteStore::open(path).await.map_err(refuse)
+}
+
+/// A host on the SQLite store at `path` (audit, ledger, checkpoints).
+pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
+    let store = Arc::new(open_db(path).await?);
+    host_builder()
+        .config(sqlite_config(path))
+        .audit_store(store.clone())
+        .checkpointer(store.clone())
+        .budget_ledger(store)
+        .build()
+        .await
+        .map_err(refuse)
 }
 
 /// Host settings for the SQLite store: larger, slightly older audit batches

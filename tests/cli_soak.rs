@@ -1,0 +1,216 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! `agentvisor soak`: a short soak with chaos writes a report whose figures
+//! add up (every run has one terminal record, every status is explained by
+//! an injected fault) and an SVG plot; a soak without chaos sees only `ok`,
+//! on the in-memory stores and on SQLite; a chaos rate outside 0..=1 is
+//! refused with exit 2.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+/// A fresh directory under the system temp dir (removed on drop).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "agentvisor-soak-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the built binary from the crate root (so `examples/…` resolve).
+fn agentvisor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("AGENTVISOR_DB")
+        .output()
+        .expect("the binary runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// The exit code says what the verdict says.
+fn exit_matches_verdict(out: &Output, report: &Value) {
+    let pass = report["verdict"]["pass"].as_bool().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(if pass { 0 } else { 1 }),
+        "{}",
+        stderr(out)
+    );
+}
+
+#[test]
+fn a_chaos_soak_reports_consistent_figures_and_a_plot() {
+    let dir = Scratch::new("chaos");
+    let report_dir = dir.0.join("report");
+    let out = agentvisor(&[
+        "soak",
+        "examples/agents/soak.yaml",
+        "--duration",
+        "3s",
+        "--concurrency",
+        "20",
+        "--chaos",
+        "0.2",
+        "--report",
+        report_dir.to_str().unwrap(),
+        "--db",
+        ":memory:",
+    ]);
+    let text = std::fs::read_to_string(report_dir.join("report.json"))
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", stderr(&out)));
+    let r: Value = serde_json::from_str(&text).unwrap();
+    exit_matches_verdict(&out, &r);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verdict:"));
+
+    // Settings as asked.
+    let s = &r["settings"];
+    assert_eq!(s["duration_s"], 3.0);
+    assert_eq!(s["concurrency"], 20);
+    assert_eq!(s["chaos_rate"], 0.2);
+    assert_eq!(s["db"], ":memory:");
+
+    // One sample a second while runs start, then the drain (a hung call
+    // takes the manifest's 2 s stall timeout to be reaped).
+    let series = r["series"].as_array().unwrap();
+    let run_phase = series.iter().filter(|x| x["phase"] == "run").count();
+    assert!((2..=4).contains(&run_phase), "{run_phase} run samples");
+    assert!(series.len() <= 12, "{} samples", series.len());
+    for (i, x) in series.iter().enumerate() {
+        for key in ["runs_per_sec", "p50_ms", "p99_ms", "rss_bytes", "open_fds"] {
+            assert!(x[key].is_number(), "sample {i} lacks {key}");
+        }
+        assert!(u(&x["rss_bytes"]) > 0 && u(&x["open_fds"]) > 0);
+        assert!(u(&x["live_actors"]) > u(&x["live_runs"]));
+        assert!(u(&x["live_runs"]) <= 20);
+    }
+    assert!(series.iter().any(|x| u(&x["live_runs"]) > 0));
+
+    // The counts add up.
+    let m = &r["summary"];
+    let submitted = u(&m["runs_submitted"]);
+    assert!(submitted >= 20, "{submitted} runs");
+    assert_eq!(u(&m["runs_finished"]), submitted);
+    let by_status = m["by_status"].as_object().unwrap();
+    assert_eq!(by_status.values().map(u).sum::<u64>(), submitted);
+    assert_eq!(
+        series.iter().map(|x| u(&x["completed"])).sum::<u64>(),
+        submitted
+    );
+    assert_eq!(&series.last().unwrap()["statuses"], &m["by_status"]);
+    assert_eq!(u(&m["audit"]["terminal_records"]), submitted);
+
+    // Chaos happened, and explains every status.
+    let c = &m["chaos"];
+    assert!(u(&c["calls"]) > submitted, "{c}");
+    let faults = u(&c["slow"]) + u(&c["hang"]) + u(&c["rate_limited"]) + u(&c["malformed"]);
+    assert!(faults > 0, "{c}");
+    let n = |k: &str| by_status.get(k).map(u).unwrap_or(0);
+    assert_eq!(n("killed/stalled"), u(&c["hang"]), "each hang is reaped");
+    assert!(n("error/rate_limited") <= u(&c["rate_limited"]));
+
+    // The verdict's parts.
+    let v = &r["verdict"];
+    assert_eq!(v["terminal"]["pass"], true, "{v}");
+    assert_eq!(u(&v["terminal"]["terminal_records"]), submitted);
+    assert_eq!(v["statuses"]["pass"], true, "{v}");
+    assert!(v["statuses"]["unexplained"].as_object().unwrap().is_empty());
+    for key in ["slope_pct_per_min", "warmup_s", "samples", "pass"] {
+        assert!(!v["rss"][key].is_null(), "verdict.rss lacks {key}");
+    }
+    assert_eq!(
+        v["pass"],
+        v["rss"]["pass"].as_bool().unwrap()
+            && v["statuses"]["pass"].as_bool().unwrap()
+            && v["terminal"]["pass"].as_bool().unwrap()
+    );
+
+    let svg = std::fs::read_to_string(report_dir.join("soak.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("RSS (MiB)") && svg.contains("<polyline"));
+}
+
+/// A soak without chaos: only `ok`, one terminal record per run.
+fn assert_clean_soak(db: &str) {
+    let out = agentvisor(&[
+        "soak",
+        "examples/agents/soak.yaml",
+        "--duration",
+        "2s",
+        "--concurrency",
+        "10",
+        "--json",
+        "--db",
+        db,
+    ]);
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stderr(&out)));
+    exit_matches_verdict(&out, &r);
+    assert!(r.get("series").is_none(), "--json leaves the series out");
+    let m = &r["summary"];
+    let submitted = u(&m["runs_submitted"]);
+    assert!(submitted >= 10);
+    let statuses: Vec<&String> = m["by_status"].as_object().unwrap().keys().collect();
+    assert_eq!(statuses, ["ok"], "{m}");
+    assert_eq!(u(&m["by_status"]["ok"]), submitted);
+    assert!(m["chaos"].is_null());
+    assert_eq!(r["verdict"]["statuses"]["pass"], true);
+    assert_eq!(r["verdict"]["terminal"]["pass"], true);
+    assert_eq!(u(&m["audit"]["terminal_records"]), submitted);
+}
+
+#[test]
+fn a_soak_without_chaos_sees_only_ok_in_memory() {
+    assert_clean_soak(":memory:");
+}
+
+#[test]
+fn a_soak_without_chaos_sees_only_ok_on_sqlite() {
+    let dir = Scratch::new("sqlite");
+    assert_clean_soak(dir.0.join("soak.db").to_str().unwrap());
+}
+
+#[test]
+fn a_chaos_rate_outside_zero_to_one_is_refused() {
+    for rate in ["2", "-0.5", "lots"] {
+        let out = agentvisor(&[
+            "soak",
+            "examples/agents/soak.yaml",
+            "--duration",
+            "1s",
+            &format!("--chaos={rate}"),
+            "--db",
+            ":memory:",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{rate}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("chaos rate must be a number from 0 to 1"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
