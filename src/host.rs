@@ -142,7 +142,9 @@ pub enum RecoverError {
 
 /// The transcript a new run starts from: the system prompt, then the input.
 fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
-    let mut t = Vec::with_capacity(8);
+    // Room for the first tool turn; a run that waits on its first call
+    // holds no more than that.
+    let mut t = Vec::with_capacity(4);
     if !spec.system.is_empty() {
         t.push(Message::text(Role::System, spec.system.clone()));
     }

@@ -519,12 +519,11 @@ impl Writer {
             }
             // While the spool still holds records, new ones queue behind them.
             if ok && !self.spool_pending && !self.held.is_empty() {
-                match self.store.append(&self.held).await {
-                    Ok(()) => self.held.clear(),
-                    Err(e) => {
-                        ok = false;
-                        self.failed(&e);
-                    }
+                let batch = std::mem::take(&mut self.held);
+                if let Err((e, batch)) = self.store.append_owned(batch).await {
+                    self.held = batch;
+                    ok = false;
+                    self.failed(&e);
                 }
             }
             if ok {

@@ -42,6 +42,15 @@
 //!   never counted); the in-memory store counts every terminal record
 //!   appended (a duplicate would show as one too many).
 //!
+//! # Memory
+//! The in-memory audit store (`--db :memory:`) keeps a bounded window of
+//! the latest records (200 000) and counts every record ever written; at
+//! soak rates (about 13 records a run) the window is full within seconds,
+//! inside the warm-up, so it sets the RSS plateau, not its slope. RSS also
+//! steps up when the load steps up (more runs alive at once) and the
+//! allocator keeps those pages for reuse: judge the slope on soaks of
+//! several minutes, where such a step weighs little.
+//!
 //! # Report
 //! `--report DIR` writes `DIR/report.json` (settings, the series, the
 //! summary, the verdict) and `DIR/soak.svg` (the series over time, one

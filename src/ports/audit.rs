@@ -100,6 +100,20 @@ pub trait AuditStore: Send + Sync + 'static {
     /// Writes a batch atomically.
     async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError>;
 
+    /// Writes a batch the caller gives away, atomically; on failure the
+    /// batch comes back. A store that keeps records as they are (the
+    /// in-memory one) takes them without a copy; the default borrows them
+    /// for [`AuditStore::append`].
+    async fn append_owned(
+        &self,
+        batch: Vec<AuditRecord>,
+    ) -> Result<(), (AuditStoreError, Vec<AuditRecord>)> {
+        match self.append(&batch).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, batch)),
+        }
+    }
+
     /// Every stored record of one run, in order.
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError>;
 

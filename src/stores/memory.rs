@@ -60,21 +60,41 @@ impl Default for MemoryAuditStore {
     }
 }
 
+impl MemoryAuditStore {
+    /// Keeps `batch`, dropping the oldest records past the capacity. The
+    /// records dropped are freed after the lock is released.
+    fn keep(&self, batch: impl ExactSizeIterator<Item = AuditRecord>) {
+        let mut evicted = Vec::new();
+        {
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            for r in batch {
+                if g.records.len() == self.capacity {
+                    evicted.extend(g.records.pop_front());
+                }
+                g.stats.records += 1;
+                if r.is_terminal() {
+                    g.stats.terminal_records += 1;
+                }
+                g.records.push_back(r);
+            }
+            g.stats.batches += 1;
+        }
+        drop(evicted);
+    }
+}
+
 #[async_trait]
 impl AuditStore for MemoryAuditStore {
     async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError> {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        for r in batch {
-            if g.records.len() == self.capacity {
-                g.records.pop_front();
-            }
-            g.stats.records += 1;
-            if r.is_terminal() {
-                g.stats.terminal_records += 1;
-            }
-            g.records.push_back(r.clone());
-        }
-        g.stats.batches += 1;
+        self.keep(batch.iter().cloned());
+        Ok(())
+    }
+
+    async fn append_owned(
+        &self,
+        batch: Vec<AuditRecord>,
+    ) -> Result<(), (AuditStoreError, Vec<AuditRecord>)> {
+        self.keep(batch.into_iter());
         Ok(())
     }
 
