@@ -34,6 +34,8 @@
 //!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
 //! - [`pricing`]: the price table (costs in micro-dollars, context windows).
 //! - [`output`]: structured output: the final answer's schema and its check.
+//! - [`compaction`]: context compaction: when to summarize a run's
+//!   transcript, where to cut it, what it becomes.
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
@@ -43,6 +45,7 @@
 
 pub mod actors;
 pub mod agent;
+pub mod compaction;
 pub mod handle;
 pub mod host;
 pub mod output;

@@ -261,10 +261,14 @@ pub async fn replay(
     spec.tools = info.tools.to_vec();
     spec.limits = info.limits.unwrap_or_default();
     // Timing is not replayed: no deadline or stall may cut the replay short.
+    // Nor is compaction: the recording answers steps, not summary calls (a
+    // summary would take a step's call index), and the recorded model reads
+    // no transcript.
     spec.limits = LimitsSpec {
         soft_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
         hard_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
         stall_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
+        context_window: Some(0),
         ..spec.limits
     };
     let host = Host::builder()

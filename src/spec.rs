@@ -181,6 +181,11 @@ pub struct Limits {
     /// Grace between asking a killed run to stop and hard-killing its actor.
     #[serde(with = "duration_serde")]
     pub kill_grace: Duration,
+    /// The model's context window in tokens, over the price table's; `0`
+    /// turns context compaction off. `None`: the price table's window (a
+    /// model it does not know never compacts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
 }
 
 impl Limits {
@@ -199,6 +204,7 @@ impl Limits {
             max_tool_errors: Some(self.max_tool_errors),
             max_tool_result_bytes: Some(self.max_tool_result_bytes),
             kill_grace: Some(self.kill_grace),
+            context_window: self.context_window,
         }
     }
 }
@@ -280,6 +286,9 @@ pub struct LimitsSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub kill_grace: Option<Duration>,
+    /// See [`Limits::context_window`] (default: the price table's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
 }
 
 impl LimitsSpec {
@@ -298,6 +307,7 @@ impl LimitsSpec {
             max_tool_errors: self.max_tool_errors.or(lower.max_tool_errors),
             max_tool_result_bytes: self.max_tool_result_bytes.or(lower.max_tool_result_bytes),
             kill_grace: self.kill_grace.or(lower.kill_grace),
+            context_window: self.context_window.or(lower.context_window),
         }
     }
 
@@ -320,6 +330,7 @@ impl LimitsSpec {
             max_tool_errors: m.max_tool_errors.unwrap_or(3).max(1),
             max_tool_result_bytes: m.max_tool_result_bytes.unwrap_or(16 * 1024).max(256),
             kill_grace: m.kill_grace.unwrap_or(Duration::from_secs(5)),
+            context_window: m.context_window,
         }
     }
 }
@@ -707,6 +718,19 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("limmits") && err.contains("line 4"), "{err}");
+    }
+
+    #[test]
+    fn context_window_is_a_limit_and_typos_are_refused() {
+        let yaml = "name: a\nlimits: {context_window: 8000}\nscript: [{text: hi}]\n";
+        let limits = AgentSpec::from_yaml(yaml).map(|s| s.limits.resolve(&LimitsSpec::default()));
+        assert_eq!(limits.ok().and_then(|l| l.context_window), Some(8000));
+        assert_eq!(Limits::default().context_window, None);
+        let err = AgentSpec::from_yaml(&yaml.replace("context_window", "context_windows"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("context_windows"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //! A `Stop` (kill, cancel, deadline) therefore lands between any two awaits
 //! and aborts the in-flight HTTP request or tool at once.
 //!
+//! Before a model call the run estimates its prompt; past 0.7 × the model's
+//! context window it first makes a summary call the same way (a task, its
+//! result a `SummaryDone` message) and replaces the transcript's middle with
+//! the summary, or keeps the transcript whole if the call fails (see
+//! `crate::compaction`).
+//!
 //! Heartbeats go to the critic shard that supervises this actor; audit
 //! records are collected while a message is handled and sent to the audit
 //! actor as one batch at the end of it. The partial result lives in the
@@ -35,6 +41,7 @@ use crate::actors::audit::AuditMsg;
 use crate::actors::budget::{BudgetMsg, Ticket};
 use crate::actors::critic::{Beat, CriticMsg, Watch};
 use crate::agent::Agent;
+use crate::compaction::{self, Compaction, Due};
 use crate::handle::{Ending, RunShared};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
@@ -42,8 +49,8 @@ use crate::ports::checkpoint::Checkpoint;
 use crate::ports::model::{
     ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role, ToolCallRequest,
 };
-use crate::ports::run::{cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord};
-use crate::ports::tool::{ToolContext, ToolError};
+use crate::ports::run::{cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage};
+use crate::ports::tool::{ToolContext, ToolError, ToolSpec};
 use crate::spec::{AgentSpec, Invocation, Limits};
 
 /// Summaries in steps and events are capped to this many bytes.
@@ -67,6 +74,13 @@ pub enum RunMsg {
     NextStep,
     /// A model call ended.
     ModelDone {
+        /// The call's epoch (stale results are ignored).
+        epoch: u32,
+        /// What the model said.
+        result: Result<ChatResponse, ModelError>,
+    },
+    /// A summary call (context compaction) ended.
+    SummaryDone {
         /// The call's epoch (stale results are ignored).
         epoch: u32,
         /// What the model said.
@@ -158,6 +172,8 @@ pub struct RunState {
     repeats: u32,
     /// The next step waits for the critic's `ReleaseStep` answer.
     gate_next_step: bool,
+    /// When to summarize the transcript, and the summary calls made.
+    compaction: Compaction,
     started: Instant,
     done: bool,
     pending_audit: Vec<AuditRecord>,
@@ -195,6 +211,10 @@ impl Actor for RunActor {
             }
         }
         let span = tracing::info_span!("invoke_agent", run_id = %args.shared.run_id, agent = %args.shared.agent);
+        let window = compaction::window(
+            args.limits.context_window,
+            args.agent.price().map(|p| p.context),
+        );
         let mut st = RunState {
             pid: myself.get_id().pid(),
             max_iterations: args.limits.max_iterations,
@@ -214,10 +234,13 @@ impl Actor for RunActor {
             last_call: 0,
             repeats: 0,
             gate_next_step: false,
+            compaction: Compaction::new(window),
             started,
             done: false,
-            pending_audit: Vec::with_capacity(8),
-            beats: Vec::with_capacity(4),
+            // Grown on demand: a run spends most of its life waiting on a
+            // call, and a preallocated buffer would wait with it.
+            pending_audit: Vec::new(),
+            beats: Vec::new(),
             durable: args.durable,
             span,
         };
@@ -287,6 +310,12 @@ impl RunState {
                     self.model_done(myself, result);
                 }
             }
+            RunMsg::SummaryDone { epoch, result } => {
+                if epoch == self.epoch && self.inflight.is_some() {
+                    self.inflight = None;
+                    self.summary_done(myself, result);
+                }
+            }
             RunMsg::ModelPanicked { epoch, text } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
@@ -340,6 +369,9 @@ impl RunState {
                 self.audit_entry(AuditEntry::Event(ev));
             }
         }
+        if let Some(due) = self.compaction.due(self.iteration, &self.transcript) {
+            return self.summarize(myself, due);
+        }
         self.iteration += 1;
         self.shared.partial().iterations = self.iteration;
         self.event(RunEvent::StepStart {
@@ -365,7 +397,7 @@ impl RunState {
         let request = ChatRequest {
             messages: self.transcript.clone(),
             tools: self.agent.tools().specs(),
-            call_index: self.iteration - 1,
+            call_index: self.compaction.call_index(self.iteration - 1),
             response_schema: self.agent.output().map(|o| o.schema().clone()),
             on_delta,
             // The deadline as this run knows it (the critic may extend it;
@@ -373,17 +405,33 @@ impl RunState {
             deadline: Some(self.started + self.limits.hard_timeout),
             on_retry: Some(self.retry_sink()),
         };
+        let done = |epoch, result| RunMsg::ModelDone { epoch, result };
+        if let Some(result) = self.start_call(myself, request, done) {
+            self.model_done(myself, result);
+        }
+    }
+
+    /// Starts a model call: polled once in place, its result is returned
+    /// when ready at once; otherwise the call moves into a task the actor
+    /// holds an abort handle for, and its result comes back as `done(epoch,
+    /// result)` (or `ModelPanicked`).
+    fn start_call(
+        &mut self,
+        myself: &ActorRef<RunMsg>,
+        request: ChatRequest,
+        done: fn(u32, Result<ChatResponse, ModelError>) -> RunMsg,
+    ) -> Option<Result<ChatResponse, ModelError>> {
         let model = self.agent.model().clone();
         let fut = Box::pin(async move { model.complete(request).await });
         self.epoch += 1;
         let epoch = self.epoch;
         match poll_once(fut) {
-            Ok(result) => self.model_done(myself, result),
+            Ok(result) => Some(result),
             Err(fut) => {
                 let me = myself.clone();
                 let task = tokio::spawn(async move {
                     let msg = match AssertUnwindSafe(fut).catch_unwind().await {
-                        Ok(result) => RunMsg::ModelDone { epoch, result },
+                        Ok(result) => done(epoch, result),
                         Err(panic) => RunMsg::ModelPanicked {
                             epoch,
                             text: panic_text(&panic),
@@ -392,8 +440,104 @@ impl RunState {
                     let _ = me.cast(msg);
                 });
                 self.inflight = Some(task.abort_handle());
+                None
             }
         }
+    }
+
+    /// Makes the summary call of a due compaction (before the step that
+    /// needs it). It offers no tools and streams nothing; retries are
+    /// reported like a step's.
+    fn summarize(&mut self, myself: &ActorRef<RunMsg>, due: Due) {
+        let messages = compaction::summary_request(&self.transcript, due.cut);
+        let tools: Arc<[ToolSpec]> = Arc::from(Vec::new());
+        let call_index = self.compaction.call_index(self.iteration);
+        let mut request = ChatRequest::new(Arc::new(messages), tools, call_index);
+        request.deadline = Some(self.started + self.limits.hard_timeout);
+        request.on_retry = Some(self.retry_sink());
+        self.compaction.started(self.iteration, due);
+        // A fresh stall window for the summary call.
+        self.beat(Beat::Alive);
+        let done = |epoch, result| RunMsg::SummaryDone { epoch, result };
+        if let Some(result) = self.start_call(myself, request, done) {
+            self.summary_done(myself, result);
+        }
+    }
+
+    /// A summary call ended: its usage is charged; on success the middle of
+    /// the transcript becomes the summary (`transcript.compacted`), on any
+    /// failure the transcript stays whole (a `compaction_failed` warning).
+    /// Either way the step goes on.
+    fn summary_done(
+        &mut self,
+        myself: &ActorRef<RunMsg>,
+        result: Result<ChatResponse, ModelError>,
+    ) {
+        let Some(due) = self.compaction.take_pending() else {
+            return self.next_step(myself);
+        };
+        let summary = match result {
+            Err(e) => Err(format!("{}: {e}", e.kind())),
+            Ok(resp) => {
+                self.charge(&resp.usage, None);
+                if resp.text.trim().is_empty() {
+                    Err("the model answered no summary".to_string())
+                } else {
+                    Ok(resp)
+                }
+            }
+        };
+        match summary {
+            Ok(resp) => {
+                let before = self.transcript.len();
+                let after = compaction::compacted(&self.transcript, due.cut, &resp.text);
+                self.transcript = Arc::new(after);
+                self.compaction.replaced();
+                let tokens_after = self.compaction.estimate(&self.transcript);
+                self.event(RunEvent::TranscriptCompacted {
+                    iteration: self.iteration + 1,
+                    messages_before: before as u32,
+                    messages_after: self.transcript.len() as u32,
+                    tokens_before: due.tokens,
+                    tokens_after,
+                    usage: resp.usage,
+                    summary: resp.text,
+                });
+            }
+            Err(why) => {
+                self.compaction.failed(self.iteration);
+                self.event(RunEvent::Warning {
+                    kind: "compaction_failed".into(),
+                    message: format!("the transcript is kept whole: {why}"),
+                });
+            }
+        }
+        self.next_step(myself);
+    }
+
+    /// Counts a call's usage in the run's usage and cost (and its answer,
+    /// if substantive, as the partial output) and charges it to the caller's
+    /// budget; returns its tokens.
+    fn charge(&mut self, usage: &Usage, answer: Option<&str>) -> u64 {
+        let tokens = usage.total();
+        {
+            let mut p = self.shared.partial();
+            p.usage.add(usage);
+            if let Some(price) = self.agent.price() {
+                p.cost_micros = price.cost_micros(&p.usage);
+            }
+            if let Some(text) = answer.filter(|t| !t.trim().is_empty()) {
+                p.last_text = Some(text.to_string());
+            }
+        }
+        if let Some(t) = &self.ticket {
+            t.charge(tokens);
+            let _ = self.budget.cast(BudgetMsg::Meter {
+                caller: t.caller_arc(),
+                tokens,
+            });
+        }
+        tokens
     }
 
     fn model_done(&mut self, myself: &ActorRef<RunMsg>, result: Result<ChatResponse, ModelError>) {
@@ -407,29 +551,15 @@ impl RunState {
                 );
             }
         };
-        let tokens = resp.usage.total();
-        {
-            let mut p = self.shared.partial();
-            p.usage.add(&resp.usage);
-            if let Some(price) = self.agent.price() {
-                p.cost_micros = price.cost_micros(&p.usage);
-            }
-            if !resp.text.trim().is_empty() {
-                p.last_text = Some(resp.text.clone());
-            }
-        }
+        // The transcript is still the one the call saw.
+        let sent = self.transcript.len();
+        self.compaction.observe(sent, resp.usage.input_tokens);
+        let tokens = self.charge(&resp.usage, Some(&resp.text));
         if let (1, Some(id)) = (self.iteration, self.agent.unpriced_model()) {
             let message = format!("the price table has no model `{id}`: its cost counts as 0");
             self.event(RunEvent::Warning {
                 kind: "unknown_price".into(),
                 message,
-            });
-        }
-        if let Some(t) = &self.ticket {
-            t.charge(tokens);
-            let _ = self.budget.cast(BudgetMsg::Meter {
-                caller: t.caller_arc(),
-                tokens,
             });
         }
         self.beat(Beat::StepFinished { tokens });
@@ -711,7 +841,7 @@ impl RunState {
 
     fn flush_beats(&mut self) {
         if !self.beats.is_empty() {
-            let beats = std::mem::replace(&mut self.beats, Vec::with_capacity(4));
+            let beats = std::mem::take(&mut self.beats);
             let _ = self.critic.cast(CriticMsg::Beats {
                 run: self.pid,
                 beats,

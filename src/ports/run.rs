@@ -416,10 +416,30 @@ pub enum RunEvent {
     /// that failed).
     #[serde(rename = "warning")]
     Warning {
-        /// Stable snake_case kind (`unknown_price`, …).
+        /// Stable snake_case kind (`unknown_price`, `compaction_failed`, …).
         kind: String,
         /// What happened.
         message: String,
+    },
+    /// The middle of the transcript was replaced by a summary the model
+    /// wrote (context compaction), before the model call of `iteration`.
+    #[serde(rename = "transcript.compacted")]
+    TranscriptCompacted {
+        /// The 1-based iteration whose model call sees the compacted
+        /// transcript.
+        iteration: u32,
+        /// Messages before.
+        messages_before: u32,
+        /// Messages after.
+        messages_after: u32,
+        /// The estimated prompt before, in tokens.
+        tokens_before: u64,
+        /// The estimated prompt after, in tokens.
+        tokens_after: u64,
+        /// The summary call's usage (counted in the run's usage and cost).
+        usage: Usage,
+        /// The summary, as the model sees it from now on.
+        summary: String,
     },
     /// A durable run was resumed from its checkpoint after its process
     /// ended (`Host::recover`); the steps after `iteration` run again.

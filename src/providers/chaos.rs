@@ -232,6 +232,15 @@ impl ChatModel for ChaosModel {
         &self.name
     }
 
+    // A fault-injecting wrapper stays transparent to admission and pricing.
+    fn admit(&self) -> Result<(), ModelError> {
+        self.inner.admit()
+    }
+
+    fn price_id(&self) -> Option<&str> {
+        self.inner.price_id()
+    }
+
     async fn complete(&self, mut request: ChatRequest) -> Result<ChatResponse, ModelError> {
         match self.draw() {
             None => {}

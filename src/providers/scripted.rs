@@ -11,6 +11,12 @@
 //!   position on; entries after it are never played). One model is built per
 //!   agent spec and shared by all its runs through `Arc<dyn ChatModel>`; runs
 //!   never see each other's progress.
+//! - **Summary calls are entries too.** A run that compacts its transcript
+//!   (see `crate::compaction`) makes the summary call with the next call
+//!   index, so the script plays the summary as an entry of its own, placed
+//!   right after the step that pushed the prompt past the threshold, and
+//!   every later step plays one entry further on. A failing entry there
+//!   (`fail: …`, `hang: true`) provokes a failed compaction.
 //! - **Deterministic.** The same script and request give the same response:
 //!   tool call ids are `call_{call_index}_{j}`, and usage a script leaves out
 //!   is estimated from character counts (about four characters a token).

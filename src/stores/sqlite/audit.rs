@@ -56,6 +56,7 @@ fn event_kind(body: &str) -> &'static str {
         "critic.kill",
         "run.resumed",
         "model.retry",
+        "transcript.compacted",
         "warning",
         "error",
     ];
@@ -286,6 +287,17 @@ mod tests {
         let ev = RunEvent::StepStart { iteration: 1 };
         let body = serde_json::to_string(&ev).unwrap_or_default();
         assert_eq!(event_kind(&body), "step.start");
+        let ev = RunEvent::TranscriptCompacted {
+            iteration: 3,
+            messages_before: 8,
+            messages_after: 5,
+            tokens_before: 900,
+            tokens_after: 300,
+            usage: Default::default(),
+            summary: "s".into(),
+        };
+        let body = serde_json::to_string(&ev).unwrap_or_default();
+        assert_eq!(event_kind(&body), "transcript.compacted");
         assert_eq!(event_kind("{}"), "event");
     }
 }
