@@ -153,9 +153,7 @@ pub(crate) async fn prepare_with(
         ..Default::default()
     };
     let builder = match db {
-        Db::Memory => {
-            base.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
-        }
+        Db::Memory => base.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits))),
         Db::File(path) => {
             let store = Arc::new(open_db(path).await?);
             let builder = base
