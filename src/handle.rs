@@ -215,11 +215,29 @@ impl RunShared {
         ending: Ending,
         audit: &ActorRef<AuditMsg>,
     ) -> Option<Arc<RunResult>> {
-        let finisher = self
+        self.finish_after(ending, audit, Vec::new())
+    }
+
+    /// [`finish`](Self::finish), with the run's last audit records (still
+    /// unsent) going to the audit actor in the same message as the terminal
+    /// record, ahead of it. If another finisher won, they are sent alone.
+    pub(crate) fn finish_after(
+        &self,
+        ending: Ending,
+        audit: &ActorRef<AuditMsg>,
+        preceding: Vec<AuditRecord>,
+    ) -> Option<Arc<RunResult>> {
+        let Some(finisher) = self
             .finisher
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take()?;
+            .take()
+        else {
+            if !preceding.is_empty() {
+                let _ = audit.cast(AuditMsg::Records(preceding));
+            }
+            return None;
+        };
         let result = {
             let mut p = self.partial();
             p.finished = true;
@@ -264,6 +282,9 @@ impl RunShared {
         }
         let durable = self.is_durable();
         if durable && result.error_kind.as_deref() == Some(SUSPENDED) {
+            if !preceding.is_empty() {
+                let _ = audit.cast(AuditMsg::Records(preceding));
+            }
             let _ = finisher.result_tx.send(result.clone());
             self.host_live.leave();
             return Some(result);
@@ -277,6 +298,7 @@ impl RunShared {
         // If the audit actor is gone (host shutting down hard): deliver anyway.
         if let Err(ractor::MessagingErr::SendErr(AuditMsg::Terminal { deliver, .. })) =
             audit.cast(AuditMsg::Terminal {
+                preceding,
                 record,
                 deliver: finisher.result_tx,
                 durable,

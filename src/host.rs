@@ -887,6 +887,7 @@ impl Host {
         });
         let (deliver, _) = tokio::sync::oneshot::channel();
         let _ = self.inner.audit.cast(AuditMsg::Terminal {
+            preceding: Vec::new(),
             record: AuditRecord {
                 run_id: c.run_id,
                 seq,

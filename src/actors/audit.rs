@@ -81,6 +81,9 @@ pub enum AuditMsg {
     Records(Vec<AuditRecord>),
     /// A run's terminal record, and where its result goes once written.
     Terminal {
+        /// The run's records not sent yet, in order, ahead of the terminal
+        /// one (so a run that ends in one handler costs one message).
+        preceding: Vec<AuditRecord>,
         /// The terminal record.
         record: AuditRecord,
         /// The run's result channel.
@@ -174,10 +177,12 @@ impl Actor for Audit {
             AuditMsg::Record(r) => st.buffer.push(r),
             AuditMsg::Records(rs) => st.buffer.extend(rs),
             AuditMsg::Terminal {
+                preceding,
                 record,
                 deliver,
                 durable,
             } => {
+                st.buffer.extend(preceding);
                 if let AuditEntry::Terminal(res) = &record.entry {
                     st.waiting.push((deliver, res.clone()));
                 }

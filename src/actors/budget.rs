@@ -9,7 +9,8 @@
 //! Accounts are reloaded from the ledger when older than `refresh_every`, so
 //! a sliding window moves and limits changed in the ledger take effect.
 //!
-//! Rate: one `Meter` per model call and one `Commit` per run; both are
+//! Rate: at most one `Meter` per run handler (a model call that answered
+//! after a wait) and one `Commit` per run; both are
 //! O(1) map updates. What is lost on a crash: spend not yet flushed (at most
 //! `flush_every` of it).
 
@@ -150,6 +151,9 @@ pub enum BudgetMsg {
     Commit {
         /// The caller.
         caller: Arc<str>,
+        /// Tokens not metered yet (a run meters at most once per handler
+        /// and leaves its last model call's tokens to the commit).
+        tokens: u64,
         /// Its run time.
         runtime_ms: u64,
     },
@@ -214,8 +218,13 @@ impl Actor for Budget {
                 st.pending.entry(caller).or_default().tokens += tokens;
                 self.arm(&myself, st);
             }
-            BudgetMsg::Commit { caller, runtime_ms } => {
+            BudgetMsg::Commit {
+                caller,
+                tokens,
+                runtime_ms,
+            } => {
                 let s = st.pending.entry(caller).or_default();
+                s.tokens += tokens;
                 s.runtime_ms += runtime_ms;
                 s.runs += 1;
                 self.arm(&myself, st);

@@ -195,7 +195,8 @@ struct Watched {
     last_call: u64,
     repeats: u32,
     runaway_steered: bool,
-    stopping: Option<(Ending, Instant)>,
+    /// Set once a stop is decided (rare: boxed).
+    stopping: Option<Box<(Ending, Instant)>>,
 }
 
 impl Watched {
@@ -204,8 +205,8 @@ impl Watched {
     }
 
     fn next_due(&self) -> Instant {
-        if let Some((_, grace)) = &self.stopping {
-            return *grace;
+        if let Some(s) = &self.stopping {
+            return s.1;
         }
         let stall = self.last_beat + self.limits.stall_timeout;
         self.hard_deadline.min(stall).min(self.next_soft)
@@ -218,7 +219,8 @@ impl Watched {
 
 /// The shard's state.
 pub struct CriticState {
-    runs: HashMap<u64, Watched>,
+    /// Boxed: the table then costs a pointer a slot (it grows by doubling).
+    runs: HashMap<u64, Box<Watched>>,
     timers: BTreeSet<(Instant, u64)>,
     wake_at: Option<Instant>,
     wake_tx: watch::Sender<Option<Instant>>,
@@ -399,7 +401,7 @@ impl Critic {
             limits: w.limits,
             started: w.started,
         };
-        st.runs.insert(pid, watched);
+        st.runs.insert(pid, Box::new(watched));
         arm(st, pid);
     }
 
@@ -466,7 +468,8 @@ impl Critic {
         pid: u64,
         now: Instant,
     ) -> bool {
-        if let Some((ending, grace)) = &w.stopping {
+        if let Some(stop) = &w.stopping {
+            let (ending, grace) = &**stop;
             if *grace <= now {
                 tracing::warn!(run_id = %w.shared.run_id, "run did not stop within the grace period: hard kill");
                 w.run.kill();
@@ -598,7 +601,7 @@ impl Critic {
         if let Some(d) = d {
             self.record(w, d);
         }
-        w.stopping = Some((ending.clone(), now + w.limits.kill_grace));
+        w.stopping = Some(Box::new((ending.clone(), now + w.limits.kill_grace)));
         if w.run
             .cast(RunMsg::Stop {
                 ending: ending.clone(),

@@ -56,6 +56,9 @@ use crate::spec::{AgentSpec, Invocation, Limits};
 /// Summaries in steps and events are capped to this many bytes.
 const SUMMARY_BYTES: usize = 200;
 
+/// Steps taken in one handler at most when calls answer at once.
+const INLINE_STEPS: u32 = 8;
+
 /// The outcome of one tool call.
 #[derive(Debug)]
 pub struct ToolOutcome {
@@ -178,6 +181,11 @@ pub struct RunState {
     done: bool,
     pending_audit: Vec<AuditRecord>,
     beats: Vec<Beat>,
+    /// Tokens charged to the ticket but not yet sent to the budget actor.
+    unmetered: u64,
+    /// The next step is due: taken in the same handler (up to
+    /// `INLINE_STEPS` of them), not through the mailbox.
+    step_due: bool,
     durable: Option<Arc<DurableRun>>,
     span: tracing::Span,
 }
@@ -241,6 +249,8 @@ impl Actor for RunActor {
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
             beats: Vec::new(),
+            unmetered: 0,
+            step_due: false,
             durable: args.durable,
             span,
         };
@@ -279,9 +289,22 @@ impl Actor for RunActor {
             if !st.done {
                 st.on_message(&myself, msg);
             }
+            // A step whose calls all answered at once goes straight on to
+            // the next one; only every `INLINE_STEPS`th goes through the
+            // mailbox, so a steer or a stop is never kept waiting for long.
+            let mut inline = 0;
+            while std::mem::take(&mut st.step_due) && !st.done {
+                if inline == INLINE_STEPS {
+                    let _ = myself.cast(RunMsg::NextStep);
+                    break;
+                }
+                inline += 1;
+                st.next_step(&myself);
+            }
         }));
         st.flush_audit();
         st.flush_beats();
+        st.flush_meter();
         if let Err(panic) = handled {
             std::panic::resume_unwind(panic);
         }
@@ -531,11 +554,9 @@ impl RunState {
             }
         }
         if let Some(t) = &self.ticket {
+            // The account sees it now; the ledger with the handler's end.
             t.charge(tokens);
-            let _ = self.budget.cast(BudgetMsg::Meter {
-                caller: t.caller_arc(),
-                tokens,
-            });
+            self.unmetered += tokens;
         }
         tokens
     }
@@ -590,7 +611,7 @@ impl RunState {
                     .map(|o| o.repair_prompt(&why))
                     .unwrap_or_default();
                 self.steers.push(text);
-                let _ = myself.cast(RunMsg::NextStep);
+                self.step_due = true;
                 return;
             }
             return self.finish(myself, Ending::ok(resp.text));
@@ -752,7 +773,7 @@ impl RunState {
                 run: myself.clone(),
             });
         } else {
-            let _ = myself.cast(RunMsg::NextStep);
+            self.step_due = true;
         }
     }
 
@@ -766,11 +787,15 @@ impl RunState {
         if let Some(h) = self.inflight.take() {
             h.abort();
         }
-        self.flush_audit();
-        self.shared.finish(ending, &self.audit);
+        // The critic forgets the run when its actor stops: heartbeats still
+        // queued would tell it nothing.
+        self.beats.clear();
+        let records = std::mem::take(&mut self.pending_audit);
+        self.shared.finish_after(ending, &self.audit, records);
         if let Some(t) = self.ticket.take() {
             let _ = self.budget.cast(BudgetMsg::Commit {
                 caller: t.caller_arc(),
+                tokens: std::mem::take(&mut self.unmetered),
                 runtime_ms: self.started.elapsed().as_millis() as u64,
             });
         }
@@ -837,6 +862,20 @@ impl RunState {
     /// the end of the handler (or before anything that must follow it).
     fn beat(&mut self, beat: Beat) {
         self.beats.push(beat);
+    }
+
+    /// Sends the tokens charged since the last meter to the budget actor
+    /// (once per handler; a finished run's go with its commit).
+    fn flush_meter(&mut self) {
+        if self.unmetered == 0 || self.done {
+            return;
+        }
+        if let Some(t) = &self.ticket {
+            let _ = self.budget.cast(BudgetMsg::Meter {
+                caller: t.caller_arc(),
+                tokens: std::mem::take(&mut self.unmetered),
+            });
+        }
     }
 
     fn flush_beats(&mut self) {

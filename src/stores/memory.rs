@@ -39,9 +39,15 @@ impl MemoryAuditStore {
 
     /// Keeps up to `capacity` records (older ones are dropped; counts stay).
     pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
         MemoryAuditStore {
-            inner: Mutex::new(AuditInner::default()),
-            capacity: capacity.max(1),
+            // Reserved whole up front (address space: pages are touched only
+            // as records come), so filling it never copies the ring.
+            inner: Mutex::new(AuditInner {
+                records: VecDeque::with_capacity(capacity.min(1 << 22)),
+                stats: AuditStats::default(),
+            }),
+            capacity,
         }
     }
 
