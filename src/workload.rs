@@ -10,7 +10,8 @@
 //! `agentvisor swarm examples/agents/w1.yaml` runs exactly this workload.
 //!
 //! # The floor
-//! [`Floor`] is the same agent loop as a plain async fn on plain tokio tasks,
+//! [`Floor`] is the same agent loop as a plain async fn, one plain tokio task
+//! per run,
 //! with a trait-object model (the same [`ScriptedModel`]) and the same tool
 //! set (argument validation included), and nothing else: no actors, no
 //! critic, no budget, no audit. It is what a run costs when nobody watches
@@ -320,9 +321,16 @@ pub async fn run_engine(
     let (ok, elapsed) = match engine {
         Engine::Floor => {
             let floor = Floor::new(&spec)?;
+            // A tokio task per run, as a run is an actor (a task) of its
+            // own: what the floor leaves out is everything around the loop,
+            // not the task that carries it.
             drive(settings.runs, settings.concurrency, move || {
                 let floor = floor.clone();
-                async move { floor.run_once().await }
+                async move {
+                    tokio::spawn(async move { floor.run_once().await })
+                        .await
+                        .unwrap_or(false)
+                }
             })
             .await
         }
