@@ -233,9 +233,7 @@ impl RunShared {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         else {
-            if !preceding.is_empty() {
-                let _ = audit.cast(AuditMsg::Records(preceding));
-            }
+            send_records(audit, preceding);
             return None;
         };
         let result = {
@@ -282,9 +280,7 @@ impl RunShared {
         }
         let durable = self.is_durable();
         if durable && result.error_kind.as_deref() == Some(SUSPENDED) {
-            if !preceding.is_empty() {
-                let _ = audit.cast(AuditMsg::Records(preceding));
-            }
+            send_records(audit, preceding);
             let _ = finisher.result_tx.send(result.clone());
             self.host_live.leave();
             return Some(result);
@@ -485,5 +481,13 @@ impl futures_util::Stream for RunEvents {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunEvent>> {
         self.rx.poll_recv(cx)
+    }
+}
+
+/// Sends a run's unsent records to the audit actor on their own (when they
+/// cannot ride with a terminal record).
+fn send_records(audit: &ActorRef<AuditMsg>, records: Vec<AuditRecord>) {
+    if !records.is_empty() {
+        let _ = audit.cast(AuditMsg::Records(records));
     }
 }

@@ -10,11 +10,10 @@
 //! `agentvisor swarm examples/agents/w1.yaml` runs exactly this workload.
 //!
 //! # The floor
-//! [`Floor`] is the same agent loop as a plain async fn, one plain tokio task
-//! per run,
-//! with a trait-object model (the same [`ScriptedModel`]) and the same tool
-//! set (argument validation included), and nothing else: no actors, no
-//! critic, no budget, no audit. It is what a run costs when nobody watches
+//! [`Floor`] is the same agent loop as a plain async fn, one plain tokio
+//! task per run, with a trait-object model (the same [`ScriptedModel`]) and
+//! the same tool set (argument validation included), and nothing else: no
+//! actors, no critic, no budget, no audit. It is what a run costs when nobody watches
 //! it; every agentvisor figure is read as a ratio to it.
 //!
 //! # Figures
