@@ -124,18 +124,18 @@ async fn a_swarm_of_durable_runs_killed_mid_way_is_recovered_with_one_terminal_r
     );
 
     let mut c = SqliteConnection::connect(&url).await.unwrap();
-    let on_record = count(&mut c, "SELECT COUNT(DISTINCT run_id) FROM audit_records").await;
+    let on_record = count(&mut c, "SELECT COUNT(DISTINCT run_id) FROM audit_log").await;
     let finished = count(&mut c, "SELECT COUNT(*) FROM runs").await;
     let not_once = count(
         &mut c,
-        "SELECT COUNT(*) FROM (SELECT run_id FROM audit_records WHERE kind = 'run.end' \
+        "SELECT COUNT(*) FROM (SELECT run_id FROM audit_log WHERE kind = 'run.end' \
          GROUP BY run_id HAVING COUNT(*) <> 1)",
     )
     .await;
     let without = count(
         &mut c,
-        "SELECT COUNT(DISTINCT run_id) FROM audit_records a WHERE NOT EXISTS \
-         (SELECT 1 FROM audit_records t WHERE t.run_id = a.run_id AND t.kind = 'run.end')",
+        "SELECT COUNT(DISTINCT run_id) FROM audit_log a WHERE NOT EXISTS \
+         (SELECT 1 FROM audit_log t WHERE t.run_id = a.run_id AND t.kind = 'run.end')",
     )
     .await;
     let left = count(&mut c, "SELECT COUNT(*) FROM checkpoints").await;

@@ -669,3 +669,116 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
     store.clear(&[a]).await.unwrap();
     assert!(store.load_all().await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_version_1_file_is_migrated_and_its_records_still_read_back() {
+    let dir = Scratch::new("v1");
+    let path = dir.path("a.db");
+    let (_, records) = real_run().await;
+    let (old_id, old_run) = rekey(&records, |_| {});
+    {
+        // A file as schema version 1 left it: one row per record.
+        use sqlx::Connection;
+        let mut conn =
+            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+                .await
+                .unwrap();
+        sqlx::query(
+            "CREATE TABLE schema_version \
+             (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::raw_sql(include_str!("../migrations/0001_init.sql"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (1, 0)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        for r in &old_run {
+            let (kind, body) = match &r.entry {
+                AuditEntry::RunStarted(info) => ("run.start", serde_json::to_string(info).unwrap()),
+                AuditEntry::Event(ev) => {
+                    let v = serde_json::to_value(ev).unwrap();
+                    let kind = v["type"].as_str().unwrap().to_string();
+                    (Box::leak(kind.into_boxed_str()) as &str, v.to_string())
+                }
+                AuditEntry::Terminal(res) => {
+                    sqlx::query(
+                        "INSERT INTO runs (run_id, agent, status, started_at, finished_at, result) \
+                         VALUES (?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(old_id.to_string())
+                    .bind(&res.agent)
+                    .bind(res.status.as_str())
+                    .bind(res.started_at as i64)
+                    .bind(res.finished_at as i64)
+                    .bind(serde_json::to_string(&**res).unwrap())
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                    ("run.end", String::new())
+                }
+            };
+            sqlx::query(
+                "INSERT INTO audit_records (run_id, seq, at_ms, kind, body) VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(old_id.to_string())
+            .bind(i64::from(r.seq))
+            .bind(r.at_ms as i64)
+            .bind(kind)
+            .bind(body)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        conn.close().await.unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.version().await.unwrap(),
+        agentvisor::stores::sqlite::SCHEMA_VERSION
+    );
+    assert_eq!(store.run_records(old_id).await.unwrap(), old_run);
+    // New records go to segments; both generations read back, and the
+    // totals count both.
+    let (new_id, new_run) = rekey(&records, |_| {});
+    store.append(&new_run).await.unwrap();
+    assert_eq!(store.run_records(new_id).await.unwrap(), new_run);
+    let totals = store.totals().await.unwrap();
+    assert_eq!(totals.records, (old_run.len() + new_run.len()) as u64);
+    assert_eq!(totals.terminal_records, 2);
+    assert_eq!(
+        store.list_runs(&RunFilter::default()).await.unwrap().len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn records_split_over_batches_in_any_order_read_back_once_each() {
+    let dir = Scratch::new("split");
+    let store = SqliteStore::open(&dir.path("a.db")).await.unwrap();
+    let (_, records) = real_run().await;
+    let (a, run_a) = rekey(&records, |_| {});
+    let (b, run_b) = rekey(&records, |_| {});
+    // Two runs interleaved in one batch, the rest in a later one, and a
+    // segment replayed with a different cut.
+    let mid = run_a.len() / 2;
+    let mut first = Vec::new();
+    for i in 0..mid {
+        first.push(run_a[i].clone());
+        first.push(run_b[i].clone());
+    }
+    store.append(&first).await.unwrap();
+    let mut rest: Vec<AuditRecord> = run_b[mid..].to_vec();
+    rest.extend(run_a[mid..].iter().cloned());
+    store.append(&rest).await.unwrap();
+    store.append(&run_a[1..mid + 1]).await.unwrap();
+    assert_eq!(store.run_records(a).await.unwrap(), run_a);
+    assert_eq!(store.run_records(b).await.unwrap(), run_b);
+    assert!(store.unfinished_runs().await.unwrap().is_empty());
+    assert_eq!(store.totals().await.unwrap().terminal_records, 2);
+}

@@ -1,18 +1,26 @@
 //! The audit log on SQLite: `append` (one transaction per batch, multi-row
-//! inserts, records and terminal `runs` rows), reading a run's records back,
-//! and the run index behind `agentvisor runs`.
+//! inserts, segments and terminal `runs` rows), reading a run's records
+//! back, and the run index behind `agentvisor runs`.
 //!
-//! A record's `body` is the JSON of its payload — the [`RunInfo`] of
-//! `run.start`, the [`RunEvent`] of an event (its `kind` is the event's wire
-//! name) — so the table can be queried by kind without parsing JSON. A
-//! `run.end` record's [`RunResult`] is stored once, in `runs.result`, and
-//! its `body` is empty: the result is a fifth of a run's bytes.
+//! Records are written in segments (schema version 2): a run's records of
+//! one batch are one `audit_segments` row, a JSON array of `[seq, at_ms,
+//! kind, payload]` where the payload is the record's JSON — the
+//! [`RunInfo`] of `run.start`, the [`RunEvent`] of an event (its kind is the
+//! event's wire name). A `run.end` record's [`RunResult`] is stored once, in
+//! `runs.result`, and its payload is `null`. Since a run that finishes
+//! within a batch sends all its records in it, a typical run costs two rows
+//! (its segment and its `runs` row) instead of one per record: rows, not
+//! bytes, are what an embedded store pays for. The view `audit_log` gives
+//! one row per record for SQL queries by kind. Rows written by version 1
+//! (`audit_records`, one per record) are still read.
 //!
-//! Speed (the audit log is the hot write path): records are encoded by the
+//! Speed (the audit log is the hot write path): segments are encoded by the
 //! caller, then moved (not copied) to the writer thread, which inserts them
 //! with multi-row `INSERT`s of power-of-two sizes (each prepared once), one
 //! `BEGIN IMMEDIATE` transaction per batch.
 
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -20,7 +28,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
-use super::writer::{RecordRow, RunRow};
+use super::writer::{RunRow, SegmentRow};
 use super::{to_i64, to_u64, SqliteStore};
 use crate::ports::audit::{
     AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex, RunInfo,
@@ -42,7 +50,7 @@ pub(super) fn unavailable(e: impl std::fmt::Display) -> AuditStoreError {
 /// The wire name of an event, read from its JSON: serde writes an internally
 /// tagged enum's tag first, so the body starts with `{"type":"…"`. Names
 /// are interned (a few distinct ones, bound once per record).
-fn event_kind(body: &str) -> &'static str {
+fn event_kind(body: &[u8]) -> &'static str {
     const KNOWN: &[&str] = &[
         "step.start",
         "step.finish",
@@ -60,56 +68,104 @@ fn event_kind(body: &str) -> &'static str {
         "warning",
         "error",
     ];
-    body.strip_prefix("{\"type\":\"")
-        .and_then(|rest| rest.split_once('"'))
-        .and_then(|(kind, _)| KNOWN.iter().find(|k| **k == kind).copied())
+    body.strip_prefix(b"{\"type\":\"")
+        .and_then(|rest| rest.iter().position(|&b| b == b'"').map(|end| &rest[..end]))
+        .and_then(|kind| KNOWN.iter().find(|k| k.as_bytes() == kind).copied())
         .unwrap_or("event")
 }
 
-/// Encodes a record; a terminal record also yields its `runs` row, which
-/// takes the result JSON (the record's own body stays empty).
-fn encode(r: &AuditRecord) -> Result<(RecordRow, Option<RunRow>), AuditStoreError> {
-    let bad = |e: serde_json::Error| {
-        AuditStoreError::Unavailable(format!(
-            "record {}/{} does not encode: {e}",
-            r.run_id, r.seq
-        ))
-    };
-    let run_id = r.run_id.to_string();
-    let (kind, body, run) = match &r.entry {
-        AuditEntry::RunStarted(info) => {
-            (KIND_START, serde_json::to_string(info).map_err(bad)?, None)
-        }
-        AuditEntry::Event(ev) => {
-            let body = serde_json::to_string(ev).map_err(bad)?;
-            (event_kind(&body), body, None)
-        }
-        AuditEntry::Terminal(res) => {
-            let run = RunRow {
-                run_id: run_id.clone(),
-                agent: res.agent.clone(),
-                caller_id: res.caller_id.clone(),
-                parent_run_id: res.parent_run_id.map(|p| p.to_string()),
-                status: res.status.as_str(),
-                kill_reason: res.kill_reason.map(KillReason::as_str),
-                error_kind: res.error_kind.clone(),
-                started_at: to_i64(res.started_at),
-                finished_at: to_i64(res.finished_at),
-                result: serde_json::to_string(&**res).map_err(bad)?,
-            };
-            (KIND_END, String::new(), Some(run))
-        }
-    };
-    Ok((
-        RecordRow {
-            run_id,
-            seq: i64::from(r.seq),
-            at_ms: to_i64(r.at_ms),
-            kind,
-            body,
-        },
-        run,
-    ))
+/// Encodes a batch: one segment per run (its records in batch order, as
+/// `[[seq, at_ms, kind, payload], …]`), and a `runs` row per terminal
+/// record, which takes the result JSON (its payload in the segment is
+/// `null`).
+fn encode(batch: &[AuditRecord]) -> Result<(Vec<SegmentRow>, Vec<RunRow>), AuditStoreError> {
+    struct Open {
+        row: SegmentRow,
+        body: Vec<u8>,
+    }
+    let mut open: Vec<Open> = Vec::new();
+    // A run's records usually come together: look at the last segment
+    // first, the index only when they interleave.
+    let mut index: HashMap<RunId, usize> = HashMap::new();
+    let mut last: Option<(RunId, usize)> = None;
+    let mut payload: Vec<u8> = Vec::with_capacity(1024);
+    let mut runs = Vec::new();
+    for r in batch {
+        let bad = |e: serde_json::Error| {
+            AuditStoreError::Unavailable(format!(
+                "record {}/{} does not encode: {e}",
+                r.run_id, r.seq
+            ))
+        };
+        let i = match last {
+            Some((run, i)) if run == r.run_id => i,
+            _ => *index.entry(r.run_id).or_insert_with(|| {
+                open.push(Open {
+                    row: SegmentRow {
+                        run_id: r.run_id.to_string(),
+                        first_seq: i64::from(r.seq),
+                        last_seq: i64::from(r.seq),
+                        records: 0,
+                        has_start: 0,
+                        body: String::new(),
+                    },
+                    body: Vec::with_capacity(1024),
+                });
+                open.len() - 1
+            }),
+        };
+        last = Some((r.run_id, i));
+        let o = &mut open[i];
+        let seq = i64::from(r.seq);
+        o.row.first_seq = o.row.first_seq.min(seq);
+        o.row.last_seq = o.row.last_seq.max(seq);
+        o.body.push(if o.row.records == 0 { b'[' } else { b',' });
+        o.row.records += 1;
+        payload.clear();
+        let kind = match &r.entry {
+            AuditEntry::RunStarted(info) => {
+                o.row.has_start = 1;
+                serde_json::to_writer(&mut payload, info).map_err(bad)?;
+                KIND_START
+            }
+            AuditEntry::Event(ev) => {
+                serde_json::to_writer(&mut payload, ev).map_err(bad)?;
+                event_kind(&payload)
+            }
+            AuditEntry::Terminal(res) => {
+                payload.extend_from_slice(b"null");
+                runs.push(RunRow {
+                    run_id: o.row.run_id.clone(),
+                    agent: res.agent.clone(),
+                    caller_id: res.caller_id.clone(),
+                    parent_run_id: res.parent_run_id.map(|p| p.to_string()),
+                    status: res.status.as_str(),
+                    kill_reason: res.kill_reason.map(KillReason::as_str),
+                    error_kind: res.error_kind.clone(),
+                    started_at: to_i64(res.started_at),
+                    finished_at: to_i64(res.finished_at),
+                    result: serde_json::to_string(&**res).map_err(bad)?,
+                });
+                KIND_END
+            }
+        };
+        // Kinds are fixed ASCII names: nothing to escape.
+        let _ = write!(o.body, "[{},{},\"{kind}\",", r.seq, r.at_ms);
+        o.body.extend_from_slice(&payload);
+        o.body.push(b']');
+    }
+    let segments = open
+        .into_iter()
+        .map(|mut o| {
+            o.body.push(b']');
+            // serde_json writes UTF-8, and so does `write!`.
+            o.row.body = String::from_utf8(o.body).map_err(|e| {
+                AuditStoreError::Unavailable(format!("a segment is not UTF-8: {e}"))
+            })?;
+            Ok(o.row)
+        })
+        .collect::<Result<Vec<_>, AuditStoreError>>()?;
+    Ok((segments, runs))
 }
 
 fn decode(
@@ -177,14 +233,7 @@ impl AuditStore for SqliteStore {
             return Ok(());
         }
         // Encode here, on the caller: the writer thread only inserts.
-        let mut rows = Vec::with_capacity(batch.len());
-        let mut runs = Vec::new();
-        for r in batch {
-            let (row, run) = encode(r)?;
-            rows.push(row);
-            runs.extend(run);
-        }
-
+        let (rows, runs) = encode(batch)?;
         let (inserted, terminal) = self.writer.append(rows, runs).await.map_err(unavailable)?;
         self.records.fetch_add(inserted, Ordering::Relaxed);
         self.terminal_records.fetch_add(terminal, Ordering::Relaxed);
@@ -193,27 +242,67 @@ impl AuditStore for SqliteStore {
     }
 
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
-        // A run.end record's body is its run's result.
+        let id = run_id.to_string();
+        // By seq: a record replayed in another segment is kept once.
+        let mut out: BTreeMap<i64, AuditRecord> = BTreeMap::new();
+        let mut result: Option<Option<String>> = None;
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body FROM audit_segments WHERE run_id = ? ORDER BY first_seq",
+        )
+        .bind(&id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        for body in &bodies {
+            let items: Vec<(i64, i64, String, serde_json::Value)> = serde_json::from_str(body)
+                .map_err(|e| {
+                    AuditStoreError::Unavailable(format!(
+                        "a record segment of run {run_id} does not decode: {e}"
+                    ))
+                })?;
+            for (seq, at_ms, kind, payload) in items {
+                if out.contains_key(&seq) {
+                    continue;
+                }
+                let text = if kind == KIND_END {
+                    if result.is_none() {
+                        result = Some(
+                            sqlx::query_scalar("SELECT result FROM runs WHERE run_id = ?")
+                                .bind(&id)
+                                .fetch_optional(&self.pool)
+                                .await
+                                .map_err(unavailable)?,
+                        );
+                    }
+                    result.clone().flatten().unwrap_or_default()
+                } else {
+                    payload.to_string()
+                };
+                out.insert(seq, decode(run_id, seq, at_ms, &kind, &text)?);
+            }
+        }
+        // Records written by schema version 1, one row each.
         let rows = sqlx::query(
             "SELECT a.seq, a.at_ms, a.kind, \
              CASE WHEN a.kind = 'run.end' THEN r.result ELSE a.body END \
              FROM audit_records a LEFT JOIN runs r ON r.run_id = a.run_id \
              WHERE a.run_id = ? ORDER BY a.seq",
         )
-        .bind(run_id.to_string())
+        .bind(&id)
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.try_get(0).map_err(unavailable)?;
-                let at_ms: i64 = row.try_get(1).map_err(unavailable)?;
-                let kind: &str = row.try_get(2).map_err(unavailable)?;
-                let body: Option<&str> = row.try_get(3).map_err(unavailable)?;
-                let body = body.unwrap_or_default();
-                decode(run_id, seq, at_ms, kind, body)
-            })
-            .collect()
+        for row in &rows {
+            let seq: i64 = row.try_get(0).map_err(unavailable)?;
+            let at_ms: i64 = row.try_get(1).map_err(unavailable)?;
+            let kind: &str = row.try_get(2).map_err(unavailable)?;
+            let body: Option<&str> = row.try_get(3).map_err(unavailable)?;
+            if !out.contains_key(&seq) {
+                let record = decode(run_id, seq, at_ms, kind, body.unwrap_or_default())?;
+                out.insert(seq, record);
+            }
+        }
+        Ok(out.into_values().collect())
     }
 
     /// What this handle wrote since it was opened: records and terminal
@@ -221,9 +310,11 @@ impl AuditStore for SqliteStore {
     /// batches committed. [`SqliteStore::totals`] counts the whole file.
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
         let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT a.run_id FROM audit_records a WHERE a.kind = 'run.start' \
-             AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = a.run_id) \
-             ORDER BY a.run_id",
+            "SELECT s.run_id FROM (\
+             SELECT run_id FROM audit_segments WHERE has_start = 1 \
+             UNION SELECT run_id FROM audit_records WHERE kind = 'run.start') s \
+             WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id) \
+             ORDER BY s.run_id",
         )
         .fetch_all(&self.pool)
         .await
@@ -286,7 +377,7 @@ mod tests {
     fn event_kind_is_the_wire_name() {
         let ev = RunEvent::StepStart { iteration: 1 };
         let body = serde_json::to_string(&ev).unwrap_or_default();
-        assert_eq!(event_kind(&body), "step.start");
+        assert_eq!(event_kind(body.as_bytes()), "step.start");
         let ev = RunEvent::TranscriptCompacted {
             iteration: 3,
             messages_before: 8,
@@ -297,7 +388,7 @@ mod tests {
             summary: "s".into(),
         };
         let body = serde_json::to_string(&ev).unwrap_or_default();
-        assert_eq!(event_kind(&body), "transcript.compacted");
-        assert_eq!(event_kind("{}"), "event");
+        assert_eq!(event_kind(body.as_bytes()), "transcript.compacted");
+        assert_eq!(event_kind(b"{}"), "event");
     }
 }

@@ -60,10 +60,13 @@ use crate::ports::audit::AuditStats;
 use crate::ports::budget::BudgetLimits;
 
 /// The schema migrations, in order: `(version, SQL)`.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../../migrations/0001_init.sql")),
+    (2, include_str!("../../../migrations/0002_segments.sql")),
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a write waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -301,11 +304,14 @@ impl SqliteStore {
     /// opposed to [`AuditStore::stats`](crate::ports::audit::AuditStore::stats),
     /// which counts what this handle wrote. `batches` is this handle's.
     pub async fn totals(&self) -> Result<AuditStats, crate::ports::audit::AuditStoreError> {
-        let row =
-            sqlx::query("SELECT (SELECT COUNT(*) FROM audit_records), (SELECT COUNT(*) FROM runs)")
-                .fetch_one(&self.pool)
-                .await
-                .map_err(audit::unavailable)?;
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM audit_records) \
+                 + (SELECT COALESCE(SUM(records), 0) FROM audit_segments), \
+                 (SELECT COUNT(*) FROM runs)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(audit::unavailable)?;
         let records: i64 = row.try_get(0).map_err(audit::unavailable)?;
         let runs: i64 = row.try_get(1).map_err(audit::unavailable)?;
         Ok(AuditStats {

@@ -30,13 +30,17 @@ use crate::ports::budget::Spend;
 /// however batches fall, once.
 pub(super) const MAX_ROWS: usize = 1024;
 
-/// One audit record, ready to bind (owned: moved into the query).
-pub(super) struct RecordRow {
+/// One audit segment (a run's consecutive records of one batch), ready to
+/// bind (owned: moved into the query).
+pub(super) struct SegmentRow {
     pub(super) run_id: String,
-    pub(super) seq: i64,
-    pub(super) at_ms: i64,
-    pub(super) kind: &'static str,
-    /// Empty for `run.end` (its body is `runs.result`).
+    pub(super) first_seq: i64,
+    pub(super) last_seq: i64,
+    /// How many records the segment holds.
+    pub(super) records: i64,
+    /// 1 if it holds the run's `run.start` record.
+    pub(super) has_start: i64,
+    /// `[[seq, at_ms, kind, payload], …]`.
     pub(super) body: String,
 }
 
@@ -70,7 +74,7 @@ type Reply<T> = oneshot::Sender<Result<T, sqlx::Error>>;
 enum Job {
     /// One audit batch: answers (records inserted, runs inserted).
     Append {
-        records: Vec<RecordRow>,
+        records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
         reply: Reply<(u64, u64)>,
     },
@@ -178,7 +182,7 @@ impl Writer {
     /// Writes one audit batch in one transaction.
     pub(super) async fn append(
         &self,
-        records: Vec<RecordRow>,
+        records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
     ) -> Result<(u64, u64), WriteError> {
         self.ask(|reply| Job::Append {
@@ -368,28 +372,35 @@ pub(super) fn chunk_sizes(mut n: usize) -> impl Iterator<Item = usize> {
     })
 }
 
-/// One audit batch: records, then terminal rows, in one transaction.
+/// One audit batch: segments, then terminal rows, in one transaction.
+/// Returns the records and terminal rows actually inserted (a replayed
+/// segment or run is not counted again).
 async fn append(
     conn: &mut SqliteConnection,
-    records: Vec<RecordRow>,
+    segments: Vec<SegmentRow>,
     runs: Vec<RunRow>,
 ) -> Result<(u64, u64), sqlx::Error> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     let mut inserted = 0;
-    let n = records.len();
-    let mut records = records.into_iter();
+    let n = segments.len();
+    let mut segments = segments.into_iter();
     for size in chunk_sizes(n) {
-        let mut q: QueryBuilder<'_, Sqlite> =
-            QueryBuilder::new("INSERT INTO audit_records (run_id, seq, at_ms, kind, body) ");
-        q.push_values(records.by_ref().take(size), |mut b, r| {
-            b.push_bind(r.run_id)
-                .push_bind(r.seq)
-                .push_bind(r.at_ms)
-                .push_bind(r.kind)
-                .push_bind(r.body);
+        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
+            "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) ",
+        );
+        q.push_values(segments.by_ref().take(size), |mut b, s| {
+            b.push_bind(s.run_id)
+                .push_bind(s.first_seq)
+                .push_bind(s.last_seq)
+                .push_bind(s.records)
+                .push_bind(s.has_start)
+                .push_bind(s.body);
         });
-        q.push(" ON CONFLICT (run_id, seq) DO NOTHING");
-        inserted += q.build().execute(&mut *tx).await?.rows_affected();
+        // RETURNING yields the inserted rows only: a replayed segment is
+        // skipped and not counted.
+        q.push(" ON CONFLICT (run_id, first_seq) DO NOTHING RETURNING records");
+        let counts: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+        inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
     }
     let mut terminal = 0;
     let n = runs.len();
