@@ -20,7 +20,11 @@ pub struct Agent {
 struct AgentInner {
     spec: Arc<AgentSpec>,
     name: Arc<str>,
+    model_name: Arc<str>,
     tool_names: Arc<[String]>,
+    /// The transcript a run starts from when its input is the manifest's
+    /// own prompt: built once, shared until a run's first answer.
+    default_transcript: std::sync::OnceLock<Arc<Vec<crate::ports::model::Message>>>,
     model: Arc<dyn ChatModel>,
     /// The model's price, looked up once; `None` for a model that costs
     /// nothing or that the price table does not know.
@@ -41,6 +45,8 @@ impl Agent {
         Agent {
             inner: Arc::new(AgentInner {
                 name: Arc::from(spec.name.as_str()),
+                model_name: Arc::from(model.name()),
+                default_transcript: std::sync::OnceLock::new(),
                 tool_names: Arc::from(spec.tools.clone()),
                 price: model.price_id().and_then(crate::pricing::lookup),
                 output: spec.output_schema.clone().map(OutputSchema::new),
@@ -74,6 +80,24 @@ impl Agent {
 
     pub(crate) fn name_arc(&self) -> Arc<str> {
         self.inner.name.clone()
+    }
+
+    /// The model's name, shared.
+    pub(crate) fn model_name(&self) -> Arc<str> {
+        self.inner.model_name.clone()
+    }
+
+    /// The starting transcript of a run whose input is the manifest's own
+    /// prompt, made by `make` once and shared by every such run (a run
+    /// copies it when it first adds to it).
+    pub(crate) fn default_transcript(
+        &self,
+        make: impl FnOnce() -> Vec<crate::ports::model::Message>,
+    ) -> Arc<Vec<crate::ports::model::Message>> {
+        self.inner
+            .default_transcript
+            .get_or_init(|| Arc::new(make()))
+            .clone()
     }
 
     /// The model its runs call.

@@ -644,17 +644,24 @@ impl Host {
             );
             return (handle, events);
         }
-        let prompt = if !inv.prompt.is_empty() {
-            std::mem::take(&mut inv.prompt)
+        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
+        let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
+            std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
-            p.clone()
+            p.as_str().into()
         } else if !inv.inputs.is_empty() {
-            serde_json::to_string(&inv.inputs).unwrap_or_default()
+            serde_json::to_string(&inv.inputs)
+                .unwrap_or_default()
+                .into()
         } else {
-            String::new()
+            "".into()
         };
         let transcript = match &resumed {
             Some(c) => c.transcript.clone(),
+            // Runs of the manifest's own prompt share one starting transcript.
+            None if own_prompt => {
+                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt))
+            }
             None => Arc::new(initial_transcript(agent.spec(), &prompt)),
         };
         // A durable run is accepted once its first checkpoint is saved: from
@@ -665,7 +672,7 @@ impl Host {
                 invocation: Invocation {
                     run_id: Some(run_id),
                     caller_id: Some(caller.to_string()),
-                    prompt: prompt.clone(),
+                    prompt: prompt.to_string(),
                     ..inv.clone()
                 },
                 resumes: resumed.as_ref().map_or(0, |c| c.resumes),
@@ -711,9 +718,9 @@ impl Host {
         };
 
         let info = RunInfo {
-            agent: agent.name().to_string(),
-            model: agent.model().name().to_string(),
-            caller_id: Some(caller.to_string()),
+            agent: agent.name_arc(),
+            model: agent.model_name(),
+            caller_id: Some(caller.clone()),
             channel_id: inv.channel_id,
             parent_run_id: inv.parent_run_id,
             session_id: inv.session_id,
@@ -835,8 +842,8 @@ impl Host {
             let now = unix_ms();
             let result = RunResult {
                 run_id,
-                agent: info.agent.clone(),
-                caller_id: info.caller_id.clone(),
+                agent: info.agent.to_string(),
+                caller_id: info.caller_id.as_deref().map(str::to_string),
                 parent_run_id: info.parent_run_id,
                 status: RunStatus::Error,
                 kill_reason: None,

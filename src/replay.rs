@@ -257,7 +257,7 @@ pub async fn replay(
             .map_err(|e| ReplayError::Failed(e.to_string()))?;
     }
 
-    let mut spec = AgentSpec::new(info.agent.clone(), "recorded");
+    let mut spec = AgentSpec::new(info.agent.to_string(), "recorded");
     spec.tools = info.tools.to_vec();
     spec.limits = info.limits.unwrap_or_default();
     // Timing is not replayed: no deadline or stall may cut the replay short.

@@ -74,7 +74,7 @@ script:
     assert_eq!(seqs, expected, "seq numbers are contiguous from 0");
     assert!(records.iter().all(|rec| rec.run_id == run_id));
     assert!(
-        matches!(&records[0].entry, AuditEntry::RunStarted(i) if i.agent == "busy" && i.prompt == "work")
+        matches!(&records[0].entry, AuditEntry::RunStarted(i) if &*i.agent == "busy" && i.prompt == "work")
     );
     assert!(records.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
     match &records.last().expect("records").entry {

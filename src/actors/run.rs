@@ -187,6 +187,11 @@ pub struct RunState {
     /// `INLINE_STEPS` of them), not through the mailbox.
     step_due: bool,
     durable: Option<Arc<DurableRun>>,
+    /// The wall clock read once per handler: the records a handler makes
+    /// share it (they are made within microseconds of each other).
+    clock_ms: Option<u64>,
+    /// What the retry layer reports through, made at the first call.
+    retry: Option<RetrySink>,
     span: tracing::Span,
 }
 
@@ -252,6 +257,8 @@ impl Actor for RunActor {
             unmetered: 0,
             step_due: false,
             durable: args.durable,
+            clock_ms: None,
+            retry: None,
             span,
         };
         st.critic.cast(CriticMsg::Watch(Box::new(Watch {
@@ -281,6 +288,7 @@ impl Actor for RunActor {
     ) -> Result<(), ActorProcessingErr> {
         let span = st.span.clone();
         let _enter = span.enter();
+        st.clock_ms = None;
         // A panic while handling (a model that panics when first polled)
         // must still kill this actor, so the critic finalizes the run as
         // `panic`; but the audit records collected so far (`run_started`,
@@ -383,7 +391,8 @@ impl RunState {
         }
         if !self.steers.is_empty() {
             for text in std::mem::take(&mut self.steers) {
-                Arc::make_mut(&mut self.transcript).push(Message::text(Role::User, text.clone()));
+                self.transcript_mut()
+                    .push(Message::text(Role::User, text.clone()));
                 let ev = RunEvent::MessageCreate {
                     role: "user".into(),
                     text,
@@ -592,7 +601,7 @@ impl RunState {
             calls: resp.tool_calls.clone(),
         });
         if resp.tool_calls.is_empty() {
-            Arc::make_mut(&mut self.transcript)
+            self.transcript_mut()
                 .push(Message::text(Role::Assistant, resp.text.clone()));
             self.event(RunEvent::MessageCreate {
                 role: "assistant".into(),
@@ -617,7 +626,7 @@ impl RunState {
             return self.finish(myself, Ending::ok(resp.text));
         }
         let calls = resp.tool_calls.clone();
-        Arc::make_mut(&mut self.transcript).push(Message {
+        self.transcript_mut().push(Message {
             role: Role::Assistant,
             content: resp.text,
             tool_calls: resp.tool_calls,
@@ -741,7 +750,7 @@ impl RunState {
                 result: summary,
                 duration_ms: o.duration_ms,
             });
-            Arc::make_mut(&mut self.transcript).push(Message {
+            self.transcript_mut().push(Message {
                 role: Role::Tool,
                 content,
                 tool_calls: Vec::new(),
@@ -805,12 +814,17 @@ impl RunState {
     /// What the retry layer calls before each backoff sleep: a heartbeat
     /// straight to the critic (the actor is not in the loop while the call
     /// is in flight) and a `model.retry` event, recorded.
-    fn retry_sink(&self) -> RetrySink {
+    fn retry_sink(&mut self) -> RetrySink {
+        if let Some(sink) = &self.retry {
+            return sink.clone();
+        }
         let critic = self.critic.clone();
         let audit = self.audit.clone();
         let shared = self.shared.clone();
-        let (pid, iteration) = (self.pid, self.iteration);
-        Arc::new(move |e: &ModelError, delay: std::time::Duration| {
+        let pid = self.pid;
+        let sink: RetrySink = Arc::new(move |e: &ModelError, delay: std::time::Duration| {
+            // The step being retried is the latest one started.
+            let iteration = shared.partial().iterations;
             let _ = critic.cast(CriticMsg::Beat {
                 run: pid,
                 beat: Beat::Alive,
@@ -828,7 +842,9 @@ impl RunState {
                 at_ms: unix_ms(),
                 entry: AuditEntry::Event(ev),
             }]));
-        })
+        });
+        self.retry = Some(sink.clone());
+        sink
     }
 
     /// Saves a durable run's progress (through the audit actor, which writes
@@ -894,12 +910,24 @@ impl RunState {
     }
 
     fn audit_entry(&mut self, entry: AuditEntry) {
+        let at_ms = *self.clock_ms.get_or_insert_with(unix_ms);
         self.pending_audit.push(AuditRecord {
             run_id: self.shared.run_id,
             seq: self.shared.next_seq(),
-            at_ms: unix_ms(),
+            at_ms,
             entry,
         });
+    }
+
+    /// The transcript, to add to: copied first if it is shared (a request
+    /// in flight, or the agent's starting transcript), with room to grow.
+    fn transcript_mut(&mut self) -> &mut Vec<Message> {
+        if Arc::get_mut(&mut self.transcript).is_none() {
+            let mut own = Vec::with_capacity(self.transcript.len() + 4);
+            own.extend(self.transcript.iter().cloned());
+            self.transcript = Arc::new(own);
+        }
+        Arc::make_mut(&mut self.transcript)
     }
 
     fn flush_audit(&mut self) {

@@ -44,7 +44,7 @@
 //!
 //! # Memory
 //! The in-memory audit store (`--db :memory:`) keeps a bounded window of
-//! the latest records (200 000) and counts every record ever written; at
+//! the latest records (32 768) and counts every record ever written; at
 //! soak rates (about 13 records a run) the window is full within seconds,
 //! inside the warm-up, so it sets the RSS plateau, not its slope. RSS also
 //! steps up when the load steps up (more runs alive at once) and the

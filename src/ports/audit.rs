@@ -19,12 +19,12 @@ use super::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
 /// Who and what a run is, recorded at its start.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
-    /// Agent name.
-    pub agent: String,
-    /// Model name.
-    pub model: String,
-    /// Who submitted the run.
-    pub caller_id: Option<String>,
+    /// Agent name (shared by the agent's runs).
+    pub agent: std::sync::Arc<str>,
+    /// Model name (shared by the agent's runs).
+    pub model: std::sync::Arc<str>,
+    /// Who submitted the run (shared by the caller's runs).
+    pub caller_id: Option<std::sync::Arc<str>>,
     /// The channel it came from (chat bots).
     pub channel_id: Option<String>,
     /// The parent run, for sub-agents.

@@ -2,7 +2,7 @@
 //! built with nothing uses. They live as long as the process.
 //!
 //! The audit store is bounded: it keeps the most recent `capacity` records
-//! (default 200 000) and counts every record ever written, so a soak of
+//! (default [`DEFAULT_CAPACITY`], 32 768) and counts every record ever written, so a soak of
 //! millions of runs keeps flat memory while its verdict ("every run has one
 //! terminal record") still holds. Use the SQLite store for full history.
 
@@ -19,6 +19,13 @@ use crate::ports::audit::{
 use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
 use crate::ports::run::{unix_ms, RunId, RunResult};
 
+/// Records an in-memory audit store keeps by default: the last few
+/// thousand runs, for reading back what just ran. Every record held keeps
+/// a run's strings alive, so a swarm of millions pays for the ring in
+/// memory and in cache misses; 32 768 keeps it small next to the runs in
+/// flight.
+pub const DEFAULT_CAPACITY: usize = 32_768;
+
 /// Keeps the most recent audit records in memory.
 pub struct MemoryAuditStore {
     inner: Mutex<AuditInner>,
@@ -32,9 +39,9 @@ struct AuditInner {
 }
 
 impl MemoryAuditStore {
-    /// Keeps up to 200 000 records.
+    /// Keeps up to [`DEFAULT_CAPACITY`] records.
     pub fn new() -> Self {
-        Self::with_capacity(200_000)
+        Self::with_capacity(DEFAULT_CAPACITY)
     }
 
     /// Keeps up to `capacity` records (older ones are dropped; counts stay).
