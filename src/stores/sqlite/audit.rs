@@ -297,9 +297,8 @@ impl AuditStore for SqliteStore {
             let at_ms: i64 = row.try_get(1).map_err(unavailable)?;
             let kind: &str = row.try_get(2).map_err(unavailable)?;
             let body: Option<&str> = row.try_get(3).map_err(unavailable)?;
-            if !out.contains_key(&seq) {
-                let record = decode(run_id, seq, at_ms, kind, body.unwrap_or_default())?;
-                out.insert(seq, record);
+            if let std::collections::btree_map::Entry::Vacant(e) = out.entry(seq) {
+                e.insert(decode(run_id, seq, at_ms, kind, body.unwrap_or_default())?);
             }
         }
         Ok(out.into_values().collect())
