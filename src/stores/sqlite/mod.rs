@@ -27,7 +27,7 @@
 //!   `SQLITE_BUSY` between our own writes, and no store I/O queued behind
 //!   run actors on the host's tokio workers. Other processes on the same
 //!   file wait up to the busy timeout. Reads use a small pool and run in
-//!   parallel with writes (WAL); the WAL is checkpointed in the background.
+//!   parallel with writes (WAL); the writer checkpoints the WAL every 64 MiB.
 //!
 //! # Schema and migrations
 //!
@@ -71,18 +71,22 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// How long a write waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Read connections per file-backed store (readers and the checkpointer;
+/// Read connections per file-backed store (readers;
 /// the writer has its own).
 const MAX_READERS: u32 = 3;
 
 /// The page size of a new database file.
 const PAGE_SIZE: u32 = 16_384;
 
-/// How often the background checkpointer copies the WAL into the file.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
-
-/// WAL frames (pages) past which the checkpointer forces the WAL to restart.
-const WAL_RESTART_FRAMES: i64 = 8_192;
+/// WAL pages past which a commit copies the WAL into the file (SQLite's
+/// own `wal_autocheckpoint`, on the writer). There the checkpoint always
+/// completes (no other connection writes; readers finish their statements),
+/// so the next write starts the WAL over and it stays about this long
+/// however long the host runs: 4096 pages of 16 KiB, 64 MiB. (A checkpoint
+/// on a read connection in parallel with the writer never completed under
+/// a writer that does not pause: the WAL grew by gigabytes in a minute of
+/// soak.)
+const WAL_AUTOCHECKPOINT_PAGES: u32 = 4096;
 
 /// The WAL file is truncated to this many bytes when it restarts.
 const JOURNAL_SIZE_LIMIT: u64 = 64 << 20;
@@ -161,8 +165,8 @@ pub struct SqliteStore {
     path: PathBuf,
     /// Every write goes through it.
     writer: writer::Writer,
-    /// The background WAL checkpointer (file-backed stores).
-    checkpointer: Option<tokio::task::AbortHandle>,
+    /// A file, whose WAL is truncated on close (not an in-memory database).
+    file_backed: bool,
     /// Limits for callers without a `budget_limits` row (not persisted).
     default_limits: Mutex<BudgetLimits>,
     /// What this handle wrote (see [`AuditStore::stats`](crate::ports::audit::AuditStore::stats)).
@@ -252,9 +256,7 @@ impl SqliteStore {
             // Only takes effect in a new file: fewer, fuller pages for an
             // append-mostly log.
             .page_size(PAGE_SIZE)
-            // Checkpoints run in the background (see `checkpointer`), not
-            // inside the commit of whichever write crossed the threshold.
-            .pragma("wal_autocheckpoint", "0")
+            .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string())
             .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT.to_string());
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_READERS)
@@ -272,8 +274,7 @@ impl SqliteStore {
         }
         let writer = writer::Writer::start(opts, owned.clone()).await?;
         let mut store = Self::assemble(pool, owned, writer);
-        let task = tokio::spawn(checkpointer(store.pool.clone(), store.writer.clone()));
-        store.checkpointer = Some(task.abort_handle());
+        store.file_backed = true;
         Ok(store)
     }
 
@@ -282,7 +283,7 @@ impl SqliteStore {
             pool,
             path,
             writer,
-            checkpointer: None,
+            file_backed: false,
             default_limits: Mutex::new(BudgetLimits::default()),
             records: AtomicU64::new(0),
             terminal_records: AtomicU64::new(0),
@@ -325,23 +326,12 @@ impl SqliteStore {
     /// connections. Dropping the store without closing loses nothing: the
     /// WAL is replayed by the next open.
     pub async fn close(&self) {
-        if let Some(c) = &self.checkpointer {
-            c.abort();
+        if self.file_backed {
             if let Err(e) = self.writer.checkpoint("TRUNCATE").await {
                 tracing::debug!(error = %e, "final WAL checkpoint skipped");
             }
         }
         self.pool.close().await;
-    }
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        // The checkpointer holds a writer handle: stop it so the writer
-        // thread ends once this handle is gone.
-        if let Some(c) = &self.checkpointer {
-            c.abort();
-        }
     }
 }
 
@@ -378,32 +368,6 @@ async fn schema_version(pool: &SqlitePool, path: &Path) -> Result<i64, StoreErro
         .await
         .map_err(|e| open_error(path, &e))?;
     Ok(v.unwrap_or(0))
-}
-
-/// Copies the WAL into the database file every [`CHECKPOINT_EVERY`] on a
-/// read connection, in parallel with the writer (`PASSIVE` never blocks
-/// it). If the WAL grows past [`WAL_RESTART_FRAMES`] without being fully
-/// copied (a writer that never pauses), the writer runs one `RESTART`
-/// checkpoint between two writes so the WAL starts over.
-async fn checkpointer(pool: SqlitePool, writer: writer::Writer) {
-    let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let passive = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .fetch_one(&pool)
-            .await
-            .and_then(|row| Ok((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?)));
-        match passive {
-            Ok((log, done)) if log > WAL_RESTART_FRAMES && done < log => {
-                if let Err(e) = writer.checkpoint("RESTART").await {
-                    tracing::warn!(error = %e, "WAL checkpoint (restart) failed");
-                }
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "WAL checkpoint failed"),
-        }
-    }
 }
 
 /// Classifies an error of opening or first reading a file.

@@ -301,7 +301,18 @@ async fn run(
                     "RESTART" => "PRAGMA wal_checkpoint(RESTART)",
                     _ => "PRAGMA wal_checkpoint(PASSIVE)",
                 };
-                let _ = reply.send(sqlx::query(sql).execute(&mut conn).await.map(|_| ()));
+                // The row says whether it was blocked (busy = 1); read to
+                // the end so no statement stays open.
+                let done = sqlx::query(sql).fetch_all(&mut conn).await.map(|rows| {
+                    let busy = rows
+                        .first()
+                        .and_then(|r| sqlx::Row::try_get::<i64, _>(r, 0).ok())
+                        .unwrap_or(0);
+                    if busy != 0 {
+                        tracing::debug!(mode, "WAL checkpoint blocked by a reader");
+                    }
+                });
+                let _ = reply.send(done);
             }
         }
     }
