@@ -2,9 +2,10 @@
 //! built with nothing uses. They live as long as the process.
 //!
 //! The audit store is bounded: it keeps the most recent `capacity` records
-//! (default [`DEFAULT_CAPACITY`], 32 768) and counts every record ever written, so a soak of
-//! millions of runs keeps flat memory while its verdict ("every run has one
-//! terminal record") still holds. Use the SQLite store for full history.
+//! (default [`DEFAULT_CAPACITY`], 32 768) and counts every record ever
+//! written, so a soak of millions of runs keeps flat memory while its
+//! verdict ("every run has one terminal record") still holds. Use the
+//! SQLite store for full history.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;

@@ -245,7 +245,6 @@ impl AuditStore for SqliteStore {
         let id = run_id.to_string();
         // By seq: a record replayed in another segment is kept once.
         let mut out: BTreeMap<i64, AuditRecord> = BTreeMap::new();
-        let mut result: Option<Option<String>> = None;
         let bodies: Vec<String> = sqlx::query_scalar(
             "SELECT body FROM audit_segments WHERE run_id = ? ORDER BY first_seq",
         )
@@ -264,21 +263,23 @@ impl AuditStore for SqliteStore {
                 if out.contains_key(&seq) {
                     continue;
                 }
-                let text = if kind == KIND_END {
-                    if result.is_none() {
-                        result = Some(
-                            sqlx::query_scalar("SELECT result FROM runs WHERE run_id = ?")
-                                .bind(&id)
-                                .fetch_optional(&self.pool)
-                                .await
-                                .map_err(unavailable)?,
-                        );
+                // A run.end record's payload is its run's result, in `runs`.
+                let record = if kind == KIND_END {
+                    let result = self.run_result(run_id).await?.ok_or_else(|| {
+                        AuditStoreError::Unavailable(format!(
+                            "run {run_id} has a run.end record but no result"
+                        ))
+                    })?;
+                    AuditRecord {
+                        run_id,
+                        seq: u32::try_from(seq).unwrap_or(u32::MAX),
+                        at_ms: to_u64(at_ms),
+                        entry: AuditEntry::Terminal(Arc::new(result)),
                     }
-                    result.clone().flatten().unwrap_or_default()
                 } else {
-                    payload.to_string()
+                    decode(run_id, seq, at_ms, &kind, &payload.to_string())?
                 };
-                out.insert(seq, decode(run_id, seq, at_ms, &kind, &text)?);
+                out.insert(seq, record);
             }
         }
         // Records written by schema version 1, one row each.
