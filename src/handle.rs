@@ -1,11 +1,11 @@
 //! What a caller holds for a run ([`RunHandle`], [`RunEvents`]) and the small
-//! shared record ([`RunShared`]) that the run actor, its critic shard and the
-//! handle all see.
+//! shared record ([`RunShared`]) that a run, its critic shard and its handle
+//! all see.
 //!
 //! `RunShared` is the single source of truth for a run's partial result:
-//! the run actor writes steps, usage and decisions into it as it goes, so when
-//! the run panics or must be hard-killed, the critic still finalizes a full
-//! result from it. Exactly one party finalizes: whoever takes the finisher
+//! the run writes steps, usage and decisions into it as it goes, so when a
+//! handler of the run panics, the shard still finalizes a full result from
+//! it, and the handle reads the live state from it. Exactly one party finalizes: whoever takes the finisher
 //! first; that party alone writes the terminal audit record.
 
 use std::future::Future;
@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::actors::audit::AuditMsg;
 use crate::actors::critic::CriticMsg;
-use crate::actors::run::RunMsg;
+use crate::actors::run::{RunAddr, RunMsg};
 use crate::ports::audit::{AuditEntry, AuditRecord};
 use crate::ports::run::{
     unix_ms, CriticDecision, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord, Usage,
@@ -99,7 +99,7 @@ pub(crate) struct Finisher {
     pub(crate) result_tx: oneshot::Sender<Arc<RunResult>>,
 }
 
-/// Shared by the run actor, its critic shard and its handle.
+/// Shared by a run, its critic shard and its handle.
 pub(crate) struct RunShared {
     pub(crate) run_id: RunId,
     pub(crate) agent: Arc<str>,
@@ -331,8 +331,8 @@ pub struct RunHandle {
     pub(crate) run_id: RunId,
     pub(crate) shared: Option<Arc<RunShared>>,
     pub(crate) result_rx: oneshot::Receiver<Arc<RunResult>>,
-    pub(crate) run: Option<ActorRef<RunMsg>>,
-    pub(crate) critic: Option<ActorRef<CriticMsg>>,
+    /// Where the run's messages go (its shard and key there).
+    pub(crate) addr: RunAddr,
     pub(crate) done: bool,
     pub(crate) detached: bool,
 }
@@ -350,19 +350,22 @@ impl RunHandle {
 
     /// Injects a message into the run before its next model call.
     pub fn steer(&self, text: impl Into<String>) {
-        if let Some(run) = &self.run {
-            let _ = run.cast(RunMsg::Steer { text: text.into() });
-        }
+        self.addr.send(RunMsg::Steer { text: text.into() });
+    }
+
+    /// Tells the run's critic the run is alive: work done on its behalf
+    /// outside its model and tool calls (a caller's own processing, a
+    /// long tool reporting progress) resets its stall timer.
+    pub fn heartbeat(&self) {
+        self.addr.beat(crate::actors::critic::Beat::Alive);
     }
 
     /// Pushes the run's hard deadline back (recorded as an operator decision).
     pub fn extend(&self, by: Duration) {
-        if let (Some(critic), Some(run)) = (&self.critic, &self.run) {
-            let _ = critic.cast(CriticMsg::ExtendDeadline {
-                run: run.get_id().pid(),
-                by,
-            });
-        }
+        let _ = self.addr.shard.cast(CriticMsg::ExtendDeadline {
+            key: self.addr.key,
+            by,
+        });
     }
 
     /// Kills the run with reason `operator`.
@@ -376,12 +379,10 @@ impl RunHandle {
     }
 
     fn stop(&self, reason: Option<KillReason>) {
-        if let (Some(critic), Some(run)) = (&self.critic, &self.run) {
-            let _ = critic.cast(CriticMsg::StopRun {
-                run: run.get_id().pid(),
-                reason,
-            });
-        }
+        let _ = self.addr.shard.cast(CriticMsg::StopRun {
+            key: self.addr.key,
+            reason,
+        });
     }
 
     /// The run's live state, while it goes on (and after).

@@ -24,7 +24,7 @@ use crate::actors::audit::{Audit, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
 use crate::actors::critic::{Critic, CriticMsg};
 use crate::actors::host::{HostActor, HostMsg};
-use crate::actors::run::{DurableRun, RunActor, RunArgs};
+use crate::actors::run::{DurableRun, RunAddr, RunArgs};
 use crate::agent::Agent;
 use crate::handle::{Ending, RunEvents, RunHandle, RunShared};
 use crate::policy::RulesPolicy;
@@ -318,10 +318,7 @@ impl HostBuilder {
         let policy = self.policy.unwrap_or_else(|| Arc::new(RulesPolicy));
         let mut critics = Vec::with_capacity(c.critic_shards);
         for _ in 0..c.critic_shards {
-            let critic = Critic {
-                policy: policy.clone(),
-                audit: audit.clone(),
-            };
+            let critic = Critic::new(policy.clone());
             let (r, _) = Actor::spawn_linked(None, critic, (), root.get_cell())
                 .await
                 .map_err(spawn_err("critic"))?;
@@ -343,7 +340,7 @@ impl HostBuilder {
                 accounts: DashMap::new(),
                 live: Arc::new(LiveRuns::default()),
                 closed: AtomicBool::new(false),
-                next_shard: AtomicU64::new(0),
+                next_key: AtomicU64::new(0),
             }),
         })
     }
@@ -399,7 +396,8 @@ struct HostInner {
     accounts: DashMap<Arc<str>, Arc<Account>>,
     live: Arc<LiveRuns>,
     closed: AtomicBool,
-    next_shard: AtomicU64,
+    /// The next run's key (its shard is the key modulo the shard count).
+    next_key: AtomicU64,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -598,14 +596,14 @@ impl Host {
             shared.start_seq_at(next_seq);
             c
         });
-        let shard = (h.next_shard.fetch_add(1, Ordering::Relaxed) as usize) % h.critics.len();
-        let critic = h.critics[shard].clone();
-        let mut handle = RunHandle {
+        // Runs go round the shards; a run's key is unique on its host.
+        let key = h.next_key.fetch_add(1, Ordering::Relaxed);
+        let shard = h.critics[(key % h.critics.len() as u64) as usize].clone();
+        let handle = RunHandle {
             run_id,
             shared: Some(shared.clone()),
             result_rx,
-            run: None,
-            critic: Some(critic.clone()),
+            addr: RunAddr { shard, key },
             done: false,
             detached: false,
         };
@@ -729,6 +727,7 @@ impl Host {
             limits: Some(limits.to_spec()),
         };
         let args = RunArgs {
+            key,
             shared: shared.clone(),
             agent,
             limits,
@@ -736,19 +735,21 @@ impl Host {
             durable,
             info: resumed.is_none().then_some(info),
             resumed,
-            critic: critic.clone(),
             audit: h.audit.clone(),
             budget: h.budget.clone(),
             ticket: Some(ticket),
         };
-        match Actor::spawn_linked(None, RunActor, args, critic.get_cell()).await {
-            Ok((run, _)) => handle.run = Some(run),
-            Err(e) => {
-                shared.finish(
-                    Ending::failed(RunStatus::Error, "spawn_failed", e.to_string()),
-                    &h.audit,
-                );
-            }
+        if let Err(ractor::MessagingErr::SendErr(CriticMsg::Start(args))) =
+            handle.addr.shard.cast(CriticMsg::Start(Box::new(args)))
+        {
+            args.shared.finish(
+                Ending::failed(
+                    RunStatus::Error,
+                    "host_stopped",
+                    "the run's critic shard is gone",
+                ),
+                &h.audit,
+            );
         }
         (handle, events)
     }
@@ -1006,11 +1007,6 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
-        for c in &h.critics {
-            let _ = c
-                .stop_children_and_wait(None, Some(Duration::from_secs(5)))
-                .await;
-        }
         let _ = h
             .root
             .stop_children_and_wait(None, Some(Duration::from_secs(10)))

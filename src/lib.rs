@@ -24,9 +24,17 @@
 //! Host (library handle) ── HostActor (root supervisor)
 //!                            ├── Audit actor  ──▶ AuditStore port (batched)
 //!                            ├── Budget actor ──▶ BudgetLedger port
-//!                            └── Critic shard × N (supervisors of runs)
-//!                                  └── Run actor × many ──▶ ChatModel, Tool ports
+//!                            └── Critic shard × N (supervisor and host of its runs)
+//!                                  └── Run × many ──▶ ChatModel, Tool ports
 //! ```
+//!
+//! A run is an actor hosted on its critic shard: its own state and message
+//! vocabulary, one message at a time, supervised (a panic ends that run
+//! alone), but no ractor actor, task or mailbox of its own: its messages
+//! go through the shard's mailbox and the shard runs its handler, with the
+//! critic's record of the run in the run's state. That makes a run cost its
+//! state (a few KB less than an actor of its own) and its heartbeats field
+//! updates; see [`actors::run`] and [`actors::critic`].
 //!
 //! - [`ports`]: the traits actors depend on and the data they speak.
 //! - [`actors`]: host, critic, run, budget, audit — one per file.

@@ -178,7 +178,10 @@ pub struct Limits {
     pub max_tool_errors: u32,
     /// Tool results longer than this are capped (head + tail + marker).
     pub max_tool_result_bytes: u32,
-    /// Grace between asking a killed run to stop and hard-killing its actor.
+    /// Grace between asking a killed run to stop and hard-killing it. A run
+    /// hosted on a critic shard stops in the handler that kills it (its
+    /// handler never waits), so no grace is ever taken; the key is kept for
+    /// manifests and for runs that may be slow to stop.
     #[serde(with = "duration_serde")]
     pub kill_grace: Duration,
     /// The model's context window in tokens, over the price table's; `0`

@@ -85,7 +85,7 @@ pub fn w1_spec(latency: Duration) -> Result<AgentSpec, WorkloadError> {
 pub enum Engine {
     /// The agent loop on plain tokio tasks ([`Floor`]).
     Floor,
-    /// The full runtime: run actors, critic, budget and audit (in memory).
+    /// The full runtime: runs hosted on critic shards, budget and audit (in memory).
     Agentvisor,
 }
 

@@ -1,54 +1,72 @@
-//! The critic: the ractor supervisor of the runs it watches, one shard of
-//! many. It receives step and tool heartbeats (casts), keeps a small record
-//! per run, and decides — through the [`CriticPolicy`] port — to steer, extend
-//! the deadline, raise the step ceiling, or kill with a typed reason.
+//! The critic: one shard of many, each the supervisor and the host of its
+//! runs. A run is an actor without a task of its own (see
+//! [`crate::actors::run`]): its messages come through the shard's mailbox
+//! (`CriticMsg::Run { key, msg }`) and the shard runs its handler, so the
+//! critic's record of a run sits in the run's own state. Heartbeats
+//! (step and tool start and finish) are field updates made as the run
+//! handles a message; a spawned tool call or a retry reports through a
+//! `Beat` message. Through the [`CriticPolicy`] port the critic decides to
+//! steer, extend the deadline, raise the step ceiling, or kill with a typed
+//! reason.
+//!
+//! # Handling a run's message
+//! For each message of a run the shard reads the clock once, runs the
+//! run's handler inside the run's span and under `catch_unwind`, then
+//! reviews it: a tool call repeated up to `repeat_limit` is decided on
+//! before the run's next step, so a run whose tools answer at once cannot
+//! outrun the repeat decision. A step whose calls answered at once goes
+//! straight on to the next one, up to [`INLINE_STEPS`] in one handler
+//! (then through the mailbox, so other runs of the shard get their turn).
+//! The records the handler made go to the audit actor as one message.
 //!
 //! # Timing
 //! Deadlines sit in one ordered timer set per shard (`BTreeSet<(Instant,
-//! run)>`) and one sleeper task per shard wakes the critic at the earliest
-//! one: no task per timer, no scan of every run per tick. Timers are lazy: a
-//! heartbeat only stamps `last_beat` (O(1)); when a run's timer fires, its
-//! deadlines are re-evaluated and the next one armed. Stale timer entries are
-//! skipped.
+//! key)>`) and one sleeper task per shard wakes the critic at the earliest
+//! one: no task per timer, no scan of every run per tick. Timers are lazy:
+//! a heartbeat only stamps `last_beat` (O(1)); when a run's timer fires, its
+//! deadlines are re-evaluated and the next one armed. A run that ends takes
+//! its timer entry with it, so the set holds live runs only.
 //!
 //! # Kills
 //! A kill is sticky: the first reason wins. The critic records the decision
-//! (result, events, audit), asks the run to stop (it aborts its in-flight call
-//! and finalizes), and arms a grace timer; if the run has not finalized when
-//! it expires, the critic hard-kills the actor and finalizes the run itself
-//! from the shared partial record.
+//! (result, events, audit) and stops the run at once: its in-flight call is
+//! aborted and the run finalizes in the same handler. A run's handler never
+//! waits, so there is nothing to grant a grace period to (`kill_grace` is
+//! kept for manifests written for actors that can be slow to stop).
 //!
 //! # Supervision
-//! A run that panics reaches `handle_supervisor_evt` as `ActorFailed`; the
-//! critic finalizes it as `error`/`panic` with the panic text. A failure can
-//! overtake the run's own `Watch` message (supervision events are handled
-//! before ordinary messages), so early failures are parked until it arrives.
-//!
-//! # Repeats
-//! The run counts identical consecutive tool calls too; once a call reaches
-//! `repeat_limit`, it sends `ReleaseStep` after its heartbeats instead of
-//! stepping on by itself, so a run whose tools answer at once cannot outrun
-//! the repeat decision. Only repeating runs pay this round trip.
+//! A panic in a run's handler (a model that panics when first polled, a
+//! tool's argument check, a policy) is caught by the shard: that run ends
+//! `error`/`panic` with the panic text, keeping the records it made before;
+//! the shard and its other runs go on. A model call that panics in its task
+//! comes back as `RunMsg::ModelPanicked` and ends its run the same way.
 //!
 //! # Rate
-//! About six heartbeats per model iteration per run. A shard never awaits in
-//! `handle`; a policy that consults a model runs as a task.
+//! One message per run start, one per spawned call's result, one per
+//! heartbeat of a spawned tool call or a retry. W1 (every call answers at
+//! once) costs the shard one message a run. A shard never awaits in
+//! `handle`; a policy that consults a model runs as a task. Its mailbox is
+//! unbounded: runs are admitted by the host (its run cap and the callers'
+//! accounts), which bounds what the shards hold.
 
 use std::collections::{BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::actors::audit::AuditMsg;
-use crate::actors::run::RunMsg;
-use crate::handle::{Ending, RunShared, SUSPENDED};
-use crate::ports::audit::{AuditEntry, AuditRecord};
+use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState};
+use crate::handle::{Ending, SUSPENDED};
+use crate::ports::audit::AuditEntry;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
-use crate::ports::run::{unix_ms, CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
+use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
 use crate::spec::{Limits, ABSOLUTE_DEADLINE};
+
+/// Steps a run takes in one handler at most when its calls answer at once.
+pub const INLINE_STEPS: u32 = 8;
 
 /// A heartbeat from a run.
 #[derive(Debug, Clone, Copy)]
@@ -71,86 +89,46 @@ pub enum Beat {
     Alive,
 }
 
-/// What a run tells its critic when it starts.
-pub struct Watch {
-    pub(crate) run: ActorRef<RunMsg>,
-    pub(crate) shared: Arc<RunShared>,
-    pub(crate) limits: Limits,
-    pub(crate) started: Instant,
-}
-
-impl Watch {
-    /// A watch over `run`, an actor that no host submitted: the shard keeps
-    /// its record and timer as for any run, but its result goes nowhere. For
-    /// benches and tests that drive one shard alone (send it as
-    /// `CriticMsg::Watch(Box::new(..))`); a host builds its own watches.
-    pub fn unhosted(run: ActorRef<RunMsg>, limits: Limits) -> Self {
-        let (shared, _result, _events) = RunShared::new(
-            crate::ports::run::RunId::new(),
-            Arc::from("unhosted"),
-            None,
-            None,
-            limits.max_iterations,
-            false,
-            Arc::default(),
-        );
-        Watch {
-            run,
-            shared,
-            limits,
-            started: Instant::now(),
-        }
-    }
-}
-
 /// Messages to a critic shard.
 pub enum CriticMsg {
-    /// A run started: watch it.
-    Watch(Box<Watch>),
-    /// A heartbeat.
+    /// Host a new run (or a resumed one) and take its first step.
+    Start(Box<RunArgs>),
+    /// A message to one of the shard's runs.
+    Run {
+        /// The run's key.
+        key: u64,
+        /// The message.
+        msg: RunMsg,
+    },
+    /// A heartbeat from a run's task (a spawned tool call, a retry).
     Beat {
-        /// The run actor's pid.
-        run: u64,
+        /// The run's key.
+        key: u64,
         /// What happened.
         beat: Beat,
     },
-    /// Heartbeats of one run, in order (one message per run handler).
-    Beats {
-        /// The run actor's pid.
-        run: u64,
-        /// What happened.
-        beats: Vec<Beat>,
-    },
     /// An operator pushes the deadline back.
     ExtendDeadline {
-        /// The run actor's pid.
-        run: u64,
+        /// The run's key.
+        key: u64,
         /// By how much.
         by: Duration,
     },
     /// An operator kills (`Some(reason)`) or cancels (`None`) a run.
     StopRun {
-        /// The run actor's pid.
-        run: u64,
+        /// The run's key.
+        key: u64,
         /// The kill reason, or `None` to cancel.
         reason: Option<KillReason>,
     },
-    /// Cancel every watched run (host shutdown).
+    /// Cancel every run of the shard (host shutdown).
     CancelAll,
-    /// A run that repeats a tool call asks for its next step through the
-    /// critic, so the repeat decision (a steer, a `runaway` kill) reaches it
-    /// before its next model call: the critic answers with `NextStep` after
-    /// the heartbeats that came before (one mailbox, in order).
-    ReleaseStep {
-        /// The run to release.
-        run: ActorRef<RunMsg>,
-    },
     /// The earliest timer is due.
     Tick,
     /// A policy that took its time has decided.
     Decided {
-        /// The run actor's pid.
-        run: u64,
+        /// The run's key.
+        key: u64,
         /// What triggered the question.
         trigger: Trigger,
         /// The answer.
@@ -161,25 +139,19 @@ pub enum CriticMsg {
 /// One critic shard.
 pub struct Critic {
     pub(crate) policy: Arc<dyn CriticPolicy>,
-    pub(crate) audit: ActorRef<AuditMsg>,
 }
 
 impl Critic {
-    /// A shard outside any host: it decides with `policy` and records its
-    /// decisions and the runs it finalizes to `audit`. For benches and tests
-    /// that drive one shard alone (`Actor::spawn(None, Critic::new(..), ())`);
-    /// a host spawns its own shards.
-    pub fn new(policy: Arc<dyn CriticPolicy>, audit: ActorRef<AuditMsg>) -> Self {
-        Critic { policy, audit }
+    /// A shard that decides with `policy`. A host spawns its own shards;
+    /// benches spawn one alone and start runs on it through a host-less
+    /// path only the crate has.
+    pub fn new(policy: Arc<dyn CriticPolicy>) -> Self {
+        Critic { policy }
     }
 }
 
-/// Per-run record: small on purpose (C8).
-struct Watched {
-    run: ActorRef<RunMsg>,
-    shared: Arc<RunShared>,
-    limits: Limits,
-    started: Instant,
+/// The critic's record of one run (C8: small; it lives in the run's state).
+pub(crate) struct Watched {
     hard_deadline: Instant,
     next_soft: Instant,
     last_beat: Instant,
@@ -195,36 +167,79 @@ struct Watched {
     last_call: u64,
     repeats: u32,
     runaway_steered: bool,
-    /// Set once a stop is decided (rare: boxed).
-    stopping: Option<Box<(Ending, Instant)>>,
+    /// A repeat reached the limit: decide before the next step.
+    repeat_due: bool,
 }
 
 impl Watched {
+    pub(crate) fn new(limits: &Limits, started: Instant) -> Self {
+        let cap = started + ABSOLUTE_DEADLINE;
+        Watched {
+            hard_deadline: (started + limits.hard_timeout).min(cap),
+            next_soft: started + limits.soft_timeout,
+            last_beat: started,
+            armed: None,
+            steps: 0,
+            steps_done: 0,
+            tool_calls: 0,
+            tokens: 0,
+            progress_at_decision: 0,
+            extensions: 0,
+            steers: 0,
+            last_call: 0,
+            repeats: 0,
+            runaway_steered: false,
+            repeat_due: false,
+        }
+    }
+
+    /// Counts a heartbeat (O(1)).
+    pub(crate) fn beat(&mut self, now: Instant, beat: Beat, repeat_limit: u32) {
+        self.last_beat = now;
+        match beat {
+            Beat::StepStarted => self.steps += 1,
+            Beat::StepFinished { tokens } => {
+                self.steps_done += 1;
+                self.tokens += tokens;
+            }
+            Beat::ToolFinished => self.tool_calls += 1,
+            Beat::Alive => {}
+            Beat::ToolStarted { hash } => {
+                if hash == self.last_call {
+                    self.repeats += 1;
+                } else {
+                    self.last_call = hash;
+                    self.repeats = 1;
+                }
+                if self.repeats >= repeat_limit {
+                    self.repeat_due = true;
+                }
+            }
+        }
+    }
+
     fn progress(&self) -> u32 {
         self.steps_done + self.tool_calls
     }
 
-    fn next_due(&self) -> Instant {
-        if let Some(s) = &self.stopping {
-            return s.1;
-        }
-        let stall = self.last_beat + self.limits.stall_timeout;
+    fn next_due(&self, limits: &Limits) -> Instant {
+        let stall = self.last_beat + limits.stall_timeout;
         self.hard_deadline.min(stall).min(self.next_soft)
     }
 
-    fn at_ms(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.started).as_millis() as u64
+    fn extend(&mut self, started: Instant, by: Duration) {
+        let cap = started + ABSOLUTE_DEADLINE;
+        self.hard_deadline = (self.hard_deadline + by).min(cap);
     }
 }
 
 /// The shard's state.
 pub struct CriticState {
     /// Boxed: the table then costs a pointer a slot (it grows by doubling).
-    runs: HashMap<u64, Box<Watched>>,
+    runs: HashMap<u64, Box<RunState>>,
     timers: BTreeSet<(Instant, u64)>,
     wake_at: Option<Instant>,
     wake_tx: watch::Sender<Option<Instant>>,
-    early_failures: HashMap<u64, String>,
 }
 
 impl Actor for Critic {
@@ -244,7 +259,6 @@ impl Actor for Critic {
             timers: BTreeSet::new(),
             wake_at: None,
             wake_tx,
-            early_failures: HashMap::new(),
         })
     }
 
@@ -255,251 +269,172 @@ impl Actor for Critic {
         st: &mut CriticState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            CriticMsg::Watch(w) => self.watch(st, *w),
-            CriticMsg::Beat { run, beat } => self.beat(&myself, st, run, beat),
-            CriticMsg::Beats { run, beats } => {
-                for beat in beats {
-                    self.beat(&myself, st, run, beat);
-                }
+            CriticMsg::Start(args) => {
+                let key = args.key;
+                let addr = RunAddr {
+                    shard: myself.clone(),
+                    key,
+                };
+                let run = RunState::start(*args, addr);
+                st.runs.insert(key, run);
+                self.with_run(&myself, st, key, |_, _| {});
             }
-            CriticMsg::ExtendDeadline { run, by } => {
-                let now = Instant::now();
-                if let Some(w) = st.runs.get_mut(&run) {
-                    let cap = w.started + ABSOLUTE_DEADLINE;
-                    w.hard_deadline = (w.hard_deadline + by).min(cap);
-                    let d = decision(
-                        w,
-                        now,
-                        CriticAction::Extend,
-                        "operator",
-                        Some(format!("{}ms", by.as_millis())),
-                    );
-                    self.record(w, d);
-                }
+            CriticMsg::Run { key, msg } => {
+                self.with_run(&myself, st, key, |_, run| run.on_message(msg));
             }
-            CriticMsg::StopRun { run, reason } => {
-                let now = Instant::now();
-                if let Some(w) = st.runs.get_mut(&run) {
-                    match reason {
-                        Some(r) => {
-                            let d = decision(w, now, CriticAction::Kill, "operator", None);
-                            self.begin_stop(w, now, Ending::killed(r), Some(d));
-                        }
-                        None => {
-                            let e = Ending::failed(
-                                RunStatus::Cancelled,
-                                "cancelled",
-                                "cancelled by the caller",
-                            );
-                            self.begin_stop(w, now, e, None);
-                        }
+            CriticMsg::Beat { key, beat } => {
+                self.with_run(&myself, st, key, |_, run| run.beat(beat));
+            }
+            CriticMsg::ExtendDeadline { key, by } => {
+                self.with_run(&myself, st, key, |critic, run| {
+                    run.watch.extend(run.started, by);
+                    let detail = Some(format!("{}ms", by.as_millis()));
+                    let d = decision(run, CriticAction::Extend, "operator", detail);
+                    critic.record(run, d);
+                });
+            }
+            CriticMsg::StopRun { key, reason } => {
+                self.with_run(&myself, st, key, |critic, run| match reason {
+                    Some(r) => {
+                        let d = decision(run, CriticAction::Kill, "operator", None);
+                        critic.stop(run, Ending::killed(r), Some(d));
                     }
-                    arm(st, run);
-                }
+                    None => {
+                        let e = Ending::failed(
+                            RunStatus::Cancelled,
+                            "cancelled",
+                            "cancelled by the caller",
+                        );
+                        critic.stop(run, e, None);
+                    }
+                });
             }
             CriticMsg::CancelAll => {
-                let now = Instant::now();
-                let pids: Vec<u64> = st.runs.keys().copied().collect();
-                for pid in pids {
-                    if let Some(w) = st.runs.get_mut(&pid) {
+                let keys: Vec<u64> = st.runs.keys().copied().collect();
+                for key in keys {
+                    self.with_run(&myself, st, key, |critic, run| {
                         let e =
                             Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down");
-                        self.begin_stop(w, now, e, None);
-                    }
-                    arm(st, pid);
+                        critic.stop(run, e, None);
+                    });
                 }
-            }
-            CriticMsg::ReleaseStep { run } => {
-                let _ = run.cast(RunMsg::NextStep);
             }
             CriticMsg::Tick => self.tick(&myself, st),
             CriticMsg::Decided {
-                run,
+                key,
                 trigger,
                 decision,
             } => {
-                let now = Instant::now();
-                if let Some(w) = st.runs.get_mut(&run) {
-                    self.apply(w, now, trigger, decision);
-                    arm(st, run);
-                }
+                self.with_run(&myself, st, key, |critic, run| {
+                    critic.apply(run, trigger, decision);
+                });
             }
         }
         rewake(st);
         Ok(())
     }
-
-    async fn handle_supervisor_evt(
-        &self,
-        _myself: ActorRef<CriticMsg>,
-        evt: SupervisionEvent,
-        st: &mut CriticState,
-    ) -> Result<(), ActorProcessingErr> {
-        match evt {
-            SupervisionEvent::ActorFailed(cell, err) => {
-                let pid = cell.get_id().pid();
-                let text = format!("run actor panicked: {err}");
-                match st.runs.remove(&pid) {
-                    Some(w) => {
-                        tracing::error!(run_id = %w.shared.run_id, "{text}");
-                        w.shared
-                            .finish(Ending::failed(RunStatus::Error, "panic", text), &self.audit);
-                    }
-                    None => {
-                        st.early_failures.insert(pid, text);
-                    }
-                }
-            }
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                let pid = cell.get_id().pid();
-                if let Some(w) = st.runs.remove(&pid) {
-                    // A run finalizes before it stops; this catches one that did not.
-                    let text = format!(
-                        "run actor stopped before finishing ({})",
-                        reason.unwrap_or_default()
-                    );
-                    w.shared
-                        .finish(Ending::failed(RunStatus::Error, "lost", text), &self.audit);
-                }
-            }
-            SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => {}
-        }
-        Ok(())
-    }
 }
 
 impl Critic {
-    fn watch(&self, st: &mut CriticState, w: Watch) {
-        let pid = w.run.get_id().pid();
-        if let Some(text) = st.early_failures.remove(&pid) {
-            w.shared
-                .finish(Ending::failed(RunStatus::Error, "panic", text), &self.audit);
+    /// Runs `f` on the run `key` as one handler of that run: the clock read
+    /// once, the run's span entered, panics caught (the run ends
+    /// `error`/`panic`), a due repeat decided, due steps taken (at most
+    /// `INLINE_STEPS`), the handler's records sent; then the run is dropped
+    /// if it ended, or its timer armed.
+    fn with_run(
+        &self,
+        myself: &ActorRef<CriticMsg>,
+        st: &mut CriticState,
+        key: u64,
+        f: impl FnOnce(&Critic, &mut RunState),
+    ) {
+        let Some(run) = st.runs.get_mut(&key) else {
             return;
-        }
-        if w.shared.partial().finished {
-            return;
-        }
-        let cap = w.started + ABSOLUTE_DEADLINE;
-        let watched = Watched {
-            hard_deadline: (w.started + w.limits.hard_timeout).min(cap),
-            next_soft: w.started + w.limits.soft_timeout,
-            last_beat: Instant::now(),
-            armed: None,
-            steps: 0,
-            steps_done: 0,
-            tool_calls: 0,
-            tokens: 0,
-            progress_at_decision: 0,
-            extensions: 0,
-            steers: 0,
-            last_call: 0,
-            repeats: 0,
-            runaway_steered: false,
-            stopping: None,
-            run: w.run,
-            shared: w.shared,
-            limits: w.limits,
-            started: w.started,
         };
-        st.runs.insert(pid, Box::new(watched));
-        arm(st, pid);
+        let run: &mut RunState = run;
+        run.begin(Instant::now());
+        let span = run.span().clone();
+        let _enter = span.enter();
+        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            f(self, run);
+            self.review(myself, run);
+            let mut inline = 0;
+            while std::mem::take(&mut run.step_due) && !run.done {
+                if inline == INLINE_STEPS {
+                    run.addr.send(RunMsg::NextStep);
+                    break;
+                }
+                inline += 1;
+                run.next_step();
+                self.review(myself, run);
+            }
+        }));
+        if let Err(panic) = handled {
+            let text = panic_text(&panic);
+            tracing::error!(run_id = %run.shared.run_id, "run panicked: {text}");
+            run.panicked(&text);
+        }
+        run.end();
+        if run.done {
+            if let Some(at) = run.watch.armed {
+                st.timers.remove(&(at, key));
+            }
+            st.runs.remove(&key);
+        } else {
+            arm(&mut st.timers, key, run);
+        }
     }
 
-    fn beat(&self, myself: &ActorRef<CriticMsg>, st: &mut CriticState, pid: u64, beat: Beat) {
-        let Some(w) = st.runs.get_mut(&pid) else {
-            return;
-        };
-        let now = Instant::now();
-        w.last_beat = now;
-        match beat {
-            Beat::StepStarted => w.steps += 1,
-            Beat::StepFinished { tokens } => {
-                w.steps_done += 1;
-                w.tokens += tokens;
-            }
-            Beat::ToolFinished => w.tool_calls += 1,
-            Beat::Alive => {}
-            Beat::ToolStarted { hash } => {
-                if hash == w.last_call {
-                    w.repeats += 1;
-                } else {
-                    w.last_call = hash;
-                    w.repeats = 1;
-                }
-                if w.repeats >= w.limits.repeat_limit && w.stopping.is_none() {
-                    let trigger = Trigger::Repeat { count: w.repeats };
-                    self.ask(myself, w, pid, now, trigger);
-                    arm(st, pid);
-                }
-            }
+    /// Decides on a repeat that reached the limit, before the next step.
+    fn review(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState) {
+        if std::mem::take(&mut run.watch.repeat_due) && !run.done {
+            let count = run.watch.repeats;
+            self.ask(myself, run, Trigger::Repeat { count });
         }
     }
 
     fn tick(&self, myself: &ActorRef<CriticMsg>, st: &mut CriticState) {
         let now = Instant::now();
-        while let Some(&(at, pid)) = st.timers.first() {
+        while let Some(&(at, key)) = st.timers.first() {
             if at > now {
                 break;
             }
             st.timers.pop_first();
-            let Some(w) = st.runs.get_mut(&pid) else {
+            let Some(run) = st.runs.get_mut(&key) else {
                 continue;
             };
-            if w.armed != Some(at) {
+            if run.watch.armed != Some(at) {
                 continue;
             }
-            w.armed = None;
-            if self.evaluate(myself, w, pid, now) {
-                st.runs.remove(&pid);
-            } else {
-                arm(st, pid);
-            }
+            run.watch.armed = None;
+            self.with_run(myself, st, key, |critic, run| critic.evaluate(myself, run));
         }
         // Always answer the sleeper, which waits for a change after a tick.
         st.wake_at = None;
     }
 
-    /// Re-evaluates one run's deadlines when its timer fires; true when the
-    /// run is gone (hard-killed) and no longer watched.
-    fn evaluate(
-        &self,
-        myself: &ActorRef<CriticMsg>,
-        w: &mut Watched,
-        pid: u64,
-        now: Instant,
-    ) -> bool {
-        if let Some(stop) = &w.stopping {
-            let (ending, grace) = &**stop;
-            if *grace <= now {
-                tracing::warn!(run_id = %w.shared.run_id, "run did not stop within the grace period: hard kill");
-                w.run.kill();
-                w.shared.finish(ending.clone(), &self.audit);
-                return true;
-            }
-            return false;
-        }
-        if now >= w.hard_deadline {
-            self.ask(myself, w, pid, now, Trigger::HardDeadline);
-        } else if now >= w.last_beat + w.limits.stall_timeout {
-            self.ask(myself, w, pid, now, Trigger::Stall);
+    /// Re-evaluates one run's deadlines when its timer fires.
+    fn evaluate(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState) {
+        let now = run.now;
+        let w = &mut run.watch;
+        let trigger = if now >= w.hard_deadline {
+            Trigger::HardDeadline
+        } else if now >= w.last_beat + run.limits.stall_timeout {
+            Trigger::Stall
         } else if now >= w.next_soft {
-            w.next_soft = now + w.limits.extension.max(Duration::from_millis(1));
-            self.ask(myself, w, pid, now, Trigger::SoftTimeout);
-        }
-        false
+            w.next_soft = now + run.limits.extension.max(Duration::from_millis(1));
+            Trigger::SoftTimeout
+        } else {
+            return;
+        };
+        self.ask(myself, run, trigger);
     }
 
-    fn ask(
-        &self,
-        myself: &ActorRef<CriticMsg>,
-        w: &mut Watched,
-        pid: u64,
-        now: Instant,
-        trigger: Trigger,
-    ) {
+    fn ask(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState, trigger: Trigger) {
+        let w = &run.watch;
         let view = RunView {
-            agent: w.shared.agent.to_string(),
-            elapsed: now.saturating_duration_since(w.started),
+            agent: run.shared.agent.to_string(),
+            elapsed: run.now.saturating_duration_since(run.started),
             steps: w.steps,
             steps_since_decision: w.progress().saturating_sub(w.progress_at_decision),
             tool_calls: w.tool_calls,
@@ -507,16 +442,17 @@ impl Critic {
             extensions: w.extensions,
             steers: w.steers,
             runaway_steered: w.runaway_steered,
-            limits: w.limits,
+            limits: run.limits,
         };
         match self.policy.decide(trigger, &view) {
-            Verdict::Now(d) => self.apply(w, now, trigger, d),
+            Verdict::Now(d) => self.apply(run, trigger, d),
             Verdict::Later(fut) => {
                 let me = myself.clone();
+                let key = run.addr.key;
                 tokio::spawn(async move {
                     let decision = fut.await;
                     let _ = me.cast(CriticMsg::Decided {
-                        run: pid,
+                        key,
                         trigger,
                         decision,
                     });
@@ -525,8 +461,8 @@ impl Critic {
         }
     }
 
-    fn apply(&self, w: &mut Watched, now: Instant, trigger: Trigger, d: Decision) {
-        if w.stopping.is_some() {
+    fn apply(&self, run: &mut RunState, trigger: Trigger, d: Decision) {
+        if run.done {
             return;
         }
         let reason = match trigger {
@@ -539,83 +475,62 @@ impl Critic {
             Decision::Continue => return,
             Decision::Steer(text) => {
                 match trigger {
-                    Trigger::Repeat { .. } => w.runaway_steered = true,
-                    _ => w.steers += 1,
+                    Trigger::Repeat { .. } => run.watch.runaway_steered = true,
+                    _ => run.watch.steers += 1,
                 }
-                let dec = decision(w, now, CriticAction::Steer, reason, Some(text.clone()));
-                self.record(w, dec);
-                let _ = w.run.cast(RunMsg::Steer { text });
+                let dec = decision(run, CriticAction::Steer, reason, Some(text.clone()));
+                self.record(run, dec);
+                run.steer(text);
             }
             Decision::Extend(by) => {
-                w.extensions += 1;
-                let cap = w.started + ABSOLUTE_DEADLINE;
-                w.hard_deadline = (w.hard_deadline + by).min(cap);
-                let dec = decision(
-                    w,
-                    now,
-                    CriticAction::Extend,
-                    reason,
-                    Some(format!("{}ms", by.as_millis())),
-                );
-                self.record(w, dec);
+                run.watch.extensions += 1;
+                run.watch.extend(run.started, by);
+                let detail = Some(format!("{}ms", by.as_millis()));
+                let dec = decision(run, CriticAction::Extend, reason, detail);
+                self.record(run, dec);
             }
             Decision::RaiseIterations(by) => {
                 let dec = decision(
-                    w,
-                    now,
+                    run,
                     CriticAction::RaiseIterations,
                     reason,
                     Some(by.to_string()),
                 );
-                self.record(w, dec);
-                let _ = w.run.cast(RunMsg::RaiseIterations { by });
+                self.record(run, dec);
+                run.raise_iterations(by);
             }
             Decision::Kill(kill) => {
-                let dec = decision(w, now, CriticAction::Kill, kill.as_str(), None);
-                self.begin_stop(w, now, Ending::killed(kill), Some(dec));
+                let dec = decision(run, CriticAction::Kill, kill.as_str(), None);
+                self.stop(run, Ending::killed(kill), Some(dec));
             }
         }
-        w.progress_at_decision = w.progress();
+        run.watch.progress_at_decision = run.watch.progress();
     }
 
     /// Records a decision where the caller sees it: the result, the event
-    /// stream and the audit log.
-    fn record(&self, w: &Watched, d: CriticDecision) {
+    /// stream and the audit log (in the run's order of records).
+    fn record(&self, run: &mut RunState, d: CriticDecision) {
         let event = RunEvent::from_decision(d.clone());
-        w.shared.partial().critic.push(d);
-        w.shared.emit(&event);
-        let _ = self.audit.cast(AuditMsg::Record(AuditRecord {
-            run_id: w.shared.run_id,
-            seq: w.shared.next_seq(),
-            at_ms: unix_ms(),
-            entry: AuditEntry::Event(event),
-        }));
+        run.shared.partial().critic.push(d);
+        run.shared.emit(&event);
+        run.audit_entry(AuditEntry::Event(event));
     }
 
-    /// Sticky stop: the first reason wins; the run is asked to finalize and a
-    /// grace timer guards it.
-    fn begin_stop(&self, w: &mut Watched, now: Instant, ending: Ending, d: Option<CriticDecision>) {
-        if w.stopping.is_some() {
+    /// Sticky stop: the first ending wins (a run that ended ignores it);
+    /// the run aborts its in-flight call and finalizes now.
+    fn stop(&self, run: &mut RunState, ending: Ending, d: Option<CriticDecision>) {
+        if run.done {
             return;
         }
         if let Some(d) = d {
-            self.record(w, d);
+            self.record(run, d);
         }
-        w.stopping = Some(Box::new((ending.clone(), now + w.limits.kill_grace)));
-        if w.run
-            .cast(RunMsg::Stop {
-                ending: ending.clone(),
-            })
-            .is_err()
-        {
-            w.shared.finish(ending, &self.audit);
-        }
+        run.finish(ending);
     }
 }
 
 fn decision(
-    w: &Watched,
-    now: Instant,
+    run: &RunState,
     action: CriticAction,
     reason: &str,
     detail: Option<String>,
@@ -623,22 +538,21 @@ fn decision(
     CriticDecision {
         action,
         reason: reason.to_string(),
-        at_ms: w.at_ms(now),
+        at_ms: run.now.saturating_duration_since(run.started).as_millis() as u64,
         detail,
     }
 }
 
 /// Arms the run's next timer if it is earlier than the one armed.
-fn arm(st: &mut CriticState, pid: u64) {
-    let Some(w) = st.runs.get_mut(&pid) else {
-        return;
-    };
-    let due = w.next_due();
-    if w.armed.is_some_and(|a| a <= due) {
+fn arm(timers: &mut BTreeSet<(Instant, u64)>, key: u64, run: &mut RunState) {
+    let due = run.watch.next_due(&run.limits);
+    if run.watch.armed.is_some_and(|a| a <= due) {
         return;
     }
-    w.armed = Some(due);
-    st.timers.insert((due, pid));
+    if let Some(old) = run.watch.armed.replace(due) {
+        timers.remove(&(old, key));
+    }
+    timers.insert((due, key));
 }
 
 /// Points the sleeper at the earliest timer.

@@ -1,6 +1,6 @@
 //! The host actor: the root of the supervision tree. Critic shards, the
-//! budget actor and the audit actor are its children; runs are children of
-//! the critic shards. It decides explicitly on every child event: a child
+//! budget actor and the audit actor are its children; runs are hosted and
+//! supervised by the critic shards. It decides explicitly on every child event: a child
 //! that fails is logged as an error (its runs are finalized by the Host
 //! handle's shutdown path); a child that stops is expected during shutdown.
 

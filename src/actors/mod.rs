@@ -1,5 +1,6 @@
-//! The actors: `host` (root), `critic` (sharded supervisors of runs), `run`
-//! (one per run), `budget` and `audit` (asynchronous bookkeeping). Actors
+//! The actors: `host` (root), `critic` (sharded supervisors and hosts of
+//! runs), `run` (one per run, hosted on a critic shard), `budget` and
+//! `audit` (asynchronous bookkeeping). Actors
 //! depend on ports, never on a concrete provider or store.
 
 pub mod audit;

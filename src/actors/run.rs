@@ -1,12 +1,24 @@
-//! The run actor: one per run. It drives the agent loop as messages —
-//! `NextStep` → `ModelDone` → `ToolsDone` → `NextStep` … → answer — and never
-//! awaits a model or tool call inside `handle`.
+//! A run: one agent loop, an actor hosted on a critic shard. It drives the
+//! loop as messages — `NextStep` → `ModelDone` → `ToolsDone` → `NextStep` …
+//! → answer — and never awaits a model or tool call while it handles one.
+//!
+//! # An actor without a task of its own
+//! A run has what makes an actor: its own state, its own message vocabulary
+//! ([`RunMsg`]), one message handled at a time, in the order sent, and a
+//! supervisor that sees it fail. It does not have a ractor actor (two
+//! tasks, four channels, about 6.5 KB) of its own: its messages go through
+//! the mailbox of the critic shard that supervises it
+//! (`CriticMsg::Run { key, msg }`), and the shard runs its handler. So a
+//! run costs its state and nothing else, its critic record sits inside that
+//! state (heartbeats are field updates, not messages), and a critic
+//! decision reaches it at once. A panic in a run's handler is caught by the
+//! shard and ends that run alone `error`/`panic`.
 //!
 //! A call is polled once in place (a scripted or cached answer is ready at
 //! once, and then costs no task); if it is not ready, it moves into a task
-//! the actor holds an abort handle for, and its result comes back as a
+//! the run holds an abort handle for, and its result comes back as a
 //! message tagged with an epoch, so a stale result after an abort is ignored.
-//! A `Stop` (kill, cancel, deadline) therefore lands between any two awaits
+//! A stop (kill, cancel, deadline) therefore lands between any two awaits
 //! and aborts the in-flight HTTP request or tool at once.
 //!
 //! Before a model call the run estimates its prompt; past 0.7 × the model's
@@ -15,10 +27,9 @@
 //! the summary, or keeps the transcript whole if the call fails (see
 //! `crate::compaction`).
 //!
-//! Heartbeats go to the critic shard that supervises this actor; audit
-//! records are collected while a message is handled and sent to the audit
-//! actor as one batch at the end of it. The partial result lives in the
-//! shared record (`RunShared`) so the critic can finalize a run that panicked.
+//! Audit records are collected while a message is handled and sent to the
+//! audit actor as one batch at the end of it. The partial result lives in
+//! the shared record (`RunShared`) that the run's handle reads.
 //!
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
 //! partial output, steps and usage are kept on every ending.
@@ -28,18 +39,17 @@ use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::FutureExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::ActorRef;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::actors::audit::AuditMsg;
 use crate::actors::budget::{BudgetMsg, Ticket};
-use crate::actors::critic::{Beat, CriticMsg, Watch};
+use crate::actors::critic::{Beat, CriticMsg, Watched};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
 use crate::handle::{Ending, RunShared};
@@ -56,14 +66,15 @@ use crate::spec::{AgentSpec, Invocation, Limits};
 /// Summaries in steps and events are capped to this many bytes.
 const SUMMARY_BYTES: usize = 200;
 
-/// Steps taken in one handler at most when calls answer at once.
-const INLINE_STEPS: u32 = 8;
+/// Audit records a handler's buffer has room for from its first record.
+const AUDIT_RESERVE: usize = 16;
+
+/// A tool call still running after its first poll.
+type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send>>;
 
 /// The outcome of one tool call.
 #[derive(Debug)]
 pub struct ToolOutcome {
-    /// The call ran and its `ToolFinished` heartbeat is still to be sent.
-    beat_owed: bool,
     call_id: String,
     tool: String,
     args: String,
@@ -71,7 +82,7 @@ pub struct ToolOutcome {
     duration_ms: u64,
 }
 
-/// Messages to a run.
+/// Messages to a run (through its shard: `CriticMsg::Run { key, msg }`).
 pub enum RunMsg {
     /// Make the next model call (or end the run).
     NextStep,
@@ -90,7 +101,7 @@ pub enum RunMsg {
         result: Result<ChatResponse, ModelError>,
     },
     /// A model call panicked after its first poll (in its task): the run
-    /// ends `error`/`panic`, like a run whose actor panicked.
+    /// ends `error`/`panic`, like a run whose handler panicked.
     ModelPanicked {
         /// The call's epoch (stale results are ignored).
         epoch: u32,
@@ -109,20 +120,36 @@ pub enum RunMsg {
         /// The message.
         text: String,
     },
-    /// Raise the iteration ceiling.
-    RaiseIterations {
-        /// By how many.
-        by: u32,
-    },
-    /// End the run now (kill, cancel): abort in-flight calls and finalize.
-    Stop {
-        /// How it ends.
-        ending: Ending,
-    },
 }
 
-/// What a run is started with.
+/// Where a run's messages go: the shard that hosts it, and its key there.
+#[derive(Clone)]
+pub struct RunAddr {
+    pub(crate) shard: ActorRef<CriticMsg>,
+    pub(crate) key: u64,
+}
+
+impl RunAddr {
+    /// Sends the run a message; false if its shard is gone.
+    pub(crate) fn send(&self, msg: RunMsg) -> bool {
+        self.shard
+            .cast(CriticMsg::Run { key: self.key, msg })
+            .is_ok()
+    }
+
+    /// Tells the run's critic it is alive (from a task of the run's).
+    pub(crate) fn beat(&self, beat: Beat) {
+        let _ = self.shard.cast(CriticMsg::Beat {
+            key: self.key,
+            beat,
+        });
+    }
+}
+
+/// What a run is started with (`CriticMsg::Start`).
 pub struct RunArgs {
+    /// Its key on the shard (the host gives every run one).
+    pub(crate) key: u64,
     pub(crate) shared: Arc<RunShared>,
     pub(crate) agent: Agent,
     pub(crate) limits: Limits,
@@ -134,7 +161,6 @@ pub struct RunArgs {
     /// The checkpoint a resumed run starts from.
     pub(crate) resumed: Option<Box<Checkpoint>>,
     pub(crate) info: Option<RunInfo>,
-    pub(crate) critic: ActorRef<CriticMsg>,
     pub(crate) audit: ActorRef<AuditMsg>,
     pub(crate) budget: ActorRef<BudgetMsg>,
     pub(crate) ticket: Option<Ticket>,
@@ -149,19 +175,15 @@ pub(crate) struct DurableRun {
     pub(crate) started_at: u64,
 }
 
-/// The run actor (configuration-free: everything is in its arguments).
-pub struct RunActor;
-
-/// A run's mutable state.
+/// A run's state: the loop's, and its critic's record of it.
 pub struct RunState {
-    shared: Arc<RunShared>,
+    pub(crate) addr: RunAddr,
+    pub(crate) shared: Arc<RunShared>,
     agent: Agent,
-    limits: Limits,
-    critic: ActorRef<CriticMsg>,
+    pub(crate) limits: Limits,
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     ticket: Option<Ticket>,
-    pid: u64,
     transcript: Arc<Vec<Message>>,
     iteration: u32,
     max_iterations: u32,
@@ -169,42 +191,33 @@ pub struct RunState {
     inflight: Option<AbortHandle>,
     epoch: u32,
     error_steps: u32,
-    /// Hash of the last tool call and how many times in a row it came (the
-    /// critic counts the same; see `gate_next_step`).
-    last_call: u64,
-    repeats: u32,
-    /// The next step waits for the critic's `ReleaseStep` answer.
-    gate_next_step: bool,
     /// When to summarize the transcript, and the summary calls made.
     compaction: Compaction,
-    started: Instant,
-    done: bool,
+    pub(crate) started: Instant,
+    pub(crate) done: bool,
     pending_audit: Vec<AuditRecord>,
-    beats: Vec<Beat>,
     /// Tokens charged to the ticket but not yet sent to the budget actor.
     unmetered: u64,
-    /// The next step is due: taken in the same handler (up to
-    /// `INLINE_STEPS` of them), not through the mailbox.
-    step_due: bool,
+    /// The next step is due: the shard takes it in the same handler (up
+    /// to `INLINE_STEPS` of them), not through the mailbox.
+    pub(crate) step_due: bool,
     durable: Option<Arc<DurableRun>>,
-    /// The wall clock read once per handler: the records a handler makes
-    /// share it (they are made within microseconds of each other).
+    /// The clock read once per handler: the records and heartbeats a
+    /// handler makes share it (they are made within microseconds).
+    pub(crate) now: Instant,
     clock_ms: Option<u64>,
     /// What the retry layer reports through, made at the first call.
     retry: Option<RetrySink>,
+    /// The critic's record of this run (C8: small).
+    pub(crate) watch: Watched,
     span: tracing::Span,
 }
 
-impl Actor for RunActor {
-    type Msg = RunMsg;
-    type State = RunState;
-    type Arguments = RunArgs;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<RunMsg>,
-        args: RunArgs,
-    ) -> Result<RunState, ActorProcessingErr> {
+impl RunState {
+    /// A new run (or a resumed one) at `addr`: its state, its critic record,
+    /// its `run_started` record (and `resumed` event). Its first step is
+    /// due; the shard takes it.
+    pub(crate) fn start(args: RunArgs, addr: RunAddr) -> Box<RunState> {
         let started = Instant::now();
         let mut iteration = 0;
         let started_ms = match &args.resumed {
@@ -228,13 +241,13 @@ impl Actor for RunActor {
             args.limits.context_window,
             args.agent.price().map(|p| p.context),
         );
-        let mut st = RunState {
-            pid: myself.get_id().pid(),
+        let mut st = Box::new(RunState {
+            addr,
             max_iterations: args.limits.max_iterations,
+            watch: Watched::new(&args.limits, started),
             shared: args.shared,
             agent: args.agent,
             limits: args.limits,
-            critic: args.critic,
             audit: args.audit,
             budget: args.budget,
             ticket: args.ticket,
@@ -244,29 +257,20 @@ impl Actor for RunActor {
             inflight: None,
             epoch: 0,
             error_steps: 0,
-            last_call: 0,
-            repeats: 0,
-            gate_next_step: false,
             compaction: Compaction::new(window),
             started,
             done: false,
             // Grown on demand: a run spends most of its life waiting on a
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
-            beats: Vec::new(),
             unmetered: 0,
-            step_due: false,
+            step_due: true,
             durable: args.durable,
+            now: started,
             clock_ms: None,
             retry: None,
             span,
-        };
-        st.critic.cast(CriticMsg::Watch(Box::new(Watch {
-            run: myself.clone(),
-            shared: st.shared.clone(),
-            limits: st.limits,
-            started,
-        })))?;
+        });
         if let Some(info) = args.info {
             st.audit_entry(AuditEntry::RunStarted(Box::new(info)));
         }
@@ -276,75 +280,44 @@ impl Actor for RunActor {
                 iteration: c.iteration,
             });
         }
-        myself.cast(RunMsg::NextStep)?;
-        Ok(st)
+        st
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<RunMsg>,
-        msg: RunMsg,
-        st: &mut RunState,
-    ) -> Result<(), ActorProcessingErr> {
-        let span = st.span.clone();
-        let _enter = span.enter();
-        st.clock_ms = None;
-        // A panic while handling (a model that panics when first polled)
-        // must still kill this actor, so the critic finalizes the run as
-        // `panic`; but the audit records collected so far (`run_started`,
-        // `step.start`, …) are flushed first, so the log keeps them.
-        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            if !st.done {
-                st.on_message(&myself, msg);
-            }
-            // A step whose calls all answered at once goes straight on to
-            // the next one; only every `INLINE_STEPS`th goes through the
-            // mailbox, so a steer or a stop is never kept waiting for long.
-            let mut inline = 0;
-            while std::mem::take(&mut st.step_due) && !st.done {
-                if inline == INLINE_STEPS {
-                    let _ = myself.cast(RunMsg::NextStep);
-                    break;
-                }
-                inline += 1;
-                st.next_step(&myself);
-            }
-        }));
-        st.flush_audit();
-        st.flush_beats();
-        st.flush_meter();
-        if let Err(panic) = handled {
-            std::panic::resume_unwind(panic);
+    /// The run's span (its handlers run inside it).
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Starts a handler: the clock it shares.
+    pub(crate) fn begin(&mut self, now: Instant) {
+        self.now = now;
+        self.clock_ms = None;
+    }
+
+    /// Ends a handler: the records and the tokens it made go out (one
+    /// message each at most).
+    pub(crate) fn end(&mut self) {
+        self.flush_audit();
+        self.flush_meter();
+    }
+
+    /// Handles one message.
+    pub(crate) fn on_message(&mut self, msg: RunMsg) {
+        if self.done {
+            return;
         }
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<RunMsg>,
-        st: &mut RunState,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some(h) = st.inflight.take() {
-            h.abort();
-        }
-        Ok(())
-    }
-}
-
-impl RunState {
-    fn on_message(&mut self, myself: &ActorRef<RunMsg>, msg: RunMsg) {
         match msg {
-            RunMsg::NextStep => self.next_step(myself),
+            RunMsg::NextStep => self.next_step(),
             RunMsg::ModelDone { epoch, result } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
-                    self.model_done(myself, result);
+                    self.model_done(result);
                 }
             }
             RunMsg::SummaryDone { epoch, result } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
-                    self.summary_done(myself, result);
+                    self.summary_done(result);
                 }
             }
             RunMsg::ModelPanicked { epoch, text } => {
@@ -355,30 +328,46 @@ impl RunState {
                         "panic",
                         format!("model call panicked: {text}"),
                     );
-                    self.finish(myself, e);
+                    self.finish(e);
                 }
             }
             RunMsg::ToolsDone { epoch, outcomes } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
-                    self.tools_done(myself, outcomes);
+                    self.tools_done(outcomes);
                 }
             }
-            RunMsg::Steer { text } => self.steers.push(text),
-            RunMsg::RaiseIterations { by } => {
-                self.max_iterations = self.max_iterations.saturating_add(by);
-                self.shared.partial().max_iterations = self.max_iterations;
-            }
-            RunMsg::Stop { ending } => self.finish(myself, ending),
+            RunMsg::Steer { text } => self.steer(text),
         }
     }
 
-    fn next_step(&mut self, myself: &ActorRef<RunMsg>) {
+    /// Queues a message for the next model call.
+    pub(crate) fn steer(&mut self, text: String) {
+        self.steers.push(text);
+    }
+
+    /// Raises the iteration ceiling.
+    pub(crate) fn raise_iterations(&mut self, by: u32) {
+        self.max_iterations = self.max_iterations.saturating_add(by);
+        self.shared.partial().max_iterations = self.max_iterations;
+    }
+
+    /// A handler panicked: the run ends `error`/`panic` with the text,
+    /// keeping the records it made before.
+    pub(crate) fn panicked(&mut self, text: &str) {
+        self.done = false;
+        self.finish(Ending::failed(
+            RunStatus::Error,
+            "panic",
+            format!("run panicked: {text}"),
+        ));
+    }
+    pub(crate) fn next_step(&mut self) {
         if let Some(t) = &self.ticket {
             if t.exhausted() {
                 let mut e = Ending::killed(KillReason::Budget);
                 e.error = Some(format!("caller `{}` is over its token budget", t.caller()));
-                return self.finish(myself, e);
+                return self.finish(e);
             }
         }
         if self.iteration >= self.max_iterations {
@@ -387,7 +376,7 @@ impl RunState {
                 "max_iterations",
                 format!("stopped after {} model calls", self.iteration),
             );
-            return self.finish(myself, e);
+            return self.finish(e);
         }
         if !self.steers.is_empty() {
             for text in std::mem::take(&mut self.steers) {
@@ -402,7 +391,7 @@ impl RunState {
             }
         }
         if let Some(due) = self.compaction.due(self.iteration, &self.transcript) {
-            return self.summarize(myself, due);
+            return self.summarize(due);
         }
         self.iteration += 1;
         self.shared.partial().iterations = self.iteration;
@@ -438,8 +427,8 @@ impl RunState {
             on_retry: Some(self.retry_sink()),
         };
         let done = |epoch, result| RunMsg::ModelDone { epoch, result };
-        if let Some(result) = self.start_call(myself, request, done) {
-            self.model_done(myself, result);
+        if let Some(result) = self.start_call(request, done) {
+            self.model_done(result);
         }
     }
 
@@ -449,7 +438,6 @@ impl RunState {
     /// result)` (or `ModelPanicked`).
     fn start_call(
         &mut self,
-        myself: &ActorRef<RunMsg>,
         request: ChatRequest,
         done: fn(u32, Result<ChatResponse, ModelError>) -> RunMsg,
     ) -> Option<Result<ChatResponse, ModelError>> {
@@ -460,7 +448,7 @@ impl RunState {
         match poll_once(fut) {
             Ok(result) => Some(result),
             Err(fut) => {
-                let me = myself.clone();
+                let me = self.addr.clone();
                 let task = tokio::spawn(async move {
                     let msg = match AssertUnwindSafe(fut).catch_unwind().await {
                         Ok(result) => done(epoch, result),
@@ -469,7 +457,7 @@ impl RunState {
                             text: panic_text(&panic),
                         },
                     };
-                    let _ = me.cast(msg);
+                    me.send(msg);
                 });
                 self.inflight = Some(task.abort_handle());
                 None
@@ -480,7 +468,7 @@ impl RunState {
     /// Makes the summary call of a due compaction (before the step that
     /// needs it). It offers no tools and streams nothing; retries are
     /// reported like a step's.
-    fn summarize(&mut self, myself: &ActorRef<RunMsg>, due: Due) {
+    fn summarize(&mut self, due: Due) {
         let messages = compaction::summary_request(&self.transcript, due.cut);
         let tools: Arc<[ToolSpec]> = Arc::from(Vec::new());
         let call_index = self.compaction.call_index(self.iteration);
@@ -491,8 +479,8 @@ impl RunState {
         // A fresh stall window for the summary call.
         self.beat(Beat::Alive);
         let done = |epoch, result| RunMsg::SummaryDone { epoch, result };
-        if let Some(result) = self.start_call(myself, request, done) {
-            self.summary_done(myself, result);
+        if let Some(result) = self.start_call(request, done) {
+            self.summary_done(result);
         }
     }
 
@@ -500,13 +488,9 @@ impl RunState {
     /// the transcript becomes the summary (`transcript.compacted`), on any
     /// failure the transcript stays whole (a `compaction_failed` warning).
     /// Either way the step goes on.
-    fn summary_done(
-        &mut self,
-        myself: &ActorRef<RunMsg>,
-        result: Result<ChatResponse, ModelError>,
-    ) {
+    fn summary_done(&mut self, result: Result<ChatResponse, ModelError>) {
         let Some(due) = self.compaction.take_pending() else {
-            return self.next_step(myself);
+            return self.next_step();
         };
         let summary = match result {
             Err(e) => Err(format!("{}: {e}", e.kind())),
@@ -544,7 +528,7 @@ impl RunState {
                 });
             }
         }
-        self.next_step(myself);
+        self.next_step();
     }
 
     /// Counts a call's usage in the run's usage and cost (and its answer,
@@ -570,15 +554,12 @@ impl RunState {
         tokens
     }
 
-    fn model_done(&mut self, myself: &ActorRef<RunMsg>, result: Result<ChatResponse, ModelError>) {
+    fn model_done(&mut self, result: Result<ChatResponse, ModelError>) {
         let resp = match result {
             Ok(r) => r,
             Err(e) => {
                 self.beat(Beat::StepFinished { tokens: 0 });
-                return self.finish(
-                    myself,
-                    Ending::failed(RunStatus::Error, e.kind(), e.to_string()),
-                );
+                return self.finish(Ending::failed(RunStatus::Error, e.kind(), e.to_string()));
             }
         };
         // The transcript is still the one the call saw.
@@ -612,7 +593,7 @@ impl RunState {
                 if OutputSchema::repaired(&self.transcript) {
                     let mut e = Ending::failed(RunStatus::Error, "invalid_output", why);
                     e.output = Some(resp.text);
-                    return self.finish(myself, e);
+                    return self.finish(e);
                 }
                 let text = self
                     .agent
@@ -623,38 +604,38 @@ impl RunState {
                 self.step_due = true;
                 return;
             }
-            return self.finish(myself, Ending::ok(resp.text));
+            return self.finish(Ending::ok(resp.text));
         }
-        let calls = resp.tool_calls.clone();
+        // The calls start (each polled once in place) before the assistant
+        // message takes them into the transcript: no copy of the list.
+        let ready = self.dispatch_tools(&resp.tool_calls);
         self.transcript_mut().push(Message {
             role: Role::Assistant,
             content: resp.text,
             tool_calls: resp.tool_calls,
             tool_call_id: None,
         });
-        self.dispatch_tools(myself, calls);
+        if let Some(outcomes) = ready {
+            self.tools_done(outcomes);
+        }
     }
 
-    fn dispatch_tools(&mut self, myself: &ActorRef<RunMsg>, calls: Vec<ToolCallRequest>) {
+    /// Starts a turn's tool calls, each polled once in place. Returns their
+    /// outcomes when all answered at once; otherwise the ones still running
+    /// move into one task (the run holds its abort handle) whose
+    /// `ToolsDone` brings every outcome back, in the model's order.
+    fn dispatch_tools(&mut self, calls: &[ToolCallRequest]) -> Option<Vec<ToolOutcome>> {
         let timeout = self.limits.tool_timeout;
         let cap = self.limits.max_tool_result_bytes as usize;
-        let mut jobs = Vec::with_capacity(calls.len());
-        let spawned = Arc::new(AtomicBool::new(false));
+        let mut outcomes = Vec::with_capacity(calls.len());
+        let mut running: Vec<(usize, PendingTool)> = Vec::new();
         for call in calls {
             let mut h = DefaultHasher::new();
             call.name.hash(&mut h);
             call.arguments.hash(&mut h);
-            let hash = h.finish();
-            if hash == self.last_call {
-                self.repeats += 1;
-            } else {
-                self.last_call = hash;
-                self.repeats = 1;
-            }
-            if self.repeats >= self.limits.repeat_limit {
-                self.gate_next_step = true;
-            }
-            self.beat(Beat::ToolStarted { hash });
+            // The critic counts repeats; one that reaches the limit is
+            // decided on before the next step (the shard reviews the run).
+            self.beat(Beat::ToolStarted { hash: h.finish() });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
                 iteration: self.iteration,
@@ -662,68 +643,74 @@ impl RunState {
                 tool: call.name.clone(),
                 args: args.clone(),
             });
-            let prepared = self.agent.tools().prepare(&call);
+            let mut outcome = ToolOutcome {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                args,
+                result: Ok(String::new()),
+                duration_ms: 0,
+            };
+            let prepared = match self.agent.tools().prepare(call) {
+                Ok(p) => p,
+                Err(e) => {
+                    outcome.result = Err(e);
+                    outcomes.push(outcome);
+                    continue;
+                }
+            };
             let ctx = ToolContext {
                 run_id: self.shared.run_id,
                 call_id: call.id.clone(),
             };
-            let critic = self.critic.clone();
-            let pid = self.pid;
-            let spawned = spawned.clone();
-            jobs.push(async move {
-                let mut beat_owed = false;
-                let t0 = Instant::now();
-                let result = match prepared {
-                    Ok(p) => {
-                        let r = p.execute(ctx, timeout, cap).await;
-                        // A batch that finished in place reports its
-                        // heartbeats with the actor's own batch; a spawned
-                        // one reports each call as it ends.
-                        if spawned.load(Ordering::Relaxed) {
-                            let _ = critic.cast(CriticMsg::Beat {
-                                run: pid,
-                                beat: Beat::ToolFinished,
-                            });
-                        } else {
-                            beat_owed = true;
-                        }
-                        r
-                    }
-                    Err(e) => Err(e),
-                };
-                ToolOutcome {
-                    beat_owed,
-                    call_id: call.id,
-                    tool: call.name,
-                    args,
-                    result,
-                    duration_ms: t0.elapsed().as_millis() as u64,
+            let t0 = Instant::now();
+            let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
+            match poll_once(fut) {
+                Ok(result) => {
+                    self.beat(Beat::ToolFinished);
+                    outcome.result = result;
+                    outcome.duration_ms = t0.elapsed().as_millis() as u64;
+                    outcomes.push(outcome);
+                }
+                Err(fut) => {
+                    running.push((outcomes.len(), fut));
+                    // A placeholder in the model's order, filled by the task.
+                    outcome.duration_ms = t0.elapsed().as_millis() as u64;
+                    outcomes.push(outcome);
+                }
+            }
+        }
+        self.epoch += 1;
+        if running.is_empty() {
+            return Some(outcomes);
+        }
+        let epoch = self.epoch;
+        let me = self.addr.clone();
+        let task = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let finished = running.into_iter().map(|(i, fut)| {
+                let me = me.clone();
+                async move {
+                    let result = fut.await;
+                    // Each call reports as it ends: the critic sees progress.
+                    me.beat(Beat::ToolFinished);
+                    (i, result, t0.elapsed().as_millis() as u64)
                 }
             });
-        }
-        let fut = Box::pin(futures_util::future::join_all(jobs));
-        self.epoch += 1;
-        let epoch = self.epoch;
-        match poll_once(fut) {
-            Ok(outcomes) => self.tools_done(myself, outcomes),
-            Err(fut) => {
-                spawned.store(true, Ordering::Relaxed);
-                let me = myself.clone();
-                let task = tokio::spawn(async move {
-                    let outcomes = fut.await;
-                    let _ = me.cast(RunMsg::ToolsDone { epoch, outcomes });
-                });
-                self.inflight = Some(task.abort_handle());
+            for (i, result, ms) in futures_util::future::join_all(finished).await {
+                if let Some(o) = outcomes.get_mut(i) {
+                    o.result = result;
+                    o.duration_ms += ms;
+                }
             }
-        }
+            me.send(RunMsg::ToolsDone { epoch, outcomes });
+        });
+        self.inflight = Some(task.abort_handle());
+        None
     }
 
-    fn tools_done(&mut self, myself: &ActorRef<RunMsg>, outcomes: Vec<ToolOutcome>) {
+    fn tools_done(&mut self, outcomes: Vec<ToolOutcome>) {
         let mut any_ok = false;
         for o in outcomes {
-            if o.beat_owed {
-                self.beat(Beat::ToolFinished);
-            }
             let (ok, content, error) = match o.result {
                 Ok(text) => (true, text, None),
                 Err(e) => {
@@ -770,25 +757,16 @@ impl RunState {
                         self.error_steps
                     ),
                 );
-                return self.finish(myself, e);
+                return self.finish(e);
             }
         }
         self.checkpoint();
-        if std::mem::take(&mut self.gate_next_step) {
-            // Step on only once the critic has seen this turn's heartbeats
-            self.flush_beats();
-            // (and decided on the repeat).
-            let _ = self.critic.cast(CriticMsg::ReleaseStep {
-                run: myself.clone(),
-            });
-        } else {
-            self.step_due = true;
-        }
+        self.step_due = true;
     }
 
     /// Ends the run: aborts what is in flight, finalizes through the shared
-    /// record, commits the budget, stops the actor.
-    fn finish(&mut self, myself: &ActorRef<RunMsg>, ending: Ending) {
+    /// record, commits the budget. The shard drops the run after the handler.
+    pub(crate) fn finish(&mut self, ending: Ending) {
         if self.done {
             return;
         }
@@ -796,9 +774,6 @@ impl RunState {
         if let Some(h) = self.inflight.take() {
             h.abort();
         }
-        // The critic forgets the run when its actor stops: heartbeats still
-        // queued would tell it nothing.
-        self.beats.clear();
         let records = std::mem::take(&mut self.pending_audit);
         self.shared.finish_after(ending, &self.audit, records);
         if let Some(t) = self.ticket.take() {
@@ -808,27 +783,22 @@ impl RunState {
                 runtime_ms: self.started.elapsed().as_millis() as u64,
             });
         }
-        myself.stop(None);
     }
 
     /// What the retry layer calls before each backoff sleep: a heartbeat
-    /// straight to the critic (the actor is not in the loop while the call
+    /// straight to the shard (the run is not in the loop while the call
     /// is in flight) and a `model.retry` event, recorded.
     fn retry_sink(&mut self) -> RetrySink {
         if let Some(sink) = &self.retry {
             return sink.clone();
         }
-        let critic = self.critic.clone();
+        let addr = self.addr.clone();
         let audit = self.audit.clone();
         let shared = self.shared.clone();
-        let pid = self.pid;
         let sink: RetrySink = Arc::new(move |e: &ModelError, delay: std::time::Duration| {
             // The step being retried is the latest one started.
             let iteration = shared.partial().iterations;
-            let _ = critic.cast(CriticMsg::Beat {
-                run: pid,
-                beat: Beat::Alive,
-            });
+            addr.beat(Beat::Alive);
             let ev = RunEvent::ModelRetry {
                 iteration,
                 kind: e.kind().to_string(),
@@ -874,10 +844,9 @@ impl RunState {
         });
     }
 
-    /// Queues a heartbeat; the queue goes to the critic as one message at
-    /// the end of the handler (or before anything that must follow it).
-    fn beat(&mut self, beat: Beat) {
-        self.beats.push(beat);
+    /// A heartbeat: the critic's record of the run sees it at once.
+    pub(crate) fn beat(&mut self, beat: Beat) {
+        self.watch.beat(self.now, beat, self.limits.repeat_limit);
     }
 
     /// Sends the tokens charged since the last meter to the budget actor
@@ -894,23 +863,18 @@ impl RunState {
         }
     }
 
-    fn flush_beats(&mut self) {
-        if !self.beats.is_empty() {
-            let beats = std::mem::take(&mut self.beats);
-            let _ = self.critic.cast(CriticMsg::Beats {
-                run: self.pid,
-                beats,
-            });
-        }
-    }
-
-    fn event(&mut self, ev: RunEvent) {
+    pub(crate) fn event(&mut self, ev: RunEvent) {
         self.shared.emit(&ev);
         self.audit_entry(AuditEntry::Event(ev));
     }
 
-    fn audit_entry(&mut self, entry: AuditEntry) {
+    pub(crate) fn audit_entry(&mut self, entry: AuditEntry) {
         let at_ms = *self.clock_ms.get_or_insert_with(unix_ms);
+        if self.pending_audit.capacity() == 0 {
+            // Room for a whole run that answers at once (W1 makes 13
+            // records): one allocation, not a chain of regrowths.
+            self.pending_audit.reserve(AUDIT_RESERVE);
+        }
         self.pending_audit.push(AuditRecord {
             run_id: self.shared.run_id,
             seq: self.shared.next_seq(),

@@ -10,9 +10,9 @@
 //! open file descriptors (`/proc/self/fd`), runs alive
 //! ([`Host::live_runs`]), live actors, CPU % (of one core) and the statuses
 //! so far. Live actors are counted, not listed: a run is exactly one actor
-//! (its model and tool calls are tasks it holds, not actors), and a host
-//! has a fixed root, audit, budget and one critic per shard; so live actors
-//! = runs alive + 3 + shards.
+//! (hosted on a critic shard; its model and tool calls are tasks it holds,
+//! not actors), and a host has a fixed root, audit, budget and one critic
+//! per shard; so live actors = runs alive + 3 + shards.
 //!
 //! # Chaos
 //! `--chaos RATE` wraps the manifest's scripted model in a
