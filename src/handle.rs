@@ -348,6 +348,16 @@ impl RunHandle {
         self.await
     }
 
+    /// Waits for the result without copying it out: the `Arc` is the one
+    /// the run's terminal audit record holds (awaiting the handle itself
+    /// returns an owned copy). For callers that read the result and let it
+    /// go — a swarm counting statuses — this saves a copy of every step.
+    pub async fn shared(mut self) -> Arc<RunResult> {
+        let received = (&mut self.result_rx).await;
+        self.done = true;
+        received.unwrap_or_else(|_| Arc::new(lost_result(self.run_id)))
+    }
+
     /// Injects a message into the run before its next model call.
     pub fn steer(&self, text: impl Into<String>) {
         self.addr.send(RunMsg::Steer { text: text.into() });

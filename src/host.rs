@@ -11,6 +11,8 @@
 //! record, then drains the audit and budget actors before it returns.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,6 +140,66 @@ pub enum RecoverError {
     /// The audit log could not be read.
     #[error(transparent)]
     Audit(#[from] crate::ports::audit::AuditStoreError),
+}
+
+/// A ticket from `account`, or why the caller may not run now.
+fn take_ticket(caller: &str, account: &Arc<Account>) -> Result<Ticket, Ending> {
+    account.admit().map_err(|d| match d {
+        Denied::Tokens => Ending::failed(
+            RunStatus::BudgetExceeded,
+            "budget",
+            format!("caller `{caller}` has spent its token budget"),
+        ),
+        Denied::Concurrency => Ending::failed(
+            RunStatus::Rejected,
+            "caller_concurrency",
+            format!("caller `{caller}` has as many runs in flight as it may"),
+        ),
+    })
+}
+
+/// A run started, or the rest of its admission to wait for.
+enum Started<'a> {
+    /// Started (or refused) at once.
+    Now((RunHandle, Option<RunEvents>)),
+    /// Admission waits (a durable run's first checkpoint, a caller's first
+    /// admission).
+    Later(Pin<Box<dyn Future<Output = (RunHandle, Option<RunEvents>)> + Send + 'a>>),
+}
+
+impl Started<'_> {
+    async fn await_started(self) -> (RunHandle, Option<RunEvents>) {
+        match self {
+            Started::Now(started) => started,
+            Started::Later(rest) => rest.await,
+        }
+    }
+}
+
+/// A run between the host's checks and its start: what admission may still
+/// refuse (a durable run's first checkpoint, the caller's account).
+struct Opening {
+    /// Everything the shard starts it with (the ticket comes last); boxed
+    /// once, handed to the shard as is.
+    args: Box<RunArgs>,
+    caller: Arc<str>,
+    handle: RunHandle,
+    events: Option<RunEvents>,
+    /// A durable run's first checkpoint, still to be saved.
+    first_checkpoint: Option<Checkpoint>,
+}
+
+impl Opening {
+    /// Ends the run before it started: finalized with `ending`, its handle
+    /// resolves.
+    fn refuse(
+        self: Box<Self>,
+        ending: Ending,
+        audit: &ActorRef<AuditMsg>,
+    ) -> (RunHandle, Option<RunEvents>) {
+        self.args.shared.finish(ending, audit);
+        (self.handle, self.events)
+    }
 }
 
 /// The transcript a new run starts from: the system prompt, then the input.
@@ -324,6 +386,7 @@ impl HostBuilder {
                 .map_err(spawn_err("critic"))?;
             critics.push(r);
         }
+        let default_caller = Arc::from(c.default_caller.as_str());
         Ok(Host {
             inner: Arc::new(HostInner {
                 config: c,
@@ -341,6 +404,7 @@ impl HostBuilder {
                 live: Arc::new(LiveRuns::default()),
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
+                default_caller,
             }),
         })
     }
@@ -398,6 +462,8 @@ struct HostInner {
     closed: AtomicBool,
     /// The next run's key (its shard is the key modulo the shard count).
     next_key: AtomicU64,
+    /// `config.default_caller`, shared by the runs that name no caller.
+    default_caller: Arc<str>,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -524,9 +590,11 @@ impl Host {
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
         let agent = self.resolve(agent.into())?;
-        // Boxed: the spawn future is large and would otherwise sit in every
-        // caller's future for as long as it awaits the run.
-        Ok(Box::pin(self.start(agent, invocation, false, None)).await.0)
+        Ok(self
+            .start(agent, invocation, false, None)
+            .await_started()
+            .await
+            .0)
     }
 
     /// Submits a run and subscribes to its events.
@@ -536,7 +604,10 @@ impl Host {
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
         let agent = self.resolve(agent.into())?;
-        let (handle, events) = Box::pin(self.start(agent, invocation, true, None)).await;
+        let (handle, events) = self
+            .start(agent, invocation, true, None)
+            .await_started()
+            .await;
         Ok((handle, events.unwrap_or_else(RunEvents::closed)))
     }
 
@@ -556,15 +627,64 @@ impl Host {
         }
     }
 
-    /// Admits and spawns a run: a new one, or (`resumed`) a durable run
-    /// from its checkpoint.
-    async fn start(
+    /// Admits and starts a run: a new one, or (`resumed`) a durable run
+    /// from its checkpoint. Synchronous unless admission must wait — for a
+    /// durable run's first checkpoint or a caller's first admission — and
+    /// then the rest is a boxed future, which only those runs pay for: a
+    /// caller's future holds no admission state while it awaits its run.
+    fn start(
+        &self,
+        agent: Agent,
+        inv: Invocation,
+        with_events: bool,
+        resumed: Option<(Box<Checkpoint>, u32)>,
+    ) -> Started<'_> {
+        let run = match self.open(agent, inv, with_events, resumed) {
+            Ok(run) => run,
+            Err(refused) => return Started::Now(refused),
+        };
+        if run.first_checkpoint.is_none() {
+            if let Some(admitted) = self.admit_cached(&run.caller) {
+                return Started::Now(match admitted {
+                    Ok(ticket) => self.launch(run, ticket),
+                    Err(ending) => run.refuse(ending, &self.inner.audit),
+                });
+            }
+        }
+        Started::Later(Box::pin(self.start_waiting(run)))
+    }
+
+    /// The rest of [`start`](Self::start) for a run admission waits for.
+    async fn start_waiting(&self, mut run: Box<Opening>) -> (RunHandle, Option<RunEvents>) {
+        if let Some(first) = run.first_checkpoint.take() {
+            // A durable run is accepted once its first checkpoint is saved:
+            // from then on a crash cannot lose it (`recover` resumes or ends it).
+            if let Err(e) = self.save_checkpoint(first).await {
+                let ending = Ending::failed(
+                    RunStatus::Rejected,
+                    "checkpoint_unavailable",
+                    format!("the run's first checkpoint could not be saved: {e}"),
+                );
+                return run.refuse(ending, &self.inner.audit);
+            }
+        }
+        match self.admit(&run.caller).await {
+            Ok(ticket) => self.launch(run, ticket),
+            Err(ending) => run.refuse(ending, &self.inner.audit),
+        }
+    }
+
+    /// The part of admission that needs no waiting: the run's record and
+    /// handle, the host's checks (closed, run cap, the model's circuit),
+    /// the starting transcript, a durable run's first checkpoint. `Err` is a
+    /// run refused here (finalized, its handle resolves).
+    fn open(
         &self,
         agent: Agent,
         mut inv: Invocation,
         with_events: bool,
         resumed: Option<(Box<Checkpoint>, u32)>,
-    ) -> (RunHandle, Option<RunEvents>) {
+    ) -> Result<Box<Opening>, (RunHandle, Option<RunEvents>)> {
         let h = &self.inner;
         if resumed.is_none() && !h.booted.load(Ordering::Relaxed) {
             h.booted.store(true, Ordering::Relaxed);
@@ -576,8 +696,7 @@ impl Host {
             inv.limits
                 .resolve(&agent.spec().limits.over(&h.config.default_limits))
         };
-        let caller: Arc<str> =
-            Arc::from(inv.caller_id.as_deref().unwrap_or(&h.config.default_caller));
+        let caller = self.caller_arc(inv.caller_id.as_deref());
         let (shared, result_rx, events) = RunShared::new(
             run_id,
             agent.name_arc(),
@@ -607,40 +726,33 @@ impl Host {
             done: false,
             detached: false,
         };
-
         // Admission: host cap, then the caller's account.
-        if h.closed.load(Ordering::Acquire) {
-            shared.finish(
-                Ending::failed(
-                    RunStatus::Rejected,
-                    "shutting_down",
-                    "the host is shutting down",
-                ),
-                &h.audit,
-            );
-            return (handle, events);
-        }
-        if let Some(cap) = h.config.max_concurrent_runs {
+        let refused = if h.closed.load(Ordering::Acquire) {
+            Some(Ending::failed(
+                RunStatus::Rejected,
+                "shutting_down",
+                "the host is shutting down",
+            ))
+        } else if let Some(cap) = h
+            .config
+            .max_concurrent_runs
             // `live` already counts this run.
-            if h.live.count() > cap {
-                shared.finish(
-                    Ending::failed(
-                        RunStatus::Rejected,
-                        "concurrency",
-                        format!("the host runs {cap} runs at most"),
-                    ),
-                    &h.audit,
-                );
-                return (handle, events);
-            }
-        }
-        // The model's circuit breaker: an open circuit refuses at once.
-        if let Err(e) = agent.model().admit() {
-            shared.finish(
-                Ending::failed(RunStatus::Rejected, e.kind(), e.to_string()),
-                &h.audit,
-            );
-            return (handle, events);
+            .filter(|cap| h.live.count() > *cap)
+        {
+            Some(Ending::failed(
+                RunStatus::Rejected,
+                "concurrency",
+                format!("the host runs {cap} runs at most"),
+            ))
+        } else if let Err(e) = agent.model().admit() {
+            // The model's circuit breaker: an open circuit refuses at once.
+            Some(Ending::failed(RunStatus::Rejected, e.kind(), e.to_string()))
+        } else {
+            None
+        };
+        if let Some(ending) = refused {
+            shared.finish(ending, &h.audit);
+            return Err((handle, events));
         }
         let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
@@ -662,8 +774,7 @@ impl Host {
             }
             None => Arc::new(initial_transcript(agent.spec(), &prompt)),
         };
-        // A durable run is accepted once its first checkpoint is saved: from
-        // then on a crash cannot lose it (`recover` resumes or ends it).
+        let mut first_checkpoint = None;
         let durable = if durable {
             let d = Arc::new(DurableRun {
                 spec: agent.spec_arc(),
@@ -676,7 +787,7 @@ impl Host {
                 resumes: resumed.as_ref().map_or(0, |c| c.resumes),
                 started_at: resumed.as_ref().map_or_else(unix_ms, |c| c.started_at),
             });
-            let first = match &resumed {
+            first_checkpoint = Some(match &resumed {
                 Some(c) => Checkpoint::clone(c),
                 None => Checkpoint {
                     run_id,
@@ -691,31 +802,12 @@ impl Host {
                     started_at: d.started_at,
                     saved_at: unix_ms(),
                 },
-            };
-            if let Err(e) = self.save_checkpoint(first).await {
-                shared.finish(
-                    Ending::failed(
-                        RunStatus::Rejected,
-                        "checkpoint_unavailable",
-                        format!("the run's first checkpoint could not be saved: {e}"),
-                    ),
-                    &h.audit,
-                );
-                return (handle, events);
-            }
+            });
             Some(d)
         } else {
             None
         };
-        let ticket = match self.admit(&caller).await {
-            Ok(t) => t,
-            Err(ending) => {
-                shared.finish(ending, &h.audit);
-                return (handle, events);
-            }
-        };
-
-        let info = RunInfo {
+        let info = resumed.is_none().then(|| RunInfo {
             agent: agent.name_arc(),
             model: agent.model_name(),
             caller_id: Some(caller.clone()),
@@ -725,22 +817,39 @@ impl Host {
             prompt: cap_text(&prompt, 2048),
             tools: agent.tool_names(),
             limits: Some(limits.to_spec()),
-        };
-        let args = RunArgs {
-            key,
-            shared: shared.clone(),
-            agent,
-            limits,
-            transcript,
-            durable,
-            info: resumed.is_none().then_some(info),
-            resumed,
-            audit: h.audit.clone(),
-            budget: h.budget.clone(),
-            ticket: Some(ticket),
-        };
+        });
+        Ok(Box::new(Opening {
+            args: Box::new(RunArgs {
+                key,
+                shared,
+                agent,
+                limits,
+                transcript,
+                durable,
+                info,
+                resumed,
+                audit: h.audit.clone(),
+                budget: h.budget.clone(),
+                ticket: None,
+            }),
+            caller,
+            handle,
+            events,
+            first_checkpoint,
+        }))
+    }
+
+    /// Hands an admitted run to its shard, which starts it.
+    fn launch(&self, run: Box<Opening>, ticket: Ticket) -> (RunHandle, Option<RunEvents>) {
+        let Opening {
+            mut args,
+            handle,
+            events,
+            ..
+        } = *run;
+        args.ticket = Some(ticket);
         if let Err(ractor::MessagingErr::SendErr(CriticMsg::Start(args))) =
-            handle.addr.shard.cast(CriticMsg::Start(Box::new(args)))
+            handle.addr.shard.cast(CriticMsg::Start(args))
         {
             args.shared.finish(
                 Ending::failed(
@@ -748,10 +857,19 @@ impl Host {
                     "host_stopped",
                     "the run's critic shard is gone",
                 ),
-                &h.audit,
+                &self.inner.audit,
             );
         }
         (handle, events)
+    }
+
+    /// The caller id as shared text: the host's default caller's is made
+    /// once, not per run.
+    fn caller_arc(&self, caller: Option<&str>) -> Arc<str> {
+        match caller {
+            Some(c) => Arc::from(c),
+            None => self.inner.default_caller.clone(),
+        }
     }
 
     /// Resumes the durable runs an earlier process left unfinished, each
@@ -810,8 +928,10 @@ impl Host {
             c.resumes += 1;
             c.saved_at = unix_ms();
             let inv = c.invocation.clone();
-            let (handle, _) =
-                Box::pin(self.start(agent, inv, false, Some((Box::new(c), next_seq)))).await;
+            let (handle, _) = self
+                .start(agent, inv, false, Some((Box::new(c), next_seq)))
+                .await_started()
+                .await;
             out.resumed.push(handle);
         }
         if !cleared.is_empty() {
@@ -926,6 +1046,13 @@ impl Host {
         }
     }
 
+    /// Takes a ticket from the caller's account if it is cached (no
+    /// waiting); `None` when it must be loaded first ([`Host::admit`]).
+    fn admit_cached(&self, caller: &Arc<str>) -> Option<Result<Ticket, Ending>> {
+        let account = self.inner.accounts.get(caller).map(|a| a.clone())?;
+        Some(take_ticket(caller, &account))
+    }
+
     /// Finds (or loads) the caller's account and takes a ticket from it.
     async fn admit(&self, caller: &Arc<str>) -> Result<Ticket, Ending> {
         let h = &self.inner;
@@ -961,18 +1088,7 @@ impl Host {
                 }
             }
         };
-        account.admit().map_err(|d| match d {
-            Denied::Tokens => Ending::failed(
-                RunStatus::BudgetExceeded,
-                "budget",
-                format!("caller `{caller}` has spent its token budget"),
-            ),
-            Denied::Concurrency => Ending::failed(
-                RunStatus::Rejected,
-                "caller_concurrency",
-                format!("caller `{caller}` has as many runs in flight as it may"),
-            ),
-        })
+        take_ticket(caller, &account)
     }
 
     /// Forgets cached accounts so the next run of each caller reloads its

@@ -341,7 +341,7 @@ pub async fn run_engine(
                 let (host, agent) = (h.clone(), agent.clone());
                 async move {
                     match host.submit(&agent, Invocation::default()).await {
-                        Ok(handle) => handle.await.status == RunStatus::Ok,
+                        Ok(handle) => handle.shared().await.status == RunStatus::Ok,
                         Err(_) => false,
                     }
                 }

@@ -62,6 +62,11 @@ pub const HELD_MAX: usize = 100_000;
 /// Batches queued in front of the writer at most.
 pub const WRITER_QUEUE: usize = 4;
 
+/// Room past `max_batch` in the buffer: the batch is cut once a message
+/// takes it to `max_batch`, so the message that does (one run's records)
+/// fits without regrowing — and copying — the whole buffer.
+const BATCH_SLACK: usize = 64;
+
 /// Queued batches written together in one `append`, at most.
 const COALESCE_BATCHES: usize = 8;
 
@@ -157,7 +162,7 @@ impl Actor for Audit {
         let (tx, rx) = mpsc::channel(WRITER_QUEUE);
         let writer = Writer::new(self, rx).await;
         Ok(AuditState {
-            buffer: Vec::with_capacity(self.max_batch),
+            buffer: Vec::with_capacity(self.max_batch + BATCH_SLACK),
             waiting: Vec::new(),
             saves: Vec::new(),
             clears: Vec::new(),
@@ -244,7 +249,10 @@ impl Audit {
             return;
         }
         let job = Job::Batch {
-            records: std::mem::replace(&mut st.buffer, Vec::with_capacity(self.max_batch)),
+            records: std::mem::replace(
+                &mut st.buffer,
+                Vec::with_capacity(self.max_batch + BATCH_SLACK),
+            ),
             waiting: std::mem::take(&mut st.waiting),
             saves: std::mem::take(&mut st.saves),
             clears: std::mem::take(&mut st.clears),
@@ -384,7 +392,7 @@ impl Writer {
                     saves,
                     clears,
                 }) => {
-                    self.held.extend(records);
+                    self.hold(records);
                     let mut waiting = waiting;
                     let mut acks = self.take_checkpoints(saves, clears);
                     let mut drain = None;
@@ -397,7 +405,7 @@ impl Writer {
                                 saves,
                                 clears,
                             }) => {
-                                self.held.extend(records);
+                                self.hold(records);
                                 waiting.extend(w);
                                 acks.extend(self.take_checkpoints(saves, clears));
                             }
@@ -427,6 +435,16 @@ impl Writer {
                     return;
                 }
             }
+        }
+    }
+
+    /// Holds a batch to write: moved in when nothing else is held (no
+    /// copy), appended otherwise.
+    fn hold(&mut self, records: Vec<AuditRecord>) {
+        if self.held.is_empty() {
+            self.held = records;
+        } else {
+            self.held.extend(records);
         }
     }
 

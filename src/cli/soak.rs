@@ -514,7 +514,7 @@ impl Soak {
                         match host.submit(&agent, inv).await {
                             Ok(handle) => {
                                 tally.submitted.fetch_add(1, Ordering::Relaxed);
-                                let result = handle.await;
+                                let result = handle.shared().await;
                                 tally.record(&result, t0.elapsed());
                             }
                             Err(_) => {

@@ -97,7 +97,7 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
                     ..Default::default()
                 };
                 let status = match host.submit(&agent, inv).await {
-                    Ok(h) => h.await.status,
+                    Ok(h) => h.shared().await.status,
                     Err(_) => RunStatus::Error,
                 };
                 latencies.push(t0.elapsed().as_micros() as u64);
