@@ -6,6 +6,12 @@
 //! written, so a soak of millions of runs keeps flat memory while its
 //! verdict ("every run has one terminal record") still holds. Use the
 //! SQLite store for full history.
+//!
+//! Batches are kept as they come (moved in: an append costs no copy of its
+//! records) and dropped whole once all their records are older than the
+//! window; records of the oldest batch that fell out of it are no longer
+//! read, and are freed with their batch. So the store holds at most one
+//! batch more than `capacity` records.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -35,8 +41,24 @@ pub struct MemoryAuditStore {
 
 #[derive(Default)]
 struct AuditInner {
-    records: VecDeque<AuditRecord>,
+    /// Batches, oldest first.
+    batches: VecDeque<Vec<AuditRecord>>,
+    /// Records of the oldest batch that fell out of the window.
+    front_skip: usize,
+    /// Records in the window.
+    held: usize,
     stats: AuditStats,
+}
+
+impl AuditInner {
+    /// The records in the window, oldest first.
+    fn records(&self) -> impl Iterator<Item = &AuditRecord> {
+        let skip = self.front_skip;
+        self.batches
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, b)| b[if i == 0 { skip } else { 0 }..].iter())
+    }
 }
 
 impl MemoryAuditStore {
@@ -49,22 +71,15 @@ impl MemoryAuditStore {
     pub fn with_capacity(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         MemoryAuditStore {
-            // Reserved whole up front (address space: pages are touched only
-            // as records come), so filling it never copies the ring.
-            inner: Mutex::new(AuditInner {
-                records: VecDeque::with_capacity(capacity.min(1 << 22)),
-                stats: AuditStats::default(),
-            }),
+            inner: Mutex::new(AuditInner::default()),
             capacity,
         }
     }
 
     /// Every record still held, oldest first.
     pub fn records(&self) -> Vec<AuditRecord> {
-        match self.inner.lock() {
-            Ok(g) => g.records.iter().cloned().collect(),
-            Err(p) => p.into_inner().records.iter().cloned().collect(),
-        }
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.records().cloned().collect()
     }
 }
 
@@ -75,23 +90,33 @@ impl Default for MemoryAuditStore {
 }
 
 impl MemoryAuditStore {
-    /// Keeps `batch`, dropping the oldest records past the capacity. The
-    /// records dropped are freed after the lock is released.
-    fn keep(&self, batch: impl ExactSizeIterator<Item = AuditRecord>) {
+    /// Keeps `batch`, letting the oldest records past the capacity go.
+    /// The batches dropped are freed after the lock is released.
+    fn keep(&self, batch: Vec<AuditRecord>) {
+        let n = batch.len();
+        let terminal = batch.iter().filter(|r| r.is_terminal()).count() as u64;
         let mut evicted = Vec::new();
         {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            for r in batch {
-                if g.records.len() == self.capacity {
-                    evicted.extend(g.records.pop_front());
-                }
-                g.stats.records += 1;
-                if r.is_terminal() {
-                    g.stats.terminal_records += 1;
-                }
-                g.records.push_back(r);
-            }
+            g.stats.records += n as u64;
+            g.stats.terminal_records += terminal;
             g.stats.batches += 1;
+            if n > 0 {
+                g.batches.push_back(batch);
+                g.held += n;
+            }
+            while g.held > self.capacity {
+                let excess = g.held - self.capacity;
+                let front_left = g.batches.front().map_or(0, Vec::len) - g.front_skip;
+                if excess >= front_left {
+                    evicted.extend(g.batches.pop_front());
+                    g.held -= front_left;
+                    g.front_skip = 0;
+                } else {
+                    g.front_skip += excess;
+                    g.held -= excess;
+                }
+            }
         }
         drop(evicted);
     }
@@ -100,7 +125,7 @@ impl MemoryAuditStore {
 #[async_trait]
 impl AuditStore for MemoryAuditStore {
     async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError> {
-        self.keep(batch.iter().cloned());
+        self.keep(batch.to_vec());
         Ok(())
     }
 
@@ -108,15 +133,14 @@ impl AuditStore for MemoryAuditStore {
         &self,
         batch: Vec<AuditRecord>,
     ) -> Result<(), (AuditStoreError, Vec<AuditRecord>)> {
-        self.keep(batch.into_iter());
+        self.keep(batch);
         Ok(())
     }
 
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<AuditRecord> = g
-            .records
-            .iter()
+            .records()
             .filter(|r| r.run_id == run_id)
             .cloned()
             .collect();
@@ -132,7 +156,7 @@ impl AuditStore for MemoryAuditStore {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut started = std::collections::BTreeSet::new();
         let mut ended = std::collections::HashSet::new();
-        for r in &g.records {
+        for r in g.records() {
             match r.entry {
                 AuditEntry::RunStarted(_) => {
                     started.insert(r.run_id);
@@ -153,8 +177,7 @@ impl RunIndex for MemoryAuditStore {
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, AuditStoreError> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut runs: Vec<RunSummary> = g
-            .records
-            .iter()
+            .records()
             .filter_map(|r| match &r.entry {
                 AuditEntry::Terminal(res) => Some(RunSummary::of(res)),
                 _ => None,
@@ -171,10 +194,11 @@ impl RunIndex for MemoryAuditStore {
 
     async fn run_result(&self, run_id: RunId) -> Result<Option<RunResult>, AuditStoreError> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(g.records.iter().find_map(|r| match &r.entry {
+        let found = g.records().find_map(|r| match &r.entry {
             AuditEntry::Terminal(res) if r.run_id == run_id => Some(RunResult::clone(res)),
             _ => None,
-        }))
+        });
+        Ok(found)
     }
 }
 
@@ -298,6 +322,42 @@ mod tests {
         );
         let st = s.stats().await.unwrap_or_default();
         assert_eq!((st.records, st.batches, st.terminal_records), (5, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn the_window_slides_over_batches_and_drops_the_ones_it_left() {
+        let s = MemoryAuditStore::with_capacity(3);
+        let run = RunId::new();
+        let seqs = |s: &MemoryAuditStore| s.records().iter().map(|r| r.seq).collect::<Vec<_>>();
+        assert!(s
+            .append_owned((0..4).map(|i| rec(run, i)).collect())
+            .await
+            .is_ok());
+        assert_eq!(seqs(&s), vec![1, 2, 3]);
+        assert!(s.append_owned(vec![rec(run, 4)]).await.is_ok());
+        assert_eq!(seqs(&s), vec![2, 3, 4]);
+        assert!(s
+            .append_owned((5..7).map(|i| rec(run, i)).collect())
+            .await
+            .is_ok());
+        assert_eq!(seqs(&s), vec![4, 5, 6]);
+        // Only the window is read back; what fell out of it is gone.
+        let kept = s.run_records(run).await.unwrap_or_default();
+        assert_eq!(
+            kept.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![4, 5, 6]
+        );
+        {
+            let g = s.inner.lock().unwrap_or_else(|p| p.into_inner());
+            assert_eq!(
+                g.batches.len(),
+                2,
+                "the batches wholly out of the window are dropped"
+            );
+            assert_eq!((g.held, g.front_skip), (3, 0));
+        }
+        let st = s.stats().await.unwrap_or_default();
+        assert_eq!((st.records, st.batches), (7, 3));
     }
 
     #[tokio::test]
