@@ -396,8 +396,14 @@ impl Writer {
                     let mut waiting = waiting;
                     let mut acks = self.take_checkpoints(saves, clears);
                     let mut drain = None;
-                    // Batches that queued up while we wrote go in the same append.
-                    for _ in 1..COALESCE_BATCHES {
+                    // Batches that queued up while we wrote go in the same
+                    // append (if that saves the store work).
+                    let join = if self.store.joins_batches() {
+                        COALESCE_BATCHES
+                    } else {
+                        1
+                    };
+                    for _ in 1..join {
                         match self.rx.try_recv() {
                             Ok(Job::Batch {
                                 records,

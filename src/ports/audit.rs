@@ -100,6 +100,14 @@ pub trait AuditStore: Send + Sync + 'static {
     /// Writes a batch atomically.
     async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError>;
 
+    /// Whether writing batches that queued up together, as one batch, saves
+    /// this store work (a transaction per write: yes, the default). A store
+    /// that keeps batches as they come says no: joining them would only
+    /// copy records.
+    fn joins_batches(&self) -> bool {
+        true
+    }
+
     /// Writes a batch the caller gives away, atomically; on failure the
     /// batch comes back. A store that keeps records as they are (the
     /// in-memory one) takes them without a copy; the default borrows them

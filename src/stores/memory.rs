@@ -124,6 +124,10 @@ impl MemoryAuditStore {
 
 #[async_trait]
 impl AuditStore for MemoryAuditStore {
+    fn joins_batches(&self) -> bool {
+        false
+    }
+
     async fn append(&self, batch: &[AuditRecord]) -> Result<(), AuditStoreError> {
         self.keep(batch.to_vec());
         Ok(())
