@@ -186,17 +186,13 @@ struct Opening {
     handle: RunHandle,
     events: Option<RunEvents>,
     /// A durable run's first checkpoint, still to be saved.
-    first_checkpoint: Option<Checkpoint>,
+    first_checkpoint: Option<Box<Checkpoint>>,
 }
 
 impl Opening {
     /// Ends the run before it started: finalized with `ending`, its handle
     /// resolves.
-    fn refuse(
-        self: Box<Self>,
-        ending: Ending,
-        audit: &ActorRef<AuditMsg>,
-    ) -> (RunHandle, Option<RunEvents>) {
+    fn refuse(self, ending: Ending, audit: &ActorRef<AuditMsg>) -> (RunHandle, Option<RunEvents>) {
         self.args.shared.finish(ending, audit);
         (self.handle, self.events)
     }
@@ -655,7 +651,7 @@ impl Host {
     }
 
     /// The rest of [`start`](Self::start) for a run admission waits for.
-    async fn start_waiting(&self, mut run: Box<Opening>) -> (RunHandle, Option<RunEvents>) {
+    async fn start_waiting(&self, mut run: Opening) -> (RunHandle, Option<RunEvents>) {
         if let Some(first) = run.first_checkpoint.take() {
             // A durable run is accepted once its first checkpoint is saved:
             // from then on a crash cannot lose it (`recover` resumes or ends it).
@@ -684,7 +680,7 @@ impl Host {
         mut inv: Invocation,
         with_events: bool,
         resumed: Option<(Box<Checkpoint>, u32)>,
-    ) -> Result<Box<Opening>, (RunHandle, Option<RunEvents>)> {
+    ) -> Result<Opening, (RunHandle, Option<RunEvents>)> {
         let h = &self.inner;
         if resumed.is_none() && !h.booted.load(Ordering::Relaxed) {
             h.booted.store(true, Ordering::Relaxed);
@@ -787,7 +783,7 @@ impl Host {
                 resumes: resumed.as_ref().map_or(0, |c| c.resumes),
                 started_at: resumed.as_ref().map_or_else(unix_ms, |c| c.started_at),
             });
-            first_checkpoint = Some(match &resumed {
+            first_checkpoint = Some(Box::new(match &resumed {
                 Some(c) => Checkpoint::clone(c),
                 None => Checkpoint {
                     run_id,
@@ -802,7 +798,7 @@ impl Host {
                     started_at: d.started_at,
                     saved_at: unix_ms(),
                 },
-            });
+            }));
             Some(d)
         } else {
             None
@@ -818,7 +814,7 @@ impl Host {
             tools: agent.tool_names(),
             limits: Some(limits.to_spec()),
         });
-        Ok(Box::new(Opening {
+        Ok(Opening {
             args: Box::new(RunArgs {
                 key,
                 shared,
@@ -836,17 +832,17 @@ impl Host {
             handle,
             events,
             first_checkpoint,
-        }))
+        })
     }
 
     /// Hands an admitted run to its shard, which starts it.
-    fn launch(&self, run: Box<Opening>, ticket: Ticket) -> (RunHandle, Option<RunEvents>) {
+    fn launch(&self, run: Opening, ticket: Ticket) -> (RunHandle, Option<RunEvents>) {
         let Opening {
             mut args,
             handle,
             events,
             ..
-        } = *run;
+        } = run;
         args.ticket = Some(ticket);
         if let Err(ractor::MessagingErr::SendErr(CriticMsg::Start(args))) =
             handle.addr.shard.cast(CriticMsg::Start(args))
@@ -1029,12 +1025,12 @@ impl Host {
 
     /// Saves a checkpoint with the audit actor's next batch and waits until
     /// it is written (at most the admission timeout).
-    async fn save_checkpoint(&self, checkpoint: Checkpoint) -> Result<(), String> {
+    async fn save_checkpoint(&self, checkpoint: Box<Checkpoint>) -> Result<(), String> {
         let h = &self.inner;
         let (tx, rx) = tokio::sync::oneshot::channel();
         h.audit
             .cast(AuditMsg::Checkpoint {
-                checkpoint: Box::new(checkpoint),
+                checkpoint,
                 saved: Some(tx),
             })
             .map_err(|_| "the audit actor is gone".to_string())?;

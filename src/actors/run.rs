@@ -629,6 +629,9 @@ impl RunState {
         let cap = self.limits.max_tool_result_bytes as usize;
         let mut outcomes = Vec::with_capacity(calls.len());
         let mut running: Vec<(usize, PendingTool)> = Vec::new();
+        // One clock read per call: a call's time runs from the end of the
+        // one before (its argument check included).
+        let mut mark = self.now;
         for call in calls {
             let mut h = DefaultHasher::new();
             call.name.hash(&mut h);
@@ -662,19 +665,20 @@ impl RunState {
                 run_id: self.shared.run_id,
                 call_id: call.id.clone(),
             };
-            let t0 = Instant::now();
             let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
-            match poll_once(fut) {
+            let polled = poll_once(fut);
+            let now = Instant::now();
+            outcome.duration_ms = now.saturating_duration_since(mark).as_millis() as u64;
+            mark = now;
+            match polled {
                 Ok(result) => {
                     self.beat(Beat::ToolFinished);
                     outcome.result = result;
-                    outcome.duration_ms = t0.elapsed().as_millis() as u64;
                     outcomes.push(outcome);
                 }
                 Err(fut) => {
-                    running.push((outcomes.len(), fut));
                     // A placeholder in the model's order, filled by the task.
-                    outcome.duration_ms = t0.elapsed().as_millis() as u64;
+                    running.push((outcomes.len(), fut));
                     outcomes.push(outcome);
                 }
             }
