@@ -304,7 +304,7 @@ mod tests {
                 .map(|id| ToolCallRequest {
                     id: (*id).into(),
                     name: "t".into(),
-                    arguments: "a".repeat(n),
+                    arguments: "a".repeat(n).into(),
                 })
                 .collect(),
             tool_call_id: None,

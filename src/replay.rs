@@ -128,7 +128,7 @@ fn trace_of<'a>(events: impl Iterator<Item = &'a RunEvent>) -> Vec<TraceItem> {
             RunEvent::ToolResult {
                 tool, ok, result, ..
             } => out.push(TraceItem::ToolResult {
-                tool: tool.clone(),
+                tool: tool.to_string(),
                 ok: *ok,
                 result: result.clone(),
             }),
@@ -170,10 +170,13 @@ impl ChatModel for RecordedModel {
     }
 }
 
+/// Recorded tool results by call id: (ok, the result as the model saw it).
+type Recorded = HashMap<Arc<str>, (bool, String)>;
+
 /// A tool with the original schema that answers from a recording.
 struct RecordedTool {
     spec: ToolSpec,
-    results: HashMap<String, (bool, String)>,
+    results: Recorded,
 }
 
 #[async_trait]
@@ -209,7 +212,7 @@ pub async fn replay(
         .ok_or_else(|| ReplayError::Incomplete("no run_started record".into()))?;
 
     let mut responses = Vec::new();
-    let mut results: HashMap<String, HashMap<String, (bool, String)>> = HashMap::new();
+    let mut results: HashMap<Arc<str>, Recorded> = HashMap::new();
     for r in records {
         if let AuditEntry::Event(e) = &r.entry {
             match e {
@@ -250,7 +253,7 @@ pub async fn replay(
     for spec in originals.specs().iter() {
         let tool = RecordedTool {
             spec: spec.clone(),
-            results: results.remove(&spec.name).unwrap_or_default(),
+            results: results.remove(spec.name.as_str()).unwrap_or_default(),
         };
         registry
             .register(Arc::new(tool))

@@ -61,7 +61,7 @@ async fn a_plain_reply_with_tool_use_and_cache_usage() {
         .unwrap();
     assert_eq!(r.text, "Let me add.");
     assert_eq!(r.tool_calls.len(), 2);
-    assert_eq!(r.tool_calls[0].id, "toolu_1");
+    assert_eq!(&*r.tool_calls[0].id, "toolu_1");
     let args: serde_json::Value = serde_json::from_str(&r.tool_calls[0].arguments).unwrap();
     assert_eq!(args, json!({"a": 2, "b": 3}));
     assert_eq!(
@@ -115,9 +115,9 @@ async fn a_streamed_reply_reassembles_input_json_deltas_and_streams_text() {
     assert_eq!(r.text, "Adding now.");
     assert_eq!(*got.lock().unwrap(), vec!["Adding ", "now."]);
     assert_eq!(r.tool_calls.len(), 2);
-    assert_eq!(r.tool_calls[0].arguments, r#"{"a": 2, "b": 3}"#);
+    assert_eq!(&*r.tool_calls[0].arguments, r#"{"a": 2, "b": 3}"#);
     assert_eq!(
-        r.tool_calls[1].arguments, "{}",
+        &*r.tool_calls[1].arguments, "{}",
         "no deltas: the start's input"
     );
     assert_eq!(

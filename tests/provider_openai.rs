@@ -103,8 +103,8 @@ async fn a_plain_reply_carries_parallel_tool_calls_and_usage() {
         .unwrap();
     assert_eq!(r.text, "adding");
     assert_eq!(r.tool_calls.len(), 2);
-    assert_eq!(r.tool_calls[1].id, "call_2");
-    assert_eq!(r.tool_calls[0].arguments, r#"{"a":2,"b":3}"#);
+    assert_eq!(&*r.tool_calls[1].id, "call_2");
+    assert_eq!(&*r.tool_calls[0].arguments, r#"{"a":2,"b":3}"#);
     assert_eq!(
         (
             r.usage.input_tokens,
@@ -178,7 +178,7 @@ async fn streamed_parallel_tool_calls_split_across_chunks_reassemble() {
     let calls: Vec<(&str, &str, &str)> = r
         .tool_calls
         .iter()
-        .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+        .map(|c| (&*c.id, &*c.name, &*c.arguments))
         .collect();
     assert_eq!(
         calls,

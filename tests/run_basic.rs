@@ -36,7 +36,7 @@ async fn a_run_calls_its_tools_then_answers() {
     let steps: Vec<(&str, bool, &str, u32)> = r
         .steps
         .iter()
-        .map(|s| (s.tool.as_str(), s.ok, s.result.as_str(), s.iteration))
+        .map(|s| (&*s.tool, s.ok, s.result.as_str(), s.iteration))
         .collect();
     assert_eq!(steps, [("add", true, "5", 1), ("upper", true, "DONE", 2)]);
     // The last call reports its usage; the first two are estimated (> 0).

@@ -97,7 +97,7 @@ fn assert_pairs_whole(messages: &[Message]) {
             assert!(
                 messages[..i]
                     .iter()
-                    .any(|a| a.tool_calls.iter().any(|c| c.id == id)),
+                    .any(|a| a.tool_calls.iter().any(|c| *c.id == *id)),
                 "tool result {id} has no call before it: {messages:#?}"
             );
         }
@@ -105,7 +105,7 @@ fn assert_pairs_whole(messages: &[Message]) {
             assert!(
                 messages[i..]
                     .iter()
-                    .any(|t| t.tool_call_id.as_deref() == Some(c.id.as_str())),
+                    .any(|t| t.tool_call_id.as_deref() == Some(&*c.id)),
                 "call {} has no result: {messages:#?}",
                 c.id
             );
@@ -243,7 +243,7 @@ script:
         ]
     );
     assert!(next[2].content.starts_with(SUMMARY_HEADER));
-    let ids: Vec<&str> = next[3].tool_calls.iter().map(|c| c.id.as_str()).collect();
+    let ids: Vec<&str> = next[3].tool_calls.iter().map(|c| &*c.id).collect();
     assert_eq!(ids, ["call_1_0", "call_1_1", "call_1_2"]);
     assert_pairs_whole(&next);
     for i in 0..model.calls() {

@@ -51,7 +51,7 @@ script:
     assert_eq!(r.status, RunStatus::Ok, "the run goes on: {r:?}");
     assert_eq!(r.steps.len(), 1, "refused calls are steps too");
     let s = &r.steps[0];
-    assert_eq!(s.tool, "frobnicate");
+    assert_eq!(&*s.tool, "frobnicate");
     assert!(!s.ok);
     let err = s.error.as_deref().unwrap_or_default();
     assert!(
@@ -211,7 +211,7 @@ script:
         elapsed >= Duration::from_millis(1000) && elapsed < Duration::from_millis(1500),
         "two 1000 ms sleeps side by side take about 1000 ms, took {elapsed:?}"
     );
-    let tools: Vec<(&str, bool)> = r.steps.iter().map(|s| (s.tool.as_str(), s.ok)).collect();
+    let tools: Vec<(&str, bool)> = r.steps.iter().map(|s| (&*s.tool, s.ok)).collect();
     assert_eq!(tools, [("sleep", true), ("sleep", true), ("add", true)]);
     assert!(r.steps.iter().all(|s| s.iteration == 1));
     assert_eq!(r.steps[0].duration_ms, 1000);

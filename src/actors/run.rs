@@ -75,8 +75,8 @@ type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send
 /// The outcome of one tool call.
 #[derive(Debug)]
 pub struct ToolOutcome {
-    call_id: String,
-    tool: String,
+    call_id: Arc<str>,
+    tool: Arc<str>,
     args: String,
     result: Result<String, ToolError>,
     duration_ms: u64,

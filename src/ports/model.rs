@@ -34,11 +34,13 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallRequest {
     /// The provider's call id (answered by the tool message with the same id).
-    pub id: String,
+    /// Shared text: a call's id and name are referred to by its events, its
+    /// step record and its tool message, copied by a reference count.
+    pub id: Arc<str>,
     /// The tool name.
-    pub name: String,
+    pub name: Arc<str>,
     /// Raw argument text, as sent by the model.
-    pub arguments: String,
+    pub arguments: Arc<str>,
 }
 
 /// One transcript message.
@@ -53,7 +55,7 @@ pub struct Message {
     pub tool_calls: Vec<ToolCallRequest>,
     /// The call answered (tool messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<Arc<str>>,
 }
 
 impl Message {

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -221,7 +222,7 @@ pub struct StepRecord {
     /// The model iteration (1-based) that asked for the call.
     pub iteration: u32,
     /// The tool's name as the model gave it.
-    pub tool: String,
+    pub tool: Arc<str>,
     /// A short summary of the arguments (capped).
     pub args: String,
     /// Whether the tool ran and succeeded.
@@ -356,9 +357,9 @@ pub enum RunEvent {
         /// 1-based iteration.
         iteration: u32,
         /// The model's call id.
-        call_id: String,
+        call_id: Arc<str>,
         /// Tool name.
-        tool: String,
+        tool: Arc<str>,
         /// Argument summary.
         args: String,
     },
@@ -368,9 +369,9 @@ pub enum RunEvent {
         /// 1-based iteration.
         iteration: u32,
         /// The model's call id.
-        call_id: String,
+        call_id: Arc<str>,
         /// Tool name.
-        tool: String,
+        tool: Arc<str>,
         /// Whether it succeeded.
         ok: bool,
         /// The result (or error) as the model sees it: capped at the run's

@@ -2,6 +2,8 @@
 //! The registry in `crate::tools` validates arguments against the schema
 //! before `call` ever runs, so a tool sees only an object that passed.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,7 +27,7 @@ pub struct ToolContext {
     /// The run that made the call.
     pub run_id: RunId,
     /// The model's call id.
-    pub call_id: String,
+    pub call_id: Arc<str>,
 }
 
 /// A tool failure; its message goes back to the model as the tool result.

@@ -286,9 +286,12 @@ fn parse_plain(
         match b.kind.as_str() {
             "text" => text.push_str(b.text.as_deref().unwrap_or_default()),
             "tool_use" => tool_calls.push(ToolCallRequest {
-                id: b.id.unwrap_or_else(|| format!("call_{call_index}_{j}")),
-                name: b.name.unwrap_or_default(),
-                arguments: input_text(b.input.as_ref()),
+                id: b
+                    .id
+                    .unwrap_or_else(|| format!("call_{call_index}_{j}"))
+                    .into(),
+                name: b.name.unwrap_or_default().into(),
+                arguments: input_text(b.input.as_ref()).into(),
             }),
             _ => {}
         }
@@ -458,12 +461,12 @@ impl StreamState {
                 };
                 tool_calls.push(ToolCallRequest {
                     id: if id.is_empty() {
-                        format!("call_{call_index}_{j}")
+                        format!("call_{call_index}_{j}").into()
                     } else {
-                        id
+                        id.into()
                     },
-                    name,
-                    arguments,
+                    name: name.into(),
+                    arguments: arguments.into(),
                 });
             }
         }

@@ -200,13 +200,12 @@ impl ChaosModel {
         ChatResponse {
             text: String::new(),
             tool_calls: vec![ToolCallRequest {
-                id: format!("{MALFORMED_ID_PREFIX}{}_{nonce}", request.call_index),
+                id: format!("{MALFORMED_ID_PREFIX}{}_{nonce}", request.call_index).into(),
                 name: request
                     .tools
                     .first()
-                    .map(|t| t.name.clone())
-                    .unwrap_or_else(|| "unknown".to_string()),
-                arguments: format!("{{\"chaos\": {nonce}, \"a\":"),
+                    .map_or_else(|| "unknown".into(), |t| t.name.as_str().into()),
+                arguments: format!("{{\"chaos\": {nonce}, \"a\":").into(),
             }],
             usage: Default::default(),
         }
@@ -371,7 +370,7 @@ mod tests {
         )?;
         let bad = model.malformed(&request(Vec::new(), 0));
         let call = &bad.tool_calls[0];
-        assert_eq!(call.name, "add");
+        assert_eq!(&*call.name, "add");
         assert!(call.id.starts_with(MALFORMED_ID_PREFIX));
         assert!(serde_json::from_str::<serde_json::Value>(&call.arguments).is_err());
         let again = model.malformed(&request(Vec::new(), 0));

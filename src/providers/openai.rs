@@ -326,9 +326,10 @@ fn parse_plain(
                 id: c
                     .id
                     .filter(|s| !s.is_empty())
-                    .unwrap_or_else(|| format!("call_{call_index}_{j}")),
-                name: f.name.unwrap_or_default(),
-                arguments: arguments_text(f.arguments),
+                    .unwrap_or_else(|| format!("call_{call_index}_{j}"))
+                    .into(),
+                name: f.name.unwrap_or_default().into(),
+                arguments: arguments_text(f.arguments).into(),
             }
         })
         .collect();
@@ -428,12 +429,12 @@ impl StreamState {
             .enumerate()
             .map(|(j, c)| ToolCallRequest {
                 id: if c.id.is_empty() {
-                    format!("call_{call_index}_{j}")
+                    format!("call_{call_index}_{j}").into()
                 } else {
-                    c.id
+                    c.id.into()
                 },
-                name: c.name,
-                arguments: c.arguments,
+                name: c.name.into(),
+                arguments: c.arguments.into(),
             })
             .collect();
         ChatResponse {
@@ -580,10 +581,10 @@ mod tests {
         assert!(st.finished);
         let resp = st.into_response(2);
         assert_eq!(resp.tool_calls.len(), 2);
-        assert_eq!(resp.tool_calls[0].name, "add");
-        assert_eq!(resp.tool_calls[0].arguments, r#"{"a": 2, "b": 3}"#);
-        assert_eq!(resp.tool_calls[1].id, "call_b");
-        assert_eq!(resp.tool_calls[1].arguments, r#"{"text": "hi"}"#);
+        assert_eq!(&*resp.tool_calls[0].name, "add");
+        assert_eq!(&*resp.tool_calls[0].arguments, r#"{"a": 2, "b": 3}"#);
+        assert_eq!(&*resp.tool_calls[1].id, "call_b");
+        assert_eq!(&*resp.tool_calls[1].arguments, r#"{"text": "hi"}"#);
         assert_eq!(resp.usage.input_tokens, 50);
         assert_eq!(resp.usage.cache_read_tokens, 10);
     }
@@ -592,8 +593,8 @@ mod tests {
     fn plain_responses_are_read_leniently() {
         let body = br#"{"choices":[{"message":{"content":null,"tool_calls":[{"function":{"name":"add","arguments":{"a":1}}}]}}]}"#;
         let r = parse_plain(body, 4, None).unwrap();
-        assert_eq!(r.tool_calls[0].id, "call_4_0");
-        assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert_eq!(&*r.tool_calls[0].id, "call_4_0");
+        assert_eq!(&*r.tool_calls[0].arguments, r#"{"a":1}"#);
         assert_eq!(r.usage, Usage::default());
         assert_eq!(
             parse_plain(b"not json", 0, None).unwrap_err().kind(),

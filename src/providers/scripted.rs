@@ -78,7 +78,7 @@ struct Step {
     /// is implied).
     delta_cuts: Box<[usize]>,
     /// `(tool name, argument JSON)` of each tool call.
-    calls: Box<[(String, String)]>,
+    calls: Box<[(Arc<str>, Arc<str>)]>,
     /// Usage the script gave, if any.
     usage: Option<Usage>,
     /// Output tokens estimated from the response's text and arguments.
@@ -184,13 +184,13 @@ impl Step {
                 },
             }
         };
-        let mut calls = Vec::new();
+        let mut calls: Vec<(Arc<str>, Arc<str>)> = Vec::new();
         if matches!(outcome, Outcome::Answer) {
             if let Some(name) = tool {
-                calls.push((name, arguments_text(args.as_ref())));
+                calls.push((name.into(), arguments_text(args.as_ref()).into()));
             }
             for call in tools.into_iter().flatten() {
-                calls.push((call.tool, arguments_text(Some(&call.args))));
+                calls.push((call.tool.into(), arguments_text(Some(&call.args)).into()));
             }
         }
         let argument_chars: usize = match outcome {
@@ -239,17 +239,20 @@ impl Step {
         let mut tool_calls =
             Vec::with_capacity(self.calls.len() + usize::from(malformed_tool.is_some()));
         for (j, (name, arguments)) in self.calls.iter().enumerate() {
+            // Fresh text for every response, as a provider parses it: no
+            // count shared by every run on the model to bounce between
+            // threads.
             tool_calls.push(ToolCallRequest {
-                id: format!("call_{index}_{j}"),
-                name: name.clone(),
-                arguments: arguments.clone(),
+                id: call_id(index, j),
+                name: Arc::from(&**name),
+                arguments: Arc::from(&**arguments),
             });
         }
         if let Some(name) = malformed_tool {
             tool_calls.push(ToolCallRequest {
-                id: format!("call_{index}_0"),
-                name: name.to_string(),
-                arguments: MALFORMED_ARGUMENTS.to_string(),
+                id: call_id(index, 0),
+                name: name.into(),
+                arguments: MALFORMED_ARGUMENTS.into(),
             });
         }
         let usage = self.usage.unwrap_or_else(|| Usage {
@@ -305,6 +308,19 @@ fn arguments_text(args: Option<&serde_json::Value>) -> String {
 }
 
 /// About four characters a token, and never zero.
+/// The id of call `j` in the response to call `index`: `call_{index}_{j}`,
+/// written in place, so the shared text is the one allocation.
+fn call_id(index: u32, j: usize) -> Arc<str> {
+    use std::io::Write;
+    let mut buf = [0u8; 48];
+    let mut cursor = &mut buf[..];
+    let len = match write!(cursor, "call_{index}_{j}") {
+        Ok(()) => 48 - cursor.len(),
+        Err(_) => return Arc::from(format!("call_{index}_{j}")),
+    };
+    Arc::from(std::str::from_utf8(&buf[..len]).unwrap_or("call"))
+}
+
 fn tokens_for(chars: usize) -> u64 {
     (chars / 4).max(1) as u64
 }
@@ -416,14 +432,14 @@ mod tests {
         assert_eq!(r.text, "");
         assert_eq!(r.tool_calls.len(), 1);
         let call = &r.tool_calls[0];
-        assert_eq!((call.id.as_str(), call.name.as_str()), ("call_0_0", "add"));
+        assert_eq!((&*call.id, &*call.name), ("call_0_0", "add"));
         let args: serde_json::Value = serde_json::from_str(&call.arguments)?;
         assert_eq!(args, json!({"a": 2, "b": 3}));
 
         let r = play(&model, 1).await?;
         assert_eq!(r.text, "thinking");
-        assert_eq!(r.tool_calls[0].arguments, "{}");
-        assert_eq!(r.tool_calls[0].id, "call_1_0");
+        assert_eq!(&*r.tool_calls[0].arguments, "{}");
+        assert_eq!(&*r.tool_calls[0].id, "call_1_0");
         Ok(())
     }
 
@@ -446,7 +462,7 @@ mod tests {
         let got: Vec<_> = r
             .tool_calls
             .iter()
-            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .map(|c| (&*c.id, &*c.name, &*c.arguments))
             .collect();
         assert_eq!(
             got,
@@ -540,11 +556,11 @@ mod tests {
         ]);
         let r = play(&model, 0).await?;
         assert_eq!(r.tool_calls.len(), 1);
-        assert_eq!(r.tool_calls[0].name, "add");
+        assert_eq!(&*r.tool_calls[0].name, "add");
         assert!(serde_json::from_str::<serde_json::Value>(&r.tool_calls[0].arguments).is_err());
 
         // No tool in the entry: the request's first tool, else "unknown".
-        assert_eq!(play(&model, 1).await?.tool_calls[0].name, "unknown");
+        assert_eq!(&*play(&model, 1).await?.tool_calls[0].name, "unknown");
         let mut req = request(1);
         req.tools = Arc::from(vec![ToolSpec {
             name: "upper".into(),
@@ -552,7 +568,7 @@ mod tests {
             parameters: json!({"type": "object"}),
         }]);
         let r = model.complete(req).await?;
-        assert_eq!(r.tool_calls[0].name, "upper");
+        assert_eq!(&*r.tool_calls[0].name, "upper");
         assert!(serde_json::from_str::<serde_json::Value>(&r.tool_calls[0].arguments).is_err());
         Ok(())
     }

@@ -213,7 +213,7 @@ impl ToolSet {
         let entry = self
             .inner
             .entries
-            .get(&call.name)
+            .get(&*call.name)
             .ok_or_else(|| ToolError::UnknownTool(cap_text(&call.name, 256)))?;
         let args = validate_arguments(&entry.validator, &call.arguments)?;
         Ok(PreparedCall {
