@@ -424,7 +424,7 @@ impl RunState {
             // The deadline as this run knows it (the critic may extend it;
             // a retry layer then stops early rather than late).
             deadline: Some(self.started + self.limits.hard_timeout),
-            on_retry: Some(self.retry_sink()),
+            on_retry: self.retry_sink(),
         };
         let done = |epoch, result| RunMsg::ModelDone { epoch, result };
         if let Some(result) = self.start_call(request, done) {
@@ -474,7 +474,7 @@ impl RunState {
         let call_index = self.compaction.call_index(self.iteration);
         let mut request = ChatRequest::new(Arc::new(messages), tools, call_index);
         request.deadline = Some(self.started + self.limits.hard_timeout);
-        request.on_retry = Some(self.retry_sink());
+        request.on_retry = self.retry_sink();
         self.compaction.started(self.iteration, due);
         // A fresh stall window for the summary call.
         self.beat(Beat::Alive);
@@ -791,10 +791,15 @@ impl RunState {
 
     /// What the retry layer calls before each backoff sleep: a heartbeat
     /// straight to the shard (the run is not in the loop while the call
-    /// is in flight) and a `model.retry` event, recorded.
-    fn retry_sink(&mut self) -> RetrySink {
+    /// is in flight) and a `model.retry` event, recorded. Made once a run,
+    /// and only for a model that reports retries (see
+    /// `ChatModel::reports_retries`): `None` otherwise.
+    fn retry_sink(&mut self) -> Option<RetrySink> {
         if let Some(sink) = &self.retry {
-            return sink.clone();
+            return Some(sink.clone());
+        }
+        if !self.agent.model().reports_retries() {
+            return None;
         }
         let addr = self.addr.clone();
         let audit = self.audit.clone();
@@ -818,7 +823,7 @@ impl RunState {
             }]));
         });
         self.retry = Some(sink.clone());
-        sink
+        Some(sink)
     }
 
     /// Saves a durable run's progress (through the audit actor, which writes

@@ -242,4 +242,11 @@ pub trait ChatModel: Send + Sync + 'static {
     fn price_id(&self) -> Option<&str> {
         None
     }
+
+    /// Whether this model reports the retries it makes through the
+    /// request's `on_retry` (the retry layer does; a wrapper answers for
+    /// what it wraps). A run builds that sink only for a model that does.
+    fn reports_retries(&self) -> bool {
+        false
+    }
 }

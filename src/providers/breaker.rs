@@ -224,6 +224,10 @@ impl ChatModel for CircuitBreaking {
         self.inner.price_id()
     }
 
+    fn reports_retries(&self) -> bool {
+        self.inner.reports_retries()
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let permit = self.breaker.enter()?;
         let result = self.inner.complete(request).await;

@@ -240,6 +240,10 @@ impl ChatModel for ChaosModel {
         self.inner.price_id()
     }
 
+    fn reports_retries(&self) -> bool {
+        self.inner.reports_retries()
+    }
+
     async fn complete(&self, mut request: ChatRequest) -> Result<ChatResponse, ModelError> {
         match self.draw() {
             None => {}

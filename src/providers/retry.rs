@@ -104,6 +104,10 @@ impl ChatModel for Retrying {
         self.inner.price_id()
     }
 
+    fn reports_retries(&self) -> bool {
+        true
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let mut attempt = 0;
         let mut last: Option<ModelError> = None;
