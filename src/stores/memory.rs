@@ -8,6 +8,7 @@
 //! SQLite store for full history.
 //!
 //! Batches are kept as they come (moved in: an append costs no copy of its
+//! records; a batch that is mostly spare room is first shrunk to its
 //! records) and dropped whole once all their records are older than the
 //! window; records of the oldest batch that fell out of it are no longer
 //! read, and are freed with their batch. So the store holds at most one
@@ -92,8 +93,14 @@ impl Default for MemoryAuditStore {
 impl MemoryAuditStore {
     /// Keeps `batch`, letting the oldest records past the capacity go.
     /// The batches dropped are freed after the lock is released.
-    fn keep(&self, batch: Vec<AuditRecord>) {
+    fn keep(&self, mut batch: Vec<AuditRecord>) {
         let n = batch.len();
+        // A batch cut by age under light load is mostly spare room (the
+        // audit actor reserves a full batch): kept, it would hold that
+        // room for as long as its records are in the window.
+        if batch.capacity() > 2 * n {
+            batch.shrink_to_fit();
+        }
         let terminal = batch.iter().filter(|r| r.is_terminal()).count() as u64;
         let mut evicted = Vec::new();
         {
@@ -362,6 +369,32 @@ mod tests {
         }
         let st = s.stats().await.unwrap_or_default();
         assert_eq!((st.records, st.batches), (7, 3));
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_is_mostly_spare_room_is_kept_compact() {
+        let s = MemoryAuditStore::new();
+        let run = RunId::new();
+        let mut sparse = Vec::with_capacity(1024);
+        sparse.extend((0..3).map(|i| rec(run, i)));
+        assert!(s.append_owned(sparse).await.is_ok());
+        let mut full = Vec::with_capacity(8);
+        full.extend((3..8).map(|i| rec(run, i)));
+        assert!(s.append_owned(full).await.is_ok());
+        let caps: Vec<usize> = {
+            let g = s.inner.lock().unwrap_or_else(|p| p.into_inner());
+            g.batches.iter().map(Vec::capacity).collect()
+        };
+        assert_eq!(
+            caps[1], 8,
+            "a batch with little spare room is kept as it came"
+        );
+        assert!(
+            caps[0] < 8,
+            "the sparse batch was shrunk: capacity {}",
+            caps[0]
+        );
+        assert_eq!(s.records().len(), 8);
     }
 
     #[tokio::test]
