@@ -12,22 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::audit::AuditEntry;
-use agentvisor::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
 use agentvisor::{Invocation, RunEvent, RunId, RunStatus};
-use async_trait::async_trait;
-
-struct Boom;
-
-#[async_trait]
-impl ChatModel for Boom {
-    fn name(&self) -> &str {
-        "boom"
-    }
-
-    async fn complete(&self, _request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        panic!("boom in the audit test");
-    }
-}
 
 const HELLO: &str = r#"
 name: hello
@@ -122,7 +107,11 @@ async fn the_result_is_on_record_before_it_is_delivered() {
 
 #[tokio::test(start_paused = true)]
 async fn exactly_one_terminal_record_per_run_whatever_its_ending() {
-    let (host, store) = support::host_from(support::builder().model("boom", Arc::new(Boom))).await;
+    let (host, store) = support::host_from(support::builder().model(
+        "boom",
+        Arc::new(support::PanickingModel("boom in the audit test")),
+    ))
+    .await;
     let cases: [(&str, RunStatus, Option<&str>); 8] = [
         (HELLO, RunStatus::Ok, None),
         (
@@ -208,7 +197,11 @@ async fn exactly_one_terminal_record_per_run_whatever_its_ending() {
 
 #[tokio::test(start_paused = true)]
 async fn two_hundred_concurrent_runs_leave_one_terminal_record_each() {
-    let (host, store) = support::host_from(support::builder().model("boom", Arc::new(Boom))).await;
+    let (host, store) = support::host_from(support::builder().model(
+        "boom",
+        Arc::new(support::PanickingModel("boom in the audit test")),
+    ))
+    .await;
     let specs = [
         support::spec(HELLO),
         support::spec(

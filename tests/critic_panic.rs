@@ -18,20 +18,6 @@ use agentvisor::stores::MemoryBudgetLedger;
 use agentvisor::{Host, Invocation, RunStatus};
 use async_trait::async_trait;
 
-/// Panics as soon as it is polled, before any await.
-struct Boom;
-
-#[async_trait]
-impl ChatModel for Boom {
-    fn name(&self) -> &str {
-        "boom"
-    }
-
-    async fn complete(&self, _request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        panic!("boom: the model exploded");
-    }
-}
-
 /// Panics after waiting a little (so the call is already a task).
 struct LateBoom;
 
@@ -52,7 +38,10 @@ const OK: &str = "name: fine\ntools: [add]\nscript:\n  - { tool: add, args: { a:
 async fn panicky_host() -> (Host, Arc<agentvisor::stores::MemoryAuditStore>) {
     support::host_from(
         support::builder()
-            .model("boom", Arc::new(Boom))
+            .model(
+                "boom",
+                Arc::new(support::PanickingModel("boom: the model exploded")),
+            )
             .model("late", Arc::new(LateBoom)),
     )
     .await
@@ -165,7 +154,10 @@ async fn a_panicked_run_gives_back_its_callers_concurrency_slot() {
     );
     let (host, _store) = support::host_from(
         support::builder()
-            .model("boom", Arc::new(Boom))
+            .model(
+                "boom",
+                Arc::new(support::PanickingModel("boom: the model exploded")),
+            )
             .budget_ledger(ledger),
     )
     .await;

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::audit::AuditEntry;
-use agentvisor::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
 use agentvisor::{HostConfig, Invocation, KillReason, RunStatus};
-use async_trait::async_trait;
 
 const HUNG: &str = "name: hung\nprompt: wait\nlimits: { max_runtime: 1h, stall_timeout: 10s }\nscript:\n  - { hang: true }\n";
 
@@ -45,20 +43,6 @@ async fn a_callers_heartbeats_keep_a_hung_call_from_stalling_until_they_stop() {
     );
 }
 
-/// Panics as soon as it is polled.
-struct Boom;
-
-#[async_trait]
-impl ChatModel for Boom {
-    fn name(&self) -> &str {
-        "boom"
-    }
-
-    async fn complete(&self, _request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        panic!("boom in one run");
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_panicking_run_leaves_the_other_runs_of_its_shard_running() {
     // One shard hosts all three runs.
@@ -68,7 +52,7 @@ async fn a_panicking_run_leaves_the_other_runs_of_its_shard_running() {
                 critic_shards: 1,
                 ..HostConfig::default()
             })
-            .model("boom", Arc::new(Boom)),
+            .model("boom", Arc::new(support::PanickingModel("boom in one run"))),
     )
     .await;
     let slow = "name: slow\ntools: [add]\nscript:\n  - { tool: add, args: { a: 1, b: 2 }, latency: 2s }\n  - { text: three, latency: 2s }\n";

@@ -102,6 +102,21 @@ pub(crate) fn terminal_count(records: &[AuditRecord]) -> usize {
     records.iter().filter(|r| r.is_terminal()).count()
 }
 
+/// A model that panics as soon as it is polled, with `self.0` as the
+/// panic's text (a run's handler panics in the shard).
+pub(crate) struct PanickingModel(pub(crate) &'static str);
+
+#[async_trait]
+impl ChatModel for PanickingModel {
+    fn name(&self) -> &str {
+        "panicking"
+    }
+
+    async fn complete(&self, _request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        panic!("{}", self.0);
+    }
+}
+
 /// A scripted model (the manifest's `script`) that also records the
 /// transcript of every request it gets. Register it with
 /// `builder().model("recorded", model)` and write `model: recorded`.
