@@ -355,6 +355,9 @@ impl RunState {
     /// A handler panicked: the run ends `error`/`panic` with the text,
     /// keeping the records it made before.
     pub(crate) fn panicked(&mut self, text: &str) {
+        // A panic inside `finish` may have marked the run done before it
+        // finalized: finish again (the shared finisher still decides once,
+        // so a run that did finalize keeps its result).
         self.done = false;
         self.finish(Ending::failed(
             RunStatus::Error,
@@ -362,6 +365,7 @@ impl RunState {
             format!("run panicked: {text}"),
         ));
     }
+
     pub(crate) fn next_step(&mut self) {
         if let Some(t) = &self.ticket {
             if t.exhausted() {
