@@ -41,6 +41,13 @@
 //! the shard and its other runs go on. A model call that panics in its task
 //! comes back as `RunMsg::ModelPanicked` and ends its run the same way.
 //!
+//! # What a shard cannot do
+//! It cannot preempt a handler. A model or tool call that blocks in its
+//! first poll (synchronous work, a blocking call; wrong on any tokio
+//! runtime) holds the shard, and its other runs' messages and timers wait
+//! until it returns. A call that awaits is moved into a task and costs the
+//! shard nothing while it waits.
+//!
 //! # Rate
 //! One message per run start, one per spawned call's result, one per
 //! heartbeat of a spawned tool call or a retry. W1 (every call answers at

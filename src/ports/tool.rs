@@ -65,7 +65,10 @@ impl ToolError {
 }
 
 /// A tool. Object-safe; used as `Arc<dyn Tool>`. `call` must be cancel-safe:
-/// a killed run drops the future.
+/// a killed run drops the future. It must not block: its first poll runs
+/// in the handler of the run that called it, on the critic shard that hosts
+/// the run, so a tool that blocks there holds that shard's other runs and
+/// timers too. Long synchronous work belongs in `tokio::task::spawn_blocking`.
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// Name, description and argument schema.
