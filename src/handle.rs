@@ -1,5 +1,5 @@
 //! What a caller holds for a run ([`RunHandle`], [`RunEvents`]) and the small
-//! shared record ([`RunShared`]) that a run, its critic shard and its handle
+//! shared record (`RunShared`) that a run, its critic shard and its handle
 //! all see.
 //!
 //! `RunShared` is the single source of truth for a run's partial result:
