@@ -149,9 +149,8 @@ pub struct Critic {
 }
 
 impl Critic {
-    /// A shard that decides with `policy`. A host spawns its own shards;
-    /// benches spawn one alone and start runs on it through a host-less
-    /// path only the crate has.
+    /// A shard that decides with `policy` (a host spawns one per shard and
+    /// starts its runs on them).
     pub fn new(policy: Arc<dyn CriticPolicy>) -> Self {
         Critic { policy }
     }
@@ -283,17 +282,20 @@ impl Actor for Critic {
                     key,
                 };
                 let run = RunState::start(*args, addr);
+                let started = run.started;
                 st.runs.insert(key, run);
-                self.with_run(&myself, st, key, |_, _| {});
+                self.with_run(&myself, st, key, started, |_, _| {});
             }
             CriticMsg::Run { key, msg } => {
-                self.with_run(&myself, st, key, |_, run| run.on_message(msg));
+                self.with_run(&myself, st, key, Instant::now(), |_, run| {
+                    run.on_message(msg)
+                });
             }
             CriticMsg::Beat { key, beat } => {
-                self.with_run(&myself, st, key, |_, run| run.beat(beat));
+                self.with_run(&myself, st, key, Instant::now(), |_, run| run.beat(beat));
             }
             CriticMsg::ExtendDeadline { key, by } => {
-                self.with_run(&myself, st, key, |critic, run| {
+                self.with_run(&myself, st, key, Instant::now(), |critic, run| {
                     run.watch.extend(run.started, by);
                     let detail = Some(format!("{}ms", by.as_millis()));
                     let d = decision(run, CriticAction::Extend, "operator", detail);
@@ -301,25 +303,31 @@ impl Actor for Critic {
                 });
             }
             CriticMsg::StopRun { key, reason } => {
-                self.with_run(&myself, st, key, |critic, run| match reason {
-                    Some(r) => {
-                        let d = decision(run, CriticAction::Kill, "operator", None);
-                        critic.stop(run, Ending::killed(r), Some(d));
-                    }
-                    None => {
-                        let e = Ending::failed(
-                            RunStatus::Cancelled,
-                            "cancelled",
-                            "cancelled by the caller",
-                        );
-                        critic.stop(run, e, None);
-                    }
-                });
+                self.with_run(
+                    &myself,
+                    st,
+                    key,
+                    Instant::now(),
+                    |critic, run| match reason {
+                        Some(r) => {
+                            let d = decision(run, CriticAction::Kill, "operator", None);
+                            critic.stop(run, Ending::killed(r), Some(d));
+                        }
+                        None => {
+                            let e = Ending::failed(
+                                RunStatus::Cancelled,
+                                "cancelled",
+                                "cancelled by the caller",
+                            );
+                            critic.stop(run, e, None);
+                        }
+                    },
+                );
             }
             CriticMsg::CancelAll => {
                 let keys: Vec<u64> = st.runs.keys().copied().collect();
                 for key in keys {
-                    self.with_run(&myself, st, key, |critic, run| {
+                    self.with_run(&myself, st, key, Instant::now(), |critic, run| {
                         let e =
                             Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down");
                         critic.stop(run, e, None);
@@ -332,7 +340,7 @@ impl Actor for Critic {
                 trigger,
                 decision,
             } => {
-                self.with_run(&myself, st, key, |critic, run| {
+                self.with_run(&myself, st, key, Instant::now(), |critic, run| {
                     critic.apply(run, trigger, decision);
                 });
             }
@@ -343,8 +351,8 @@ impl Actor for Critic {
 }
 
 impl Critic {
-    /// Runs `f` on the run `key` as one handler of that run: the clock read
-    /// once, the run's span entered, panics caught (the run ends
+    /// Runs `f` on the run `key` as one handler of that run: `now` its
+    /// clock (read once, by the caller), the run's span entered, panics caught (the run ends
     /// `error`/`panic`), a due repeat decided, due steps taken (at most
     /// `INLINE_STEPS`), the handler's records sent; then the run is dropped
     /// if it ended, or its timer armed.
@@ -353,13 +361,14 @@ impl Critic {
         myself: &ActorRef<CriticMsg>,
         st: &mut CriticState,
         key: u64,
+        now: Instant,
         f: impl FnOnce(&Critic, &mut RunState),
     ) {
         let Some(run) = st.runs.get_mut(&key) else {
             return;
         };
         let run: &mut RunState = run;
-        run.begin(Instant::now());
+        run.begin(now);
         let span = run.span().clone();
         let _enter = span.enter();
         let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -414,7 +423,9 @@ impl Critic {
                 continue;
             }
             run.watch.armed = None;
-            self.with_run(myself, st, key, |critic, run| critic.evaluate(myself, run));
+            self.with_run(myself, st, key, now, |critic, run| {
+                critic.evaluate(myself, run)
+            });
         }
         // Always answer the sleeper, which waits for a change after a tick.
         st.wake_at = None;

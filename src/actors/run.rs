@@ -130,11 +130,10 @@ pub struct RunAddr {
 }
 
 impl RunAddr {
-    /// Sends the run a message; false if its shard is gone.
-    pub(crate) fn send(&self, msg: RunMsg) -> bool {
-        self.shard
-            .cast(CriticMsg::Run { key: self.key, msg })
-            .is_ok()
+    /// Sends the run a message (dropped if its shard is gone: the run is
+    /// then finalized by the host's shutdown or was never started).
+    pub(crate) fn send(&self, msg: RunMsg) {
+        let _ = self.shard.cast(CriticMsg::Run { key: self.key, msg });
     }
 
     /// Tells the run's critic it is alive (from a task of the run's).
