@@ -210,6 +210,42 @@ impl Limits {
             context_window: self.context_window,
         }
     }
+
+    /// The smallest layer that resolves (over no other layer) back to these
+    /// limits: the keys the built-in defaults would not reproduce. It is
+    /// what a store keeps of a run's limits; `to_minimal_spec().resolve(&
+    /// LimitsSpec::default())` gives these limits again.
+    pub fn to_minimal_spec(&self) -> LimitsSpec {
+        let mut spec = self.to_spec();
+        let none = LimitsSpec::default();
+        // Greedy, key by key: a key goes if the whole resolution stays the
+        // same without it (a derived default such as `soft_timeout` =
+        // `max_runtime` is checked against the keys still set).
+        macro_rules! drop_if_default {
+            ($($key:ident),*) => {$(
+                let kept = spec.$key.take();
+                if spec.resolve(&none) != *self {
+                    spec.$key = kept;
+                }
+            )*};
+        }
+        drop_if_default!(
+            max_iterations,
+            max_runtime,
+            soft_timeout,
+            hard_timeout,
+            stall_timeout,
+            extension,
+            max_extensions,
+            repeat_limit,
+            tool_timeout,
+            max_tool_errors,
+            max_tool_result_bytes,
+            kill_grace,
+            context_window
+        );
+        spec
+    }
 }
 
 /// The absolute failsafe: no run lives longer than this, extensions included.
@@ -678,6 +714,43 @@ pub type SharedSpec = Arc<AgentSpec>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minimal_spec_resolves_back() {
+        let none = LimitsSpec::default();
+        let defaults = Limits::default();
+        assert_eq!(defaults.to_minimal_spec(), none);
+        let layers = [
+            LimitsSpec {
+                max_runtime: Some(Duration::from_secs(30)),
+                ..none
+            },
+            LimitsSpec {
+                max_runtime: Some(Duration::from_secs(30)),
+                soft_timeout: Some(Duration::from_secs(60)),
+                max_iterations: Some(4),
+                context_window: Some(0),
+                ..none
+            },
+            LimitsSpec {
+                hard_timeout: Some(Duration::from_secs(7)),
+                repeat_limit: Some(1),
+                ..none
+            },
+        ];
+        for layer in layers {
+            let limits = layer.resolve(&none);
+            let minimal = limits.to_minimal_spec();
+            assert_eq!(minimal.resolve(&none), limits, "{layer:?}");
+            assert!(minimal.kill_grace.is_none() && minimal.tool_timeout.is_none());
+        }
+        // A derived default is kept when its base changed but it did not.
+        let limits = layers[1].resolve(&none);
+        assert_eq!(
+            limits.to_minimal_spec().soft_timeout,
+            Some(Duration::from_secs(60))
+        );
+    }
 
     #[test]
     fn durations_parse() {

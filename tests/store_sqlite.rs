@@ -782,3 +782,134 @@ async fn records_split_over_batches_in_any_order_read_back_once_each() {
     assert!(store.unfinished_runs().await.unwrap().is_empty());
     assert_eq!(store.totals().await.unwrap().terminal_records, 2);
 }
+
+#[tokio::test]
+async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
+    let dir = Scratch::new("v2");
+    let path = dir.path("a.db");
+    let (_, records) = real_run().await;
+    let (old_id, old_run) = rekey(&records, |_| {});
+    // A run cut in two: its first records in a version-2 segment, the rest
+    // (with its terminal record) appended after the migration.
+    let (split_id, split_run) = rekey(&records, |_| {});
+    let cut = 3;
+    {
+        use sqlx::Connection;
+        let mut conn =
+            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+                .await
+                .unwrap();
+        sqlx::query(
+            "CREATE TABLE schema_version \
+             (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        for (v, sql) in [
+            (1, include_str!("../migrations/0001_init.sql")),
+            (2, include_str!("../migrations/0002_segments.sql")),
+        ] {
+            sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+            sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)")
+                .bind(v)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        // Version 2's form: every payload as the record's own JSON (events
+        // with their `type` tag, limits with every key), `null` for run.end.
+        let segment = |run: &[AuditRecord]| {
+            let items: Vec<serde_json::Value> = run
+                .iter()
+                .map(|r| {
+                    let (kind, payload) = match &r.entry {
+                        AuditEntry::RunStarted(info) => {
+                            ("run.start".to_string(), serde_json::to_value(info).unwrap())
+                        }
+                        AuditEntry::Event(ev) => {
+                            let v = serde_json::to_value(ev).unwrap();
+                            (v["type"].as_str().unwrap().to_string(), v)
+                        }
+                        AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
+                    };
+                    serde_json::json!([r.seq, r.at_ms, kind, payload])
+                })
+                .collect();
+            serde_json::Value::Array(items).to_string()
+        };
+        for (id, part) in [(old_id, &old_run[..]), (split_id, &split_run[..cut])] {
+            sqlx::query(
+                "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
+                 VALUES (?, ?, ?, ?, 1, ?)",
+            )
+            .bind(id.to_string())
+            .bind(i64::from(part[0].seq))
+            .bind(i64::from(part[part.len() - 1].seq))
+            .bind(part.len() as i64)
+            .bind(segment(part))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
+            panic!("the last record is not terminal");
+        };
+        sqlx::query(
+            "INSERT INTO runs (run_id, agent, status, started_at, finished_at, result) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(old_id.to_string())
+        .bind(&res.agent)
+        .bind(res.status.as_str())
+        .bind(res.started_at as i64)
+        .bind(res.finished_at as i64)
+        .bind(serde_json::to_string(&**res).unwrap())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.version().await.unwrap(),
+        agentvisor::stores::sqlite::SCHEMA_VERSION
+    );
+    assert_eq!(store.run_records(old_id).await.unwrap(), old_run);
+    assert_eq!(
+        store.unfinished_runs().await.unwrap(),
+        vec![split_id],
+        "the cut run has no terminal record yet"
+    );
+    store.append(&split_run[cut..]).await.unwrap();
+    assert_eq!(store.run_records(split_id).await.unwrap(), split_run);
+    assert!(store.unfinished_runs().await.unwrap().is_empty());
+    // A run written now, in one batch: its records live in its `runs` row.
+    let (new_id, new_run) = rekey(&records, |_| {});
+    store.append(&new_run).await.unwrap();
+    assert_eq!(store.run_records(new_id).await.unwrap(), new_run);
+    let totals = store.totals().await.unwrap();
+    let all = (old_run.len() + split_run.len() + new_run.len()) as u64;
+    assert_eq!(totals.records, all);
+    assert_eq!(totals.terminal_records, 3);
+    // The view sees every record of every generation, each once.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let (rows, kinds): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT kind) FROM audit_log")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows as u64, all);
+    assert!(kinds >= 5, "{kinds} kinds");
+    let untagged: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM audit_log WHERE kind = 'step.start' AND run_id = ?",
+    )
+    .bind(new_id.to_string())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(untagged > 0);
+    pool.close().await;
+}

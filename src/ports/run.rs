@@ -44,9 +44,24 @@ impl Default for RunId {
     }
 }
 
+impl RunId {
+    /// The 32 lowercase hex digits, without the formatting machinery (ids
+    /// are printed once per run on hot paths: audit rows, logs).
+    pub fn to_hex(&self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = DIGITS[((self.0 >> (124 - 4 * i)) & 0xF) as usize];
+        }
+        out
+    }
+}
+
 impl fmt::Display for RunId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        let hex = self.to_hex();
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -503,6 +518,14 @@ mod tests {
         assert_eq!(a.to_string().parse::<RunId>().ok(), Some(a));
         let json = serde_json::to_string(&a).unwrap_or_default();
         assert_eq!(json.len(), 34);
+        for id in [
+            RunId(0),
+            RunId(u128::MAX),
+            RunId(0x0123_4567_89ab_cdef << 60),
+            a,
+        ] {
+            assert_eq!(id.to_string(), format!("{:032x}", id.0));
+        }
     }
 
     #[test]

@@ -2,17 +2,21 @@
 //! inserts, segments and terminal `runs` rows), reading a run's records
 //! back, and the run index behind `agentvisor runs`.
 //!
-//! Records are written in segments (schema version 2): a run's records of
-//! one batch are one `audit_segments` row, a JSON array of `[seq, at_ms,
-//! kind, payload]` where the payload is the record's JSON — the
-//! [`RunInfo`] of `run.start`, the [`RunEvent`] of an event (its kind is the
-//! event's wire name). A `run.end` record's [`RunResult`] is stored once, in
-//! `runs.result`, and its payload is `null`. Since a run that finishes
-//! within a batch sends all its records in it, a typical run costs two rows
-//! (its segment and its `runs` row) instead of one per record: rows, not
-//! bytes, are what an embedded store pays for. The view `audit_log` gives
-//! one row per record for SQL queries by kind. Rows written by version 1
-//! (`audit_records`, one per record) are still read.
+//! Records are written in segments: a run's records of one batch are one
+//! JSON array of `[seq, at_ms, kind, payload]`. The segment that holds a
+//! run's `run.end` record (for a run that finishes within one batch, all
+//! its records) goes in the run's `runs` row, as its `tail`, next to the
+//! [`RunResult`] (`runs.result`; the record's payload is `null`); other
+//! segments are `audit_segments` rows. A typical run therefore costs one
+//! row: rows, not bytes, are what an embedded store pays for. The view
+//! `audit_log` gives one row per record for SQL queries by kind.
+//!
+//! Payloads are compact (schema version 3): an event's JSON without its
+//! `type` tag (the record's kind is the tag), usage fields that are 0 left
+//! out, a `run.start`'s limits reduced to the keys the built-in defaults
+//! would not give ([`Limits::to_minimal_spec`]). Readers put all of it
+//! back, and still read what versions 1 (`audit_records`, one row per
+//! record) and 2 (full payloads, every segment in `audit_segments`) wrote.
 //!
 //! Speed (the audit log is the hot write path): segments are encoded by the
 //! caller, then moved (not copied) to the writer thread, which inserts them
@@ -20,11 +24,11 @@
 //! `BEGIN IMMEDIATE` transaction per batch.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::Serialize;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
@@ -35,6 +39,9 @@ use crate::ports::audit::{
     RunSummary,
 };
 use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+#[cfg(doc)]
+use crate::spec::Limits;
+use crate::spec::LimitsSpec;
 
 /// The kind of a `run.start` record.
 const KIND_START: &str = "run.start";
@@ -74,22 +81,148 @@ fn event_kind(body: &[u8]) -> &'static str {
         .unwrap_or("event")
 }
 
-/// Encodes a batch: one segment per run (its records in batch order, as
-/// `[[seq, at_ms, kind, payload], …]`), and a `runs` row per terminal
-/// record, which takes the result JSON (its payload in the segment is
-/// `null`).
+/// The fields of a [`RunInfo`] as a `run.start` payload stores them: the
+/// same JSON, with the limits reduced to [`Limits::to_minimal_spec`].
+#[derive(Serialize)]
+struct StoredInfo<'a> {
+    agent: &'a str,
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    caller_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    channel_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_run_id: Option<RunId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
+    prompt: &'a str,
+    tools: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<&'a LimitsSpec>,
+}
+
+/// Writes a `run.start` payload. Runs of one agent share their limits, so
+/// the reduced limits of the last run are kept for the next.
+fn write_info(
+    out: &mut Vec<u8>,
+    info: &RunInfo,
+    last: &mut Option<(LimitsSpec, LimitsSpec)>,
+) -> serde_json::Result<()> {
+    // Destructured whole: a field added to `RunInfo` must be added here.
+    let RunInfo {
+        agent,
+        model,
+        caller_id,
+        channel_id,
+        parent_run_id,
+        session_id,
+        prompt,
+        tools,
+        limits,
+    } = info;
+    let limits = match limits {
+        Some(full) => {
+            if last.as_ref().is_none_or(|(f, _)| f != full) {
+                let minimal = full.resolve(&LimitsSpec::default()).to_minimal_spec();
+                *last = Some((*full, minimal));
+            }
+            last.as_ref().map(|(_, m)| m)
+        }
+        None => None,
+    };
+    serde_json::to_writer(
+        out,
+        &StoredInfo {
+            agent,
+            model,
+            caller_id: caller_id.as_deref(),
+            channel_id: channel_id.as_deref(),
+            parent_run_id: *parent_run_id,
+            session_id: session_id.as_deref(),
+            prompt,
+            tools,
+            limits,
+        },
+    )
+}
+
+/// Writes an event payload without its `type` tag (the record's kind says
+/// it); returns the kind. An event whose tag is not a known kind keeps it.
+fn write_event(out: &mut Vec<u8>, ev: &RunEvent) -> serde_json::Result<&'static str> {
+    let start = out.len();
+    serde_json::to_writer(&mut *out, ev)?;
+    let kind = event_kind(&out[start..]);
+    if kind != "event" {
+        // `{"type":"<kind>"` then `,` or `}`.
+        let tag = 10 + kind.len();
+        let cut = if out.get(start + tag) == Some(&b',') {
+            tag + 1
+        } else {
+            tag
+        };
+        out.drain(start + 1..start + cut);
+    }
+    strip_zero_defaults(out, start);
+    Ok(kind)
+}
+
+/// Usage fields that read as 0 when absent (`#[serde(default)]`), left out
+/// of stored JSON when they are 0 (most providers report none of them).
+const ZERO_DEFAULTS: [&[u8]; 3] = [
+    b",\"cache_read_tokens\":0",
+    b",\"cache_write_tokens\":0",
+    b",\"reasoning_tokens\":0",
+];
+
+/// Removes the [`ZERO_DEFAULTS`] from `json[start..]`. A match is a field:
+/// inside a string, a quote is escaped, and a number after `:0` would not
+/// be followed by `,` or `}`.
+fn strip_zero_defaults(json: &mut Vec<u8>, start: usize) {
+    let mut w = start;
+    let mut r = start;
+    while r < json.len() {
+        if json[r] == b',' {
+            if let Some(p) = ZERO_DEFAULTS.iter().find(|p| {
+                json[r..].starts_with(p) && matches!(json.get(r + p.len()), Some(b',' | b'}'))
+            }) {
+                r += p.len();
+                continue;
+            }
+        }
+        json[w] = json[r];
+        w += 1;
+        r += 1;
+    }
+    json.truncate(w);
+}
+
+/// Appends `n` in decimal.
+fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Encodes a batch: one segment per run, its records in batch order, as
+/// `[[seq, at_ms, kind, payload], …]`. A run whose terminal record is in
+/// the batch gets a `runs` row, which takes the result JSON (the record's
+/// payload in the segment is `null`) and the segment itself, as its tail;
+/// the other segments are `audit_segments` rows.
 fn encode(batch: &[AuditRecord]) -> Result<(Vec<SegmentRow>, Vec<RunRow>), AuditStoreError> {
     struct Open {
-        row: SegmentRow,
+        run_id: RunId,
+        first_seq: i64,
+        last_seq: i64,
+        records: i64,
+        has_start: bool,
         body: Vec<u8>,
+        result: Option<Arc<RunResult>>,
     }
     let mut open: Vec<Open> = Vec::new();
     // A run's records usually come together: look at the last segment
     // first, the index only when they interleave.
     let mut index: HashMap<RunId, usize> = HashMap::new();
     let mut last: Option<(RunId, usize)> = None;
+    let mut limits = None;
     let mut payload: Vec<u8> = Vec::with_capacity(1024);
-    let mut runs = Vec::new();
     for r in batch {
         let bad = |e: serde_json::Error| {
             AuditStoreError::Unavailable(format!(
@@ -101,15 +234,13 @@ fn encode(batch: &[AuditRecord]) -> Result<(Vec<SegmentRow>, Vec<RunRow>), Audit
             Some((run, i)) if run == r.run_id => i,
             _ => *index.entry(r.run_id).or_insert_with(|| {
                 open.push(Open {
-                    row: SegmentRow {
-                        run_id: r.run_id.to_string(),
-                        first_seq: i64::from(r.seq),
-                        last_seq: i64::from(r.seq),
-                        records: 0,
-                        has_start: 0,
-                        body: String::new(),
-                    },
-                    body: Vec::with_capacity(1024),
+                    run_id: r.run_id,
+                    first_seq: i64::from(r.seq),
+                    last_seq: i64::from(r.seq),
+                    records: 0,
+                    has_start: false,
+                    body: Vec::with_capacity(2048),
+                    result: None,
                 });
                 open.len() - 1
             }),
@@ -117,55 +248,111 @@ fn encode(batch: &[AuditRecord]) -> Result<(Vec<SegmentRow>, Vec<RunRow>), Audit
         last = Some((r.run_id, i));
         let o = &mut open[i];
         let seq = i64::from(r.seq);
-        o.row.first_seq = o.row.first_seq.min(seq);
-        o.row.last_seq = o.row.last_seq.max(seq);
-        o.body.push(if o.row.records == 0 { b'[' } else { b',' });
-        o.row.records += 1;
-        payload.clear();
-        let kind = match &r.entry {
+        o.first_seq = o.first_seq.min(seq);
+        o.last_seq = o.last_seq.max(seq);
+        o.body.push(if o.records == 0 { b'[' } else { b',' });
+        o.records += 1;
+        o.body.push(b'[');
+        push_int(&mut o.body, r.seq);
+        o.body.push(b',');
+        push_int(&mut o.body, r.at_ms);
+        // Kinds are fixed ASCII names: nothing to escape.
+        o.body.extend_from_slice(b",\"");
+        match &r.entry {
             AuditEntry::RunStarted(info) => {
-                o.row.has_start = 1;
-                serde_json::to_writer(&mut payload, info).map_err(bad)?;
-                KIND_START
+                o.has_start = true;
+                o.body.extend_from_slice(KIND_START.as_bytes());
+                o.body.extend_from_slice(b"\",");
+                write_info(&mut o.body, info, &mut limits).map_err(bad)?;
             }
             AuditEntry::Event(ev) => {
-                serde_json::to_writer(&mut payload, ev).map_err(bad)?;
-                event_kind(&payload)
+                // The payload says the kind, which goes first.
+                payload.clear();
+                let kind = write_event(&mut payload, ev).map_err(bad)?;
+                o.body.extend_from_slice(kind.as_bytes());
+                o.body.extend_from_slice(b"\",");
+                o.body.extend_from_slice(&payload);
             }
             AuditEntry::Terminal(res) => {
-                payload.extend_from_slice(b"null");
-                runs.push(RunRow {
-                    run_id: o.row.run_id.clone(),
-                    agent: res.agent.clone(),
-                    caller_id: res.caller_id.clone(),
-                    parent_run_id: res.parent_run_id.map(|p| p.to_string()),
-                    status: res.status.as_str(),
-                    kill_reason: res.kill_reason.map(KillReason::as_str),
-                    error_kind: res.error_kind.clone(),
-                    started_at: to_i64(res.started_at),
-                    finished_at: to_i64(res.finished_at),
-                    result: serde_json::to_string(&**res).map_err(bad)?,
-                });
-                KIND_END
+                o.body.extend_from_slice(KIND_END.as_bytes());
+                o.body.extend_from_slice(b"\",null");
+                o.result = Some(res.clone());
             }
-        };
-        // Kinds are fixed ASCII names: nothing to escape.
-        let _ = write!(o.body, "[{},{},\"{kind}\",", r.seq, r.at_ms);
-        o.body.extend_from_slice(&payload);
+        }
         o.body.push(b']');
     }
-    let segments = open
-        .into_iter()
-        .map(|mut o| {
-            o.body.push(b']');
-            // serde_json writes UTF-8, and so does `write!`.
-            o.row.body = String::from_utf8(o.body).map_err(|e| {
-                AuditStoreError::Unavailable(format!("a segment is not UTF-8: {e}"))
-            })?;
-            Ok(o.row)
-        })
-        .collect::<Result<Vec<_>, AuditStoreError>>()?;
+    let text = |mut body: Vec<u8>, segment: bool| {
+        if segment {
+            body.push(b']');
+        }
+        // serde_json writes UTF-8, and so does everything else here.
+        String::from_utf8(body)
+            .map_err(|e| AuditStoreError::Unavailable(format!("stored JSON is not UTF-8: {e}")))
+    };
+    let mut segments = Vec::with_capacity(open.len());
+    let mut runs = Vec::new();
+    for o in open {
+        let hex = o.run_id.to_hex();
+        let run_id = String::from_utf8_lossy(&hex).into_owned();
+        match o.result {
+            Some(res) => runs.push(RunRow {
+                run_id,
+                agent: res.agent.clone(),
+                caller_id: res.caller_id.clone(),
+                parent_run_id: res.parent_run_id.map(|p| p.to_string()),
+                status: res.status.as_str(),
+                kill_reason: res.kill_reason.map(KillReason::as_str),
+                error_kind: res.error_kind.clone(),
+                started_at: to_i64(res.started_at),
+                finished_at: to_i64(res.finished_at),
+                result: {
+                    let mut json = Vec::with_capacity(1024);
+                    serde_json::to_writer(&mut json, &*res).map_err(|e| {
+                        AuditStoreError::Unavailable(format!(
+                            "the result of run {} does not encode: {e}",
+                            o.run_id
+                        ))
+                    })?;
+                    strip_zero_defaults(&mut json, 0);
+                    text(json, false)?
+                },
+                tail_first_seq: o.first_seq,
+                tail_records: o.records,
+                tail: text(o.body, true)?,
+            }),
+            None => segments.push(SegmentRow {
+                run_id,
+                first_seq: o.first_seq,
+                last_seq: o.last_seq,
+                records: o.records,
+                has_start: i64::from(o.has_start),
+                body: text(o.body, true)?,
+            }),
+        }
+    }
     Ok((segments, runs))
+}
+
+/// A stored payload back to a record's JSON: the `type` tag an event was
+/// stored without goes back in; a `run.start`'s limits are resolved again
+/// (every key set, as the run had them).
+fn restore(kind: &str, mut payload: serde_json::Value) -> serde_json::Value {
+    if let serde_json::Value::Object(map) = &mut payload {
+        if kind == KIND_START {
+            let spec = map
+                .get("limits")
+                .filter(|l| !l.is_null())
+                .and_then(|l| serde_json::from_value::<LimitsSpec>(l.clone()).ok());
+            if let Some(full) = spec.map(|s| s.resolve(&LimitsSpec::default()).to_spec()) {
+                if let Ok(v) = serde_json::to_value(full) {
+                    map.insert("limits".into(), v);
+                }
+            }
+        } else if kind != KIND_END && !map.contains_key("type") {
+            map.insert("type".into(), serde_json::Value::String(kind.into()));
+        }
+    }
+    payload
 }
 
 fn decode(
@@ -245,8 +432,12 @@ impl AuditStore for SqliteStore {
         let id = run_id.to_string();
         // By seq: a record replayed in another segment is kept once.
         let mut out: BTreeMap<i64, AuditRecord> = BTreeMap::new();
+        // Segments, then the run's tail (its last segment, in `runs`).
         let bodies: Vec<String> = sqlx::query_scalar(
-            "SELECT body FROM audit_segments WHERE run_id = ? ORDER BY first_seq",
+            "SELECT body FROM (\
+             SELECT body, first_seq FROM audit_segments WHERE run_id = ?1 \
+             UNION ALL SELECT tail, tail_first_seq FROM runs \
+             WHERE run_id = ?1 AND tail IS NOT NULL) ORDER BY first_seq",
         )
         .bind(&id)
         .fetch_all(&self.pool)
@@ -277,7 +468,13 @@ impl AuditStore for SqliteStore {
                         entry: AuditEntry::Terminal(Arc::new(result)),
                     }
                 } else {
-                    decode(run_id, seq, at_ms, &kind, &payload.to_string())?
+                    decode(
+                        run_id,
+                        seq,
+                        at_ms,
+                        &kind,
+                        &restore(&kind, payload).to_string(),
+                    )?
                 };
                 out.insert(seq, record);
             }
@@ -390,5 +587,36 @@ mod tests {
         let body = serde_json::to_string(&ev).unwrap_or_default();
         assert_eq!(event_kind(body.as_bytes()), "transcript.compacted");
         assert_eq!(event_kind(b"{}"), "event");
+    }
+
+    #[test]
+    fn zero_usage_fields_are_left_out_and_nothing_else() {
+        let usage = crate::ports::run::Usage {
+            input_tokens: 7,
+            output_tokens: 3,
+            cache_write_tokens: 5,
+            ..Default::default()
+        };
+        let ev = RunEvent::StepFinish {
+            iteration: 1,
+            text: r#"a,"cache_read_tokens":0,"reasoning_tokens":0}"#.into(),
+            tool_calls: 0,
+            usage,
+            calls: Vec::new(),
+        };
+        let mut out = b"[1,2,".to_vec();
+        assert_eq!(write_event(&mut out, &ev).ok(), Some("step.finish"));
+        let stored = String::from_utf8(out[5..].to_vec()).unwrap_or_default();
+        assert!(!stored.contains("\"type\""), "{stored}");
+        assert!(stored.contains("cache_write_tokens\":5"), "{stored}");
+        assert!(!stored.contains(",\"reasoning_tokens\":0,"), "{stored}");
+        // The text keeps its look-alikes (its quotes are escaped).
+        let v: serde_json::Value = serde_json::from_str(&stored).unwrap_or_default();
+        let back: Option<RunEvent> = serde_json::from_value(restore("step.finish", v)).ok();
+        assert_eq!(back, Some(ev));
+        let ev = RunEvent::StepStart { iteration: 2 };
+        let mut out = Vec::new();
+        let _ = write_event(&mut out, &ev);
+        assert_eq!(out, br#"{"iteration":2}"#);
     }
 }

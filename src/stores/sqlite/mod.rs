@@ -63,10 +63,11 @@ use crate::ports::budget::BudgetLimits;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../../migrations/0001_init.sql")),
     (2, include_str!("../../../migrations/0002_segments.sql")),
+    (3, include_str!("../../../migrations/0003_run_tail.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a write waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -307,7 +308,8 @@ impl SqliteStore {
     pub async fn totals(&self) -> Result<AuditStats, crate::ports::audit::AuditStoreError> {
         let row = sqlx::query(
             "SELECT (SELECT COUNT(*) FROM audit_records) \
-                 + (SELECT COALESCE(SUM(records), 0) FROM audit_segments), \
+                 + (SELECT COALESCE(SUM(records), 0) FROM audit_segments) \
+                 + (SELECT COALESCE(SUM(tail_records), 0) FROM runs), \
                  (SELECT COUNT(*) FROM runs)",
         )
         .fetch_one(&self.pool)

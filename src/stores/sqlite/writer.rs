@@ -56,6 +56,12 @@ pub(super) struct RunRow {
     pub(super) started_at: i64,
     pub(super) finished_at: i64,
     pub(super) result: String,
+    /// The run's last segment (the one with its `run.end` record): the seq
+    /// of its first record, how many it holds, `[[seq, at_ms, kind,
+    /// payload], …]`.
+    pub(super) tail_first_seq: i64,
+    pub(super) tail_records: i64,
+    pub(super) tail: String,
 }
 
 /// One `checkpoints` row, ready to bind.
@@ -397,7 +403,8 @@ async fn append(
     let mut segments = segments.into_iter();
     for size in chunk_sizes(n) {
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-            "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) ",
+            "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
+             SELECT * FROM (",
         );
         q.push_values(segments.by_ref().take(size), |mut b, s| {
             b.push_bind(s.run_id)
@@ -407,9 +414,14 @@ async fn append(
                 .push_bind(s.has_start)
                 .push_bind(s.body);
         });
-        // RETURNING yields the inserted rows only: a replayed segment is
-        // skipped and not counted.
-        q.push(" ON CONFLICT (run_id, first_seq) DO NOTHING RETURNING records");
+        // A run with a `runs` row has all its records (the last ones in
+        // that row's tail): a segment of it is a replay. RETURNING yields
+        // the inserted rows only: a replayed segment is skipped and not
+        // counted.
+        q.push(
+            ") AS v WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = v.column1) \
+             ON CONFLICT (run_id, first_seq) DO NOTHING RETURNING records",
+        );
         let counts: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
         inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
     }
@@ -419,7 +431,7 @@ async fn append(
     for size in chunk_sizes(n) {
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
-             error_kind, started_at, finished_at, result) ",
+             error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail) ",
         );
         q.push_values(runs.by_ref().take(size), |mut b, r| {
             b.push_bind(r.run_id)
@@ -431,10 +443,16 @@ async fn append(
                 .push_bind(r.error_kind)
                 .push_bind(r.started_at)
                 .push_bind(r.finished_at)
-                .push_bind(r.result);
+                .push_bind(r.result)
+                .push_bind(r.tail_first_seq)
+                .push_bind(r.tail_records)
+                .push_bind(r.tail);
         });
-        q.push(" ON CONFLICT (run_id) DO NOTHING");
-        terminal += q.build().execute(&mut *tx).await?.rows_affected();
+        // As for segments: a replayed run is neither written nor counted.
+        q.push(" ON CONFLICT (run_id) DO NOTHING RETURNING tail_records");
+        let counts: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+        terminal += counts.len() as u64;
+        inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
     }
     tx.commit().await?;
     Ok((inserted, terminal))
