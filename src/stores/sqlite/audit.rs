@@ -174,26 +174,29 @@ const ZERO_DEFAULTS: [&[u8]; 3] = [
     b",\"reasoning_tokens\":0",
 ];
 
-/// Removes the [`ZERO_DEFAULTS`] from `json[start..]`. A match is a field:
-/// inside a string, a quote is escaped, and a number after `:0` would not
-/// be followed by `,` or `}`.
+/// Removes the [`ZERO_DEFAULTS`] from the `"usage"` objects of
+/// `json[start..]`. A usage object is flat (numbers only), and a match is a
+/// field: inside a string a quote is escaped, so `"usage":{` or
+/// `,"reasoning_tokens":0` cannot match there.
 fn strip_zero_defaults(json: &mut Vec<u8>, start: usize) {
-    let mut w = start;
-    let mut r = start;
-    while r < json.len() {
-        if json[r] == b',' {
-            if let Some(p) = ZERO_DEFAULTS.iter().find(|p| {
-                json[r..].starts_with(p) && matches!(json.get(r + p.len()), Some(b',' | b'}'))
-            }) {
-                r += p.len();
-                continue;
+    let mut at = start;
+    while let Some(i) = memchr::memmem::find(&json[at..], b"\"usage\":{") {
+        let open = at + i + 9;
+        let Some(len) = memchr::memchr(b'}', &json[open..]) else {
+            return;
+        };
+        let mut end = open + len;
+        for p in ZERO_DEFAULTS {
+            if let Some(j) = memchr::memmem::find(&json[open..end], p) {
+                let s = open + j;
+                if matches!(json.get(s + p.len()), Some(b',' | b'}')) {
+                    json.drain(s..s + p.len());
+                    end -= p.len();
+                }
             }
         }
-        json[w] = json[r];
-        w += 1;
-        r += 1;
+        at = end;
     }
-    json.truncate(w);
 }
 
 /// Appends `n` in decimal.
