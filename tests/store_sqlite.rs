@@ -913,3 +913,141 @@ async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
     assert!(untagged > 0);
     pool.close().await;
 }
+
+/// Polls `f` once (to queue its batch with the store), leaving it pending.
+async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
+    std::future::poll_fn(|cx| {
+        let _ = std::pin::Pin::new(&mut *f).poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// A trigger that fails every insert into `runs` while `fault.on_` is 1,
+/// and those of the run `fault.run_id` always.
+async fn fault_switch(path: &Path) -> sqlx::SqlitePool {
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE TABLE fault (on_ INTEGER NOT NULL, run_id TEXT)",
+        "INSERT INTO fault (on_) VALUES (0)",
+        "CREATE TRIGGER fault_runs BEFORE INSERT ON runs \
+         WHEN (SELECT on_ FROM fault) = 1 OR NEW.run_id = (SELECT run_id FROM fault) \
+         BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
+async fn set_fault(pool: &sqlx::SqlitePool, on: bool) {
+    sqlx::query("UPDATE fault SET on_ = ?")
+        .bind(i64::from(on))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_queued_behind_a_failed_one_is_not_written() {
+    let dir = Scratch::new("chain");
+    let path = dir.path("a.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert!(store.pipelines());
+    let faults = fault_switch(&path).await;
+    let (_, records) = real_run().await;
+    let (first_id, first) = rekey(&records, |_| {});
+    let (second_id, second) = rekey(&records, |_| {});
+    sqlx::query("UPDATE fault SET run_id = ?")
+        .bind(first_id.to_string())
+        .execute(&faults)
+        .await
+        .unwrap();
+    // Both queued before either answers, in this order: the first fails,
+    // so the second, which would be written on its own, is not.
+    let mut a = Box::pin(store.append(&first));
+    poll_once(&mut a).await;
+    let mut b = Box::pin(store.append(&second));
+    poll_once(&mut b).await;
+    let (ra, rb) = (a.await, b.await);
+    assert!(ra.unwrap_err().to_string().contains("injected fault"));
+    let e = rb.expect_err("written ahead of the batch before it");
+    assert!(e.to_string().contains("before it failed"), "{e}");
+    assert!(store.run_records(second_id).await.unwrap().is_empty());
+    // On its own (nothing in flight), a batch is written.
+    store.append(&second).await.unwrap();
+    assert_eq!(store.run_records(second_id).await.unwrap(), second);
+    // And one queued behind a batch that was written is written too.
+    let (third_id, third) = rekey(&records, |_| {});
+    let (fourth_id, fourth) = rekey(&records, |_| {});
+    let mut c = Box::pin(store.append(&third));
+    poll_once(&mut c).await;
+    let mut d = Box::pin(store.append(&fourth));
+    poll_once(&mut d).await;
+    c.await.unwrap();
+    d.await.unwrap();
+    assert_eq!(store.run_records(third_id).await.unwrap(), third);
+    assert_eq!(store.run_records(fourth_id).await.unwrap(), fourth);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failing_under_pipelined_batches_loses_and_reorders_nothing() {
+    let dir = Scratch::new("pipefail");
+    let path = dir.path("a.db");
+    let spool = dir.path("audit.spool");
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let faults = fault_switch(&path).await;
+    let host = Host::builder()
+        .config(HostConfig {
+            audit_spool: Some(spool.clone()),
+            // Small batches: many in flight one behind the other.
+            audit_batch: 16,
+            ..HostConfig::default()
+        })
+        .audit_store(store.clone())
+        .build()
+        .await
+        .unwrap();
+    let agent = host.agent(hello()).unwrap();
+    let n = 300;
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        handles.push(
+            host.submit(&agent, Invocation::prompt("add"))
+                .await
+                .unwrap(),
+        );
+    }
+    let mut results = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        // The store fails for the middle third of the results.
+        if i == n / 3 {
+            set_fault(&faults, true).await;
+        }
+        if i == 2 * n / 3 {
+            set_fault(&faults, false).await;
+        }
+        results.push(
+            tokio::time::timeout(Duration::from_secs(20), h)
+                .await
+                .expect("a run blocked on its audit record"),
+        );
+    }
+    set_fault(&faults, false).await;
+    host.shutdown().await;
+    assert!(results.iter().all(|r| r.status == RunStatus::Ok));
+    assert_eq!(store.totals().await.unwrap().terminal_records, n as u64);
+    for r in &results {
+        let records = store.run_records(r.run_id).await.unwrap();
+        let seqs: Vec<u32> = records.iter().map(|x| x.seq).collect();
+        let expected: Vec<u32> = (0..records.len() as u32).collect();
+        assert_eq!(seqs, expected, "run {} has a gap", r.run_id);
+        assert!(matches!(
+            records.first().map(|x| &x.entry),
+            Some(AuditEntry::RunStarted(_))
+        ));
+        assert!(records.last().is_some_and(AuditRecord::is_terminal));
+        assert_eq!(records.len(), 13, "run {}", r.run_id);
+    }
+}

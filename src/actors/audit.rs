@@ -9,6 +9,13 @@
 //! [`WRITER_QUEUE`] batches (the back-pressure: when it is full the actor
 //! waits, and records wait in its mailbox); batches that queued up while
 //! the writer was busy are written together, in order, in one `append`.
+//! With a store that pipelines ([`AuditStore::pipelines`]: SQLite, whose
+//! `append` encodes and queues in its first poll), the writer starts the
+//! next batch while the last one is written, so encoding one overlaps the
+//! SQL of the other; the store applies them in order or refuses the later
+//! one, which then takes the failure path behind the earlier one. Batches
+//! that carry checkpoint work, and all batches while the store fails or
+//! the spool holds records, are written one at a time.
 //!
 //! A run's terminal record comes with the run's result channel: the result
 //! is handed to the caller only once the batch holding its terminal record
@@ -42,9 +49,12 @@
 //! gracefully does the same. Lost on a crash: the buffer and the writer's
 //! queue (a few batches).
 
+use std::future::Future;
 use std::io::{BufRead, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -327,6 +337,18 @@ struct Writer {
     unsaved: std::collections::HashMap<RunId, Box<Checkpoint>>,
     /// Checkpoints to clear once the runs' terminal records are written.
     uncleared: Vec<RunId>,
+    /// The batch being written while the next one is started (stores that
+    /// pipeline only).
+    in_flight: Option<InFlight>,
+}
+
+/// What an owned append answers: done, or why not and the batch back.
+type AppendOutcome = Result<(), (AuditStoreError, Vec<AuditRecord>)>;
+
+/// An `append` under way, and the results it holds back.
+struct InFlight {
+    append: Pin<Box<dyn Future<Output = AppendOutcome> + Send>>,
+    waiting: Vec<Waiter>,
 }
 
 struct Outage {
@@ -368,80 +390,171 @@ impl Writer {
             checkpointer: audit.checkpointer.clone(),
             unsaved: std::collections::HashMap::new(),
             uncleared: Vec::new(),
+            in_flight: None,
         }
     }
 
     async fn run(mut self) {
         loop {
-            let job = match self.retry_delay() {
-                Some(delay) => match tokio::time::timeout(delay, self.rx.recv()).await {
-                    Ok(job) => job,
-                    Err(_) => {
-                        // Time to retry the store (replay the spool, write what is held).
-                        self.write(false).await;
-                        self.checkpoints(Vec::new()).await;
+            let job = if let Some(fl) = &mut self.in_flight {
+                // A batch is being written: deliver its results as soon as
+                // it is, or start the next batch meanwhile.
+                tokio::select! {
+                    biased;
+                    res = &mut fl.append => {
+                        self.settle_in_flight(Some(res)).await;
                         continue;
                     }
-                },
-                None => self.rx.recv().await,
-            };
-            match job {
-                Some(Job::Batch {
-                    records,
-                    waiting,
-                    saves,
-                    clears,
-                }) => {
-                    self.hold(records);
-                    let mut waiting = waiting;
-                    let mut acks = self.take_checkpoints(saves, clears);
-                    let mut drain = None;
-                    // Batches that queued up while we wrote go in the same
-                    // append (if that saves the store work).
-                    let join = if self.store.joins_batches() {
-                        COALESCE_BATCHES
-                    } else {
-                        1
-                    };
-                    for _ in 1..join {
-                        match self.rx.try_recv() {
-                            Ok(Job::Batch {
-                                records,
-                                waiting: w,
-                                saves,
-                                clears,
-                            }) => {
-                                self.hold(records);
-                                waiting.extend(w);
-                                acks.extend(self.take_checkpoints(saves, clears));
-                            }
-                            Ok(Job::Drain(tx)) => {
-                                drain = Some(tx);
-                                break;
-                            }
-                            Err(_) => break,
+                    job = self.rx.recv() => job,
+                }
+            } else {
+                match self.retry_delay() {
+                    Some(delay) => match tokio::time::timeout(delay, self.rx.recv()).await {
+                        Ok(job) => job,
+                        Err(_) => {
+                            // Time to retry the store (replay the spool, write what is held).
+                            self.write(false).await;
+                            self.checkpoints(Vec::new()).await;
+                            continue;
                         }
-                    }
-                    self.write(drain.is_some()).await;
-                    self.checkpoints(acks).await;
-                    deliver(waiting);
-                    if let Some(tx) = drain {
-                        let _ = tx.send(());
-                    }
+                    },
+                    None => self.rx.recv().await,
                 }
-                Some(Job::Drain(tx)) => {
-                    self.write(true).await;
-                    self.checkpoints(Vec::new()).await;
-                    let _ = tx.send(());
-                }
-                None => {
-                    // The actor stopped: write everything, then end.
-                    self.write(true).await;
-                    self.checkpoints(Vec::new()).await;
-                    return;
-                }
+            };
+            if !self.handle(job).await {
+                return;
             }
         }
+    }
+
+    /// Handles a job (`None`: the actor stopped); returns whether to go on.
+    async fn handle(&mut self, job: Option<Job>) -> bool {
+        match job {
+            Some(Job::Batch {
+                records,
+                waiting,
+                saves,
+                clears,
+            }) => {
+                let mut batch = records;
+                let mut waiting = waiting;
+                let mut acks = self.take_checkpoints(saves, clears);
+                let mut drain = None;
+                // Batches that queued up while we wrote go in the same
+                // append (if that saves the store work).
+                let join = if self.store.joins_batches() {
+                    COALESCE_BATCHES
+                } else {
+                    1
+                };
+                for _ in 1..join {
+                    match self.rx.try_recv() {
+                        Ok(Job::Batch {
+                            records,
+                            waiting: w,
+                            saves,
+                            clears,
+                        }) => {
+                            batch.extend(records);
+                            waiting.extend(w);
+                            acks.extend(self.take_checkpoints(saves, clears));
+                        }
+                        Ok(Job::Drain(tx)) => {
+                            drain = Some(tx);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if drain.is_none() && acks.is_empty() && !batch.is_empty() && self.may_pipeline() {
+                    self.start_append(batch, waiting).await;
+                    return true;
+                }
+                // The batch in flight goes first (its records, should it
+                // fail, are older than these).
+                self.settle_in_flight(None).await;
+                self.hold(batch);
+                self.write(drain.is_some()).await;
+                self.checkpoints(acks).await;
+                deliver(waiting);
+                if let Some(tx) = drain {
+                    let _ = tx.send(());
+                }
+                true
+            }
+            Some(Job::Drain(tx)) => {
+                self.settle_in_flight(None).await;
+                self.write(true).await;
+                self.checkpoints(Vec::new()).await;
+                let _ = tx.send(());
+                true
+            }
+            None => {
+                // The actor stopped: write everything, then end.
+                self.settle_in_flight(None).await;
+                self.write(true).await;
+                self.checkpoints(Vec::new()).await;
+                false
+            }
+        }
+    }
+
+    /// Whether a new batch may be written while an earlier one is: the
+    /// store pipelines, it works, nothing older waits in the spool or in
+    /// memory (new records queue behind those), and no checkpoint work
+    /// hangs on the write (a
+    /// checkpoint is cleared only once its run's terminal record is
+    /// written, which the serial path sees to).
+    fn may_pipeline(&self) -> bool {
+        self.store.pipelines()
+            && self.outage.is_none()
+            && !self.spool_pending
+            && self.held.is_empty()
+            && self.unsaved.is_empty()
+            && self.uncleared.is_empty()
+    }
+
+    /// Starts writing a batch behind the batch in flight: the store queues
+    /// it in the first poll (encoding it there, while the SQL of the batch
+    /// before runs), then the batch before is settled and this one becomes
+    /// the batch in flight.
+    async fn start_append(&mut self, batch: Vec<AuditRecord>, waiting: Vec<Waiter>) {
+        let store = self.store.clone();
+        let mut append: InFlight = InFlight {
+            append: Box::pin(async move { store.append_owned(batch).await }),
+            waiting,
+        };
+        let first = std::future::poll_fn(|cx| Poll::Ready(append.append.as_mut().poll(cx))).await;
+        self.settle_in_flight(None).await;
+        match first {
+            Poll::Ready(res) => self.settle(res, append.waiting).await,
+            Poll::Pending => self.in_flight = Some(append),
+        }
+    }
+
+    /// Waits for the batch in flight (unless its outcome is given) and
+    /// settles it.
+    async fn settle_in_flight(&mut self, outcome: Option<AppendOutcome>) {
+        let Some(fl) = self.in_flight.take() else {
+            return;
+        };
+        let res = match outcome {
+            Some(res) => res,
+            None => fl.append.await,
+        };
+        self.settle(res, fl.waiting).await;
+    }
+
+    /// A pipelined batch is written, or not: then its records take the
+    /// serial path's way (spool, or held), behind those of batches before
+    /// it. Its results are delivered either way, as on the serial path.
+    async fn settle(&mut self, res: AppendOutcome, waiting: Vec<Waiter>) {
+        if let Err((e, batch)) = res {
+            self.hold(batch);
+            self.failed(&e);
+            self.write(false).await;
+        }
+        deliver(waiting);
     }
 
     /// Holds a batch to write: moved in when nothing else is held (no

@@ -108,6 +108,16 @@ pub trait AuditStore: Send + Sync + 'static {
         true
     }
 
+    /// Whether `append`s may overlap. A store that says yes queues a batch
+    /// in the first poll of `append` and applies queued batches in that
+    /// order, and fails a batch queued while the one before it was still
+    /// being written if that one failed (so batches are applied in order or
+    /// not at all). The audit actor then starts the next batch — its
+    /// encoding — while the last one is written. Default: no.
+    fn pipelines(&self) -> bool {
+        false
+    }
+
     /// Writes a batch the caller gives away, atomically; on failure the
     /// batch comes back. A store that keeps records as they are (the
     /// in-memory one) takes them without a copy; the default borrows them

@@ -431,6 +431,13 @@ impl AuditStore for SqliteStore {
         Ok(())
     }
 
+    /// Yes: the writer thread takes batches in the order `append` was
+    /// first polled (it encodes, then queues), and refuses one queued behind
+    /// a batch that failed.
+    fn pipelines(&self) -> bool {
+        true
+    }
+
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
         let id = run_id.to_string();
         // By seq: a record replayed in another segment is kept once.

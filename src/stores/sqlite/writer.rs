@@ -17,6 +17,8 @@
 //! queued jobs (`SqliteStore::close` also checkpoints the WAL first).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{Connection, QueryBuilder, Sqlite};
@@ -82,7 +84,10 @@ enum Job {
     Append {
         records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
-        reply: Reply<(u64, u64)>,
+        /// Sent while the append before it had not answered: written only
+        /// if that one was.
+        chained: bool,
+        reply: oneshot::Sender<Result<(u64, u64), WriteError>>,
     },
     /// Adds spend to each caller's minute bucket.
     Commit {
@@ -113,6 +118,17 @@ enum Job {
 #[derive(Clone)]
 pub(super) struct Writer {
     tx: mpsc::UnboundedSender<Job>,
+    /// Appends sent and not answered yet (see [`Writer::append`]).
+    appends_in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts an append in flight until it answers or is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Why a write did not happen.
@@ -121,6 +137,9 @@ pub(super) enum WriteError {
     Sql(sqlx::Error),
     /// The writer thread is gone.
     Gone,
+    /// Not written: the batch sent before it, while it was being written,
+    /// failed (batches are applied in order or not at all).
+    AfterFailure,
 }
 
 impl std::fmt::Display for WriteError {
@@ -128,6 +147,9 @@ impl std::fmt::Display for WriteError {
         match self {
             WriteError::Sql(e) => e.fmt(f),
             WriteError::Gone => f.write_str("the SQLite writer thread has stopped"),
+            WriteError::AfterFailure => {
+                f.write_str("not written: the audit batch before it failed")
+            }
         }
     }
 }
@@ -167,7 +189,10 @@ impl Writer {
             });
         }
         match ready_rx.await {
-            Ok(Ok(())) => Ok(Writer { tx }),
+            Ok(Ok(())) => Ok(Writer {
+                tx,
+                appends_in_flight: Arc::new(AtomicUsize::new(0)),
+            }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Open {
                 path,
@@ -185,18 +210,28 @@ impl Writer {
         }
     }
 
-    /// Writes one audit batch in one transaction.
+    /// Writes one audit batch in one transaction. The batch is queued when
+    /// this is first polled; batches are written in the order they were
+    /// queued, and one queued while another was in flight is written only
+    /// if that one was (so a caller may start the next batch before the
+    /// last one answers, and never sees them applied out of order).
     pub(super) async fn append(
         &self,
         records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
     ) -> Result<(u64, u64), WriteError> {
-        self.ask(|reply| Job::Append {
-            records,
-            runs,
-            reply,
-        })
-        .await
+        let chained = self.appends_in_flight.fetch_add(1, Ordering::AcqRel) > 0;
+        let _in_flight = InFlight(self.appends_in_flight.clone());
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Append {
+                records,
+                runs,
+                chained,
+                reply,
+            })
+            .map_err(|_| WriteError::Gone)?;
+        rx.await.unwrap_or(Err(WriteError::Gone))
     }
 
     /// Adds spend (one row per caller) in one transaction.
@@ -266,14 +301,25 @@ async fn run(
         let _ = conn.close().await;
         return;
     }
+    // The last append failed (or was refused): a chained one is refused.
+    let mut append_failed = false;
     while let Some(job) = rx.recv().await {
         match job {
             Job::Append {
                 records,
                 runs,
+                chained,
                 reply,
             } => {
-                let _ = reply.send(append(&mut conn, records, runs).await);
+                let res = if chained && append_failed {
+                    Err(WriteError::AfterFailure)
+                } else {
+                    append(&mut conn, records, runs)
+                        .await
+                        .map_err(WriteError::Sql)
+                };
+                append_failed = res.is_err();
+                let _ = reply.send(res);
             }
             Job::Commit {
                 spends,
