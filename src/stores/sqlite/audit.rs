@@ -179,15 +179,20 @@ const ZERO_DEFAULTS: [&[u8]; 3] = [
 /// field: inside a string a quote is escaped, so `"usage":{` or
 /// `,"reasoning_tokens":0` cannot match there.
 fn strip_zero_defaults(json: &mut Vec<u8>, start: usize) {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    // Built once: a finder's setup costs more than a short search.
+    static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\":{"));
+    static ZEROS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| ZERO_DEFAULTS.map(Finder::new));
     let mut at = start;
-    while let Some(i) = memchr::memmem::find(&json[at..], b"\"usage\":{") {
+    while let Some(i) = USAGE.find(&json[at..]) {
         let open = at + i + 9;
         let Some(len) = memchr::memchr(b'}', &json[open..]) else {
             return;
         };
         let mut end = open + len;
-        for p in ZERO_DEFAULTS {
-            if let Some(j) = memchr::memmem::find(&json[open..end], p) {
+        for (p, finder) in ZERO_DEFAULTS.iter().zip(ZEROS.iter()) {
+            if let Some(j) = finder.find(&json[open..end]) {
                 let s = open + j;
                 if matches!(json.get(s + p.len()), Some(b',' | b'}')) {
                     json.drain(s..s + p.len());
