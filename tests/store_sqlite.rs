@@ -204,6 +204,17 @@ async fn a_replayed_record_is_never_a_duplicate() {
         store.list_runs(&RunFilter::default()).await.unwrap().len(),
         1
     );
+    // A replay and a new run in one batch: only the new one counts.
+    let (other_id, other) = rekey(&records, |_| {});
+    let mixed: Vec<AuditRecord> = run.iter().chain(other.iter()).cloned().collect();
+    store.append(&mixed).await.unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.records, stats.terminal_records),
+        ((run.len() + other.len()) as u64, 2)
+    );
+    assert_eq!(store.run_records(other_id).await.unwrap(), other);
+    assert_eq!(store.totals().await.unwrap().records, stats.records);
 }
 
 #[tokio::test]

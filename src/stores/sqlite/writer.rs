@@ -471,8 +471,20 @@ async fn append(
         let counts: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
         inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
     }
-    let mut terminal = 0;
+    // Runs are counted without RETURNING (which hands back one row at a
+    // time through sqlx's channel, a wake-up each): when every row went in,
+    // the batch's own counts are the answer; when some were replays, the
+    // rows past the largest rowid before this batch are the new ones.
     let n = runs.len();
+    let records: i64 = runs.iter().map(|r| r.tail_records.max(0)).sum();
+    let last_rowid: Option<i64> = if n > 0 {
+        sqlx::query_scalar("SELECT MAX(rowid) FROM runs")
+            .fetch_one(&mut *tx)
+            .await?
+    } else {
+        None
+    };
+    let mut terminal = 0;
     let mut runs = runs.into_iter();
     for size in chunk_sizes(n) {
         let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
@@ -495,10 +507,18 @@ async fn append(
                 .push_bind(r.tail);
         });
         // As for segments: a replayed run is neither written nor counted.
-        q.push(" ON CONFLICT (run_id) DO NOTHING RETURNING tail_records");
-        let counts: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
-        terminal += counts.len() as u64;
-        inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
+        q.push(" ON CONFLICT (run_id) DO NOTHING");
+        terminal += q.build().execute(&mut *tx).await?.rows_affected();
+    }
+    if terminal == n as u64 {
+        inserted += records as u64;
+    } else if terminal > 0 {
+        let new: i64 =
+            sqlx::query_scalar("SELECT COALESCE(SUM(tail_records), 0) FROM runs WHERE rowid > ?")
+                .bind(last_rowid.unwrap_or(0))
+                .fetch_one(&mut *tx)
+                .await?;
+        inserted += new.max(0) as u64;
     }
     tx.commit().await?;
     Ok((inserted, terminal))
