@@ -28,7 +28,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::Serialize;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
@@ -38,7 +37,7 @@ use crate::ports::audit::{
     AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex, RunInfo,
     RunSummary,
 };
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord, Usage};
 #[cfg(doc)]
 use crate::spec::Limits;
 use crate::spec::LimitsSpec;
@@ -81,32 +80,14 @@ fn event_kind(body: &[u8]) -> &'static str {
         .unwrap_or("event")
 }
 
-/// The fields of a [`RunInfo`] as a `run.start` payload stores them: the
-/// same JSON, with the limits reduced to [`Limits::to_minimal_spec`].
-#[derive(Serialize)]
-struct StoredInfo<'a> {
-    agent: &'a str,
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    caller_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    channel_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    parent_run_id: Option<RunId>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    session_id: Option<&'a str>,
-    prompt: &'a str,
-    tools: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limits: Option<&'a LimitsSpec>,
-}
-
-/// Writes a `run.start` payload. Runs of one agent share their limits, so
-/// the reduced limits of the last run are kept for the next.
+/// Writes a `run.start` payload: the [`RunInfo`]'s JSON with its absent
+/// optional fields left out and its limits reduced to
+/// [`Limits::to_minimal_spec`]. Runs of one agent share their limits, so
+/// the last run's (as given, and as written) are kept for the next.
 fn write_info(
     out: &mut Vec<u8>,
     info: &RunInfo,
-    last: &mut Option<(LimitsSpec, LimitsSpec)>,
+    last: &mut Option<(LimitsSpec, Vec<u8>)>,
 ) -> serde_json::Result<()> {
     // Destructured whole: a field added to `RunInfo` must be added here.
     let RunInfo {
@@ -120,35 +101,63 @@ fn write_info(
         tools,
         limits,
     } = info;
-    let limits = match limits {
-        Some(full) => {
-            if last.as_ref().is_none_or(|(f, _)| f != full) {
-                let minimal = full.resolve(&LimitsSpec::default()).to_minimal_spec();
-                *last = Some((*full, minimal));
-            }
-            last.as_ref().map(|(_, m)| m)
+    out.extend_from_slice(b"{\"agent\":");
+    push_str(out, agent);
+    out.extend_from_slice(b",\"model\":");
+    push_str(out, model);
+    if let Some(c) = caller_id {
+        out.extend_from_slice(b",\"caller_id\":");
+        push_str(out, c);
+    }
+    if let Some(c) = channel_id {
+        out.extend_from_slice(b",\"channel_id\":");
+        push_str(out, c);
+    }
+    if let Some(p) = parent_run_id {
+        out.extend_from_slice(b",\"parent_run_id\":\"");
+        out.extend_from_slice(&p.to_hex());
+        out.push(b'"');
+    }
+    if let Some(s) = session_id {
+        out.extend_from_slice(b",\"session_id\":");
+        push_str(out, s);
+    }
+    out.extend_from_slice(b",\"prompt\":");
+    push_str(out, prompt);
+    out.extend_from_slice(b",\"tools\":[");
+    for (i, t) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        None => None,
-    };
-    serde_json::to_writer(
-        out,
-        &StoredInfo {
-            agent,
-            model,
-            caller_id: caller_id.as_deref(),
-            channel_id: channel_id.as_deref(),
-            parent_run_id: *parent_run_id,
-            session_id: session_id.as_deref(),
-            prompt,
-            tools,
-            limits,
-        },
-    )
+        push_str(out, t);
+    }
+    out.push(b']');
+    if let Some(full) = limits {
+        if last.as_ref().is_none_or(|(f, _)| f != full) {
+            let minimal = full.resolve(&LimitsSpec::default()).to_minimal_spec();
+            *last = Some((*full, serde_json::to_vec(&minimal)?));
+        }
+        if let Some((_, json)) = last {
+            out.extend_from_slice(b",\"limits\":");
+            out.extend_from_slice(json);
+        }
+    }
+    out.push(b'}');
+    Ok(())
 }
 
 /// Writes an event payload without its `type` tag (the record's kind says
 /// it); returns the kind. An event whose tag is not a known kind keeps it.
+/// The events every run has are written by [`write_common_event`].
 fn write_event(out: &mut Vec<u8>, ev: &RunEvent) -> serde_json::Result<&'static str> {
+    if let Some(kind) = write_common_event(out, ev) {
+        return Ok(kind);
+    }
+    write_event_serde(out, ev)
+}
+
+/// [`write_event`] through serde: any event.
+fn write_event_serde(out: &mut Vec<u8>, ev: &RunEvent) -> serde_json::Result<&'static str> {
     let start = out.len();
     serde_json::to_writer(&mut *out, ev)?;
     let kind = event_kind(&out[start..]);
@@ -202,6 +211,274 @@ fn strip_zero_defaults(json: &mut Vec<u8>, start: usize) {
         }
         at = end;
     }
+}
+
+/// Writes the events every run has (steps, tool calls and results, the
+/// final message) as [`write_event_serde`] would, byte for byte (a test
+/// holds them equal), without serde: their keys are fixed ASCII written as
+/// they are, where serde scans each for characters to escape — on a swarm
+/// of short runs that scan was most of the encoding time. `None`: an event
+/// of another kind.
+fn write_common_event(out: &mut Vec<u8>, ev: &RunEvent) -> Option<&'static str> {
+    match ev {
+        RunEvent::StepStart { iteration } => {
+            out.extend_from_slice(b"{\"iteration\":");
+            push_int(out, *iteration);
+            out.push(b'}');
+            Some("step.start")
+        }
+        RunEvent::StepFinish {
+            iteration,
+            text,
+            tool_calls,
+            usage,
+            calls,
+        } => {
+            out.extend_from_slice(b"{\"iteration\":");
+            push_int(out, *iteration);
+            out.extend_from_slice(b",\"text\":");
+            push_str(out, text);
+            out.extend_from_slice(b",\"tool_calls\":");
+            push_int(out, *tool_calls);
+            out.extend_from_slice(b",\"usage\":");
+            push_usage(out, usage);
+            if !calls.is_empty() {
+                out.extend_from_slice(b",\"calls\":[");
+                for (i, c) in calls.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(b"{\"id\":");
+                    push_str(out, &c.id);
+                    out.extend_from_slice(b",\"name\":");
+                    push_str(out, &c.name);
+                    out.extend_from_slice(b",\"arguments\":");
+                    push_str(out, &c.arguments);
+                    out.push(b'}');
+                }
+                out.push(b']');
+            }
+            out.push(b'}');
+            Some("step.finish")
+        }
+        RunEvent::ToolCall {
+            iteration,
+            call_id,
+            tool,
+            args,
+        } => {
+            out.extend_from_slice(b"{\"iteration\":");
+            push_int(out, *iteration);
+            out.extend_from_slice(b",\"call_id\":");
+            push_str(out, call_id);
+            out.extend_from_slice(b",\"tool\":");
+            push_str(out, tool);
+            out.extend_from_slice(b",\"args\":");
+            push_str(out, args);
+            out.push(b'}');
+            Some("tool.call")
+        }
+        RunEvent::ToolResult {
+            iteration,
+            call_id,
+            tool,
+            ok,
+            result,
+            duration_ms,
+        } => {
+            out.extend_from_slice(b"{\"iteration\":");
+            push_int(out, *iteration);
+            out.extend_from_slice(b",\"call_id\":");
+            push_str(out, call_id);
+            out.extend_from_slice(b",\"tool\":");
+            push_str(out, tool);
+            out.extend_from_slice(if *ok {
+                b",\"ok\":true,\"result\":"
+            } else {
+                b",\"ok\":false,\"result\":"
+            });
+            push_str(out, result);
+            out.extend_from_slice(b",\"duration_ms\":");
+            push_int(out, *duration_ms);
+            out.push(b'}');
+            Some("tool.result")
+        }
+        RunEvent::MessageCreate { role, text } => {
+            out.extend_from_slice(b"{\"role\":");
+            push_str(out, role);
+            out.extend_from_slice(b",\"text\":");
+            push_str(out, text);
+            out.push(b'}');
+            Some("message.create")
+        }
+        _ => None,
+    }
+}
+
+/// Writes a run's result as serde_json would with its usage counters that
+/// are 0 left out, byte for byte (a test holds them equal), without serde
+/// for all but its critic decisions (see [`write_common_event`] for why).
+fn write_result(out: &mut Vec<u8>, res: &RunResult) -> serde_json::Result<()> {
+    // Destructured whole: a field added to `RunResult` must be added here.
+    let RunResult {
+        run_id,
+        agent,
+        caller_id,
+        parent_run_id,
+        status,
+        kill_reason,
+        error_kind,
+        error,
+        output,
+        steps,
+        iterations,
+        usage,
+        cost_micros,
+        critic,
+        started_at,
+        finished_at,
+    } = res;
+    let opt_str = |out: &mut Vec<u8>, s: &Option<String>| match s {
+        Some(s) => push_str(out, s),
+        None => out.extend_from_slice(b"null"),
+    };
+    out.extend_from_slice(b"{\"run_id\":\"");
+    out.extend_from_slice(&run_id.to_hex());
+    out.extend_from_slice(b"\",\"agent\":");
+    push_str(out, agent);
+    out.extend_from_slice(b",\"caller_id\":");
+    opt_str(out, caller_id);
+    out.extend_from_slice(b",\"parent_run_id\":");
+    match parent_run_id {
+        Some(p) => {
+            out.push(b'"');
+            out.extend_from_slice(&p.to_hex());
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"status\":");
+    serde_json::to_writer(&mut *out, status)?;
+    out.extend_from_slice(b",\"kill_reason\":");
+    serde_json::to_writer(&mut *out, kill_reason)?;
+    out.extend_from_slice(b",\"error_kind\":");
+    opt_str(out, error_kind);
+    out.extend_from_slice(b",\"error\":");
+    opt_str(out, error);
+    out.extend_from_slice(b",\"output\":");
+    opt_str(out, output);
+    out.extend_from_slice(b",\"steps\":[");
+    for (i, step) in steps.iter().enumerate() {
+        let StepRecord {
+            iteration,
+            tool,
+            args,
+            ok,
+            error,
+            result,
+            duration_ms,
+        } = step;
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"iteration\":");
+        push_int(out, *iteration);
+        out.extend_from_slice(b",\"tool\":");
+        push_str(out, tool);
+        out.extend_from_slice(b",\"args\":");
+        push_str(out, args);
+        out.extend_from_slice(if *ok {
+            b",\"ok\":true"
+        } else {
+            b",\"ok\":false"
+        });
+        if let Some(e) = error {
+            out.extend_from_slice(b",\"error\":");
+            push_str(out, e);
+        }
+        out.extend_from_slice(b",\"result\":");
+        push_str(out, result);
+        out.extend_from_slice(b",\"duration_ms\":");
+        push_int(out, *duration_ms);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"iterations\":");
+    push_int(out, *iterations);
+    out.extend_from_slice(b",\"usage\":");
+    push_usage(out, usage);
+    out.extend_from_slice(b",\"cost_micros\":");
+    push_int(out, *cost_micros);
+    out.extend_from_slice(b",\"critic\":");
+    serde_json::to_writer(&mut *out, critic)?;
+    out.extend_from_slice(b",\"started_at\":");
+    push_int(out, *started_at);
+    out.extend_from_slice(b",\"finished_at\":");
+    push_int(out, *finished_at);
+    out.push(b'}');
+    Ok(())
+}
+
+/// Appends a usage object without its counters that are 0 (the
+/// [`ZERO_DEFAULTS`]).
+fn push_usage(out: &mut Vec<u8>, usage: &Usage) {
+    out.extend_from_slice(b"{\"input_tokens\":");
+    push_int(out, usage.input_tokens);
+    out.extend_from_slice(b",\"output_tokens\":");
+    push_int(out, usage.output_tokens);
+    for (key, n) in [
+        (ZERO_DEFAULTS[0], usage.cache_read_tokens),
+        (ZERO_DEFAULTS[1], usage.cache_write_tokens),
+        (ZERO_DEFAULTS[2], usage.reasoning_tokens),
+    ] {
+        if n != 0 {
+            // The key without its `0`.
+            out.extend_from_slice(&key[..key.len() - 1]);
+            push_int(out, n);
+        }
+    }
+    out.push(b'}');
+}
+
+/// Appends `s` as a JSON string, as serde_json writes it: as it is when
+/// nothing in it needs escaping (the common case, checked in one pass),
+/// through serde_json otherwise.
+fn push_str(out: &mut Vec<u8>, s: &str) {
+    if needs_no_escape(s.as_bytes()) {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+/// Whether no byte of `s` is one JSON escapes (a control character, `"`
+/// or `\`), eight bytes at a time.
+fn needs_no_escape(s: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // A byte of `v` is 0 ⇔ its high bit is set here (no false positives
+    // once any byte is found: what matters is whether there is one).
+    let zero_byte = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    let chunks = s.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(c);
+        let v = u64::from_le_bytes(word);
+        // Bytes below 0x20: v - 0x20 per byte borrows into the high bit
+        // of a byte that was below it (and had its high bit clear).
+        let control = v.wrapping_sub(ONES * 0x20) & !v & HIGHS;
+        if control
+            | zero_byte(v ^ (ONES * u64::from(b'"')))
+            | zero_byte(v ^ (ONES * u64::from(b'\\')))
+            != 0
+        {
+            return false;
+        }
+    }
+    rest.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
 }
 
 /// Appends `n` in decimal.
@@ -315,13 +592,12 @@ fn encode(batch: &[AuditRecord]) -> Result<(Vec<SegmentRow>, Vec<RunRow>), Audit
                 finished_at: to_i64(res.finished_at),
                 result: {
                     let mut json = Vec::with_capacity(1024);
-                    serde_json::to_writer(&mut json, &*res).map_err(|e| {
+                    write_result(&mut json, &res).map_err(|e| {
                         AuditStoreError::Unavailable(format!(
                             "the result of run {} does not encode: {e}",
                             o.run_id
                         ))
                     })?;
-                    strip_zero_defaults(&mut json, 0);
                     text(json, false)?
                 },
                 tail_first_seq: o.first_seq,
@@ -602,6 +878,217 @@ mod tests {
         let body = serde_json::to_string(&ev).unwrap_or_default();
         assert_eq!(event_kind(body.as_bytes()), "transcript.compacted");
         assert_eq!(event_kind(b"{}"), "event");
+    }
+
+    #[test]
+    fn common_events_are_written_as_serde_writes_them() {
+        use crate::ports::model::ToolCallRequest;
+        use crate::ports::run::Usage;
+        let tricky = "quote \" backslash \\ tab \t nl \n bell \u{7} é ✓ \u{7f}";
+        let call = |arguments: &str| ToolCallRequest {
+            id: "call_0".into(),
+            name: "add".into(),
+            arguments: arguments.into(),
+        };
+        let events = [
+            RunEvent::StepStart { iteration: 1 },
+            RunEvent::StepFinish {
+                iteration: 2,
+                text: String::new(),
+                tool_calls: 2,
+                usage: Usage {
+                    input_tokens: 17,
+                    output_tokens: 3,
+                    ..Default::default()
+                },
+                calls: vec![call(r#"{"a":2,"b":3}"#), call(tricky)],
+            },
+            RunEvent::StepFinish {
+                iteration: u32::MAX,
+                text: tricky.into(),
+                tool_calls: 0,
+                usage: Usage {
+                    input_tokens: u64::MAX,
+                    output_tokens: 0,
+                    cache_read_tokens: 5,
+                    cache_write_tokens: 0,
+                    reasoning_tokens: 9,
+                },
+                calls: Vec::new(),
+            },
+            RunEvent::ToolCall {
+                iteration: 3,
+                call_id: "c\"1".into(),
+                tool: "upper".into(),
+                args: tricky.into(),
+            },
+            RunEvent::ToolResult {
+                iteration: 3,
+                call_id: "c1".into(),
+                tool: "upper".into(),
+                ok: true,
+                result: "DONE".into(),
+                duration_ms: 12,
+            },
+            RunEvent::ToolResult {
+                iteration: 4,
+                call_id: "c2".into(),
+                tool: "t".into(),
+                ok: false,
+                result: tricky.into(),
+                duration_ms: 0,
+            },
+            RunEvent::MessageCreate {
+                role: "assistant".into(),
+                text: tricky.into(),
+            },
+        ];
+        for ev in &events {
+            let mut fast = Vec::new();
+            let mut slow = Vec::new();
+            let kind = write_common_event(&mut fast, ev);
+            let want = write_event_serde(&mut slow, ev).ok();
+            assert!(kind.is_some(), "{ev:?} has no fast path");
+            assert_eq!(kind, want);
+            assert_eq!(
+                String::from_utf8_lossy(&fast),
+                String::from_utf8_lossy(&slow)
+            );
+        }
+        // Results, as serde writes them less the zero usage counters.
+        let step = |ok: bool, error: Option<&str>| StepRecord {
+            iteration: 1,
+            tool: "add".into(),
+            args: tricky.into(),
+            ok,
+            error: error.map(str::to_string),
+            result: "5".into(),
+            duration_ms: 3,
+        };
+        let results = [
+            RunResult {
+                run_id: RunId(7),
+                agent: "hello".into(),
+                caller_id: Some("swarm".into()),
+                parent_run_id: None,
+                status: RunStatus::Ok,
+                kill_reason: None,
+                error_kind: None,
+                error: None,
+                output: Some(tricky.into()),
+                steps: vec![step(true, None), step(false, Some(tricky))],
+                iterations: 3,
+                usage: Usage {
+                    input_tokens: 157,
+                    output_tokens: 14,
+                    ..Default::default()
+                },
+                cost_micros: 0,
+                critic: Vec::new(),
+                started_at: 1,
+                finished_at: 2,
+            },
+            RunResult {
+                run_id: RunId(u128::MAX),
+                agent: tricky.into(),
+                caller_id: None,
+                parent_run_id: Some(RunId(1 << 100)),
+                status: RunStatus::Killed,
+                kill_reason: Some(KillReason::Runaway),
+                error_kind: Some("runaway".into()),
+                error: Some(tricky.into()),
+                output: None,
+                steps: Vec::new(),
+                iterations: 0,
+                usage: Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                    cache_read_tokens: 3,
+                    cache_write_tokens: 0,
+                    reasoning_tokens: 5,
+                },
+                cost_micros: u64::MAX,
+                critic: vec![crate::ports::run::CriticDecision {
+                    action: crate::ports::run::CriticAction::Kill,
+                    reason: tricky.into(),
+                    at_ms: 9,
+                    detail: Some("d".into()),
+                }],
+                started_at: u64::MAX,
+                finished_at: 0,
+            },
+        ];
+        for res in &results {
+            let mut fast = Vec::new();
+            assert!(write_result(&mut fast, res).is_ok());
+            let mut slow = serde_json::to_vec(res).unwrap_or_default();
+            strip_zero_defaults(&mut slow, 0);
+            assert_eq!(
+                String::from_utf8_lossy(&fast),
+                String::from_utf8_lossy(&slow)
+            );
+        }
+        // run.start: absent fields left out, limits reduced; read back whole.
+        let full = crate::spec::LimitsSpec {
+            max_runtime: Some(std::time::Duration::from_secs(30)),
+            ..Default::default()
+        }
+        .resolve(&LimitsSpec::default())
+        .to_spec();
+        for (caller, parent, session) in [
+            (None, None, None),
+            (Some(tricky), Some(RunId(3)), Some("s")),
+        ] {
+            let info = RunInfo {
+                agent: tricky.into(),
+                model: "scripted".into(),
+                caller_id: caller.map(Into::into),
+                channel_id: caller.map(str::to_string),
+                parent_run_id: parent,
+                session_id: session.map(str::to_string),
+                prompt: tricky.into(),
+                tools: vec!["add".to_string(), tricky.to_string()].into(),
+                limits: Some(full),
+            };
+            let mut out = Vec::new();
+            let mut last = None;
+            assert!(write_info(&mut out, &info, &mut last).is_ok());
+            let stored: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+            assert_eq!(stored["limits"], serde_json::json!({"max_runtime": "30s"}));
+            let back: Option<RunInfo> = serde_json::from_value(restore(KIND_START, stored)).ok();
+            assert_eq!(back, Some(info));
+        }
+        // Other kinds go through serde.
+        let ev = RunEvent::TextDelta {
+            iteration: 1,
+            text: "x".into(),
+        };
+        assert_eq!(write_common_event(&mut Vec::new(), &ev), None);
+    }
+
+    #[test]
+    fn the_escape_check_matches_serde() {
+        let mut cases: Vec<String> = vec![
+            String::new(),
+            "plain ascii text of some length, more than eight".into(),
+            "é✓ unicode".into(),
+            "\u{7f} del is not escaped".into(),
+        ];
+        for bad in ['"', '\\', '\n', '\u{0}', '\u{1f}'] {
+            for at in [0, 3, 7, 8, 15, 16, 20] {
+                let mut s: String = "abcdefghijklmnopqrstuvwxyz".chars().take(21).collect();
+                s.insert(at, bad);
+                cases.push(s);
+            }
+        }
+        for s in &cases {
+            let escaped = serde_json::to_string(s).unwrap_or_default();
+            let plain = escaped.len() == s.len() + 2;
+            assert_eq!(needs_no_escape(s.as_bytes()), plain, "{s:?}");
+            let mut out = Vec::new();
+            push_str(&mut out, s);
+            assert_eq!(String::from_utf8_lossy(&out), escaped);
+        }
     }
 
     #[test]
