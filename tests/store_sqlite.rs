@@ -925,6 +925,173 @@ async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
     pool.close().await;
 }
 
+/// `records` re-keyed to a new run, their times spread over `step` ms each
+/// (from `at`), so that stored times are more than one repeated value.
+fn rekey_spread(records: &[AuditRecord], at: u64, step: u64) -> (RunId, Vec<AuditRecord>) {
+    let (id, mut run) = rekey(records, |_| {});
+    for (i, r) in run.iter_mut().enumerate() {
+        r.at_ms = at + i as u64 * step;
+    }
+    (id, run)
+}
+
+/// Every `(seq, at_ms)` the `audit_log` view gives for a run, in order.
+async fn view_times(pool: &sqlx::SqlitePool, id: RunId) -> Vec<(i64, i64)> {
+    sqlx::query_as("SELECT seq, at_ms FROM audit_log WHERE run_id = ? ORDER BY seq")
+        .bind(id.to_string())
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+fn times(run: &[AuditRecord]) -> Vec<(i64, i64)> {
+    run.iter()
+        .map(|r| (i64::from(r.seq), r.at_ms as i64))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_version_3_file_is_migrated_and_its_rows_still_read_back() {
+    let dir = Scratch::new("v3");
+    let path = dir.path("a.db");
+    let (_, records) = real_run().await;
+    let (old_id, old_run) = rekey_spread(&records, 1_700_000_000_000, 7);
+    // A run cut in two: its first records in a version-3 segment, the rest
+    // (with its terminal record) appended after the migration.
+    let (split_id, split_run) = rekey_spread(&records, 1_700_000_100_000, 1000);
+    let cut = 4;
+    {
+        use sqlx::Connection;
+        let mut conn =
+            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+                .await
+                .unwrap();
+        sqlx::query(
+            "CREATE TABLE schema_version \
+             (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        for (v, sql) in [
+            (1, include_str!("../migrations/0001_init.sql")),
+            (2, include_str!("../migrations/0002_segments.sql")),
+            (3, include_str!("../migrations/0003_run_tail.sql")),
+        ] {
+            sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+            sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)")
+                .bind(v)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        // Version 3's form: absolute times; a whole result in `runs.result`.
+        let segment = |run: &[AuditRecord]| {
+            let items: Vec<serde_json::Value> = run
+                .iter()
+                .map(|r| {
+                    let (kind, payload) = match &r.entry {
+                        AuditEntry::RunStarted(info) => {
+                            ("run.start".to_string(), serde_json::to_value(info).unwrap())
+                        }
+                        AuditEntry::Event(ev) => {
+                            let v = serde_json::to_value(ev).unwrap();
+                            (v["type"].as_str().unwrap().to_string(), v)
+                        }
+                        AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
+                    };
+                    serde_json::json!([r.seq, r.at_ms, kind, payload])
+                })
+                .collect();
+            serde_json::Value::Array(items).to_string()
+        };
+        let part = &split_run[..cut];
+        sqlx::query(
+            "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
+             VALUES (?, ?, ?, ?, 1, ?)",
+        )
+        .bind(split_id.to_string())
+        .bind(i64::from(part[0].seq))
+        .bind(i64::from(part[part.len() - 1].seq))
+        .bind(part.len() as i64)
+        .bind(segment(part))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
+            panic!("the last record is not terminal");
+        };
+        sqlx::query(
+            "INSERT INTO runs (run_id, agent, caller_id, status, started_at, finished_at, result, \
+             tail_first_seq, tail_records, tail) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+        )
+        .bind(old_id.to_string())
+        .bind(&res.agent)
+        .bind(&res.caller_id)
+        .bind(res.status.as_str())
+        .bind(res.started_at as i64)
+        .bind(res.finished_at as i64)
+        .bind(serde_json::to_string(&**res).unwrap())
+        .bind(old_run.len() as i64)
+        .bind(segment(&old_run))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.version().await.unwrap(),
+        agentvisor::stores::sqlite::SCHEMA_VERSION
+    );
+    assert_eq!(store.run_records(old_id).await.unwrap(), old_run);
+    assert_eq!(store.unfinished_runs().await.unwrap(), vec![split_id]);
+    store.append(&split_run[cut..]).await.unwrap();
+    assert_eq!(store.run_records(split_id).await.unwrap(), split_run);
+    // A run written now, with a caller and a cost: the compact result reads
+    // back whole.
+    let (new_id, mut new_run) = rekey_spread(&records, 1_700_000_200_000, 123_456);
+    if let Some(AuditEntry::Terminal(res)) = new_run.last().map(|r| r.entry.clone()) {
+        let mut res = RunResult::clone(&res);
+        res.caller_id = Some("c\"1".into());
+        res.cost_micros = 42;
+        res.error = Some("e".into());
+        if let Some(last) = new_run.last_mut() {
+            last.entry = AuditEntry::Terminal(Arc::new(res));
+        }
+    }
+    store.append(&new_run).await.unwrap();
+    assert_eq!(store.run_records(new_id).await.unwrap(), new_run);
+    let AuditEntry::Terminal(new_res) = &new_run[new_run.len() - 1].entry else {
+        panic!("the last record is not terminal");
+    };
+    assert_eq!(
+        store.run_result(new_id).await.unwrap().as_ref(),
+        Some(&**new_res)
+    );
+    let totals = store.totals().await.unwrap();
+    assert_eq!(
+        totals.records,
+        (old_run.len() + split_run.len() + new_run.len()) as u64
+    );
+    assert_eq!(totals.terminal_records, 2 + 1);
+    // The view gives absolute times for rows of both versions.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    assert_eq!(view_times(&pool, old_id).await, times(&old_run));
+    assert_eq!(view_times(&pool, split_id).await, times(&split_run));
+    assert_eq!(view_times(&pool, new_id).await, times(&new_run));
+    // New rows store offsets: the times cost a few digits each.
+    let tail: String = sqlx::query_scalar("SELECT tail FROM runs WHERE run_id = ?")
+        .bind(new_id.to_string())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(!tail.contains("1700000"), "{tail}");
+    pool.close().await;
+}
+
 /// Polls `f` once (to queue its batch with the store), leaving it pending.
 async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
     std::future::poll_fn(|cx| {

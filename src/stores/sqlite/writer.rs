@@ -42,8 +42,10 @@ pub(super) struct SegmentRow {
     pub(super) records: i64,
     /// 1 if it holds the run's `run.start` record.
     pub(super) has_start: i64,
-    /// `[[seq, at_ms, kind, payload], …]`.
+    /// `[[seq, at_ms, kind, payload], …]`, `at_ms` from `at_base`.
     pub(super) body: String,
+    /// The time the segment's `at_ms` offsets count from.
+    pub(super) at_base: i64,
 }
 
 /// One `runs` row, ready to bind.
@@ -64,6 +66,8 @@ pub(super) struct RunRow {
     pub(super) tail_first_seq: i64,
     pub(super) tail_records: i64,
     pub(super) tail: String,
+    /// The time the tail's `at_ms` offsets count from.
+    pub(super) tail_at_base: i64,
 }
 
 /// One `checkpoints` row, ready to bind.
@@ -479,9 +483,10 @@ async fn append(
         let sql = insert_sql(
             &SEGMENTS,
             size,
-            "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
+            "INSERT INTO audit_segments \
+             (run_id, first_seq, last_seq, records, has_start, body, at_base) \
              SELECT * FROM (VALUES ",
-            6,
+            7,
             ") AS v WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = v.column1) \
              ON CONFLICT (run_id, first_seq) DO NOTHING RETURNING records",
         );
@@ -493,7 +498,8 @@ async fn append(
                 .bind(s.last_seq)
                 .bind(s.records)
                 .bind(s.has_start)
-                .bind(s.body);
+                .bind(s.body)
+                .bind(s.at_base);
         }
         let counts: Vec<i64> = q.fetch_all(&mut *tx).await?;
         inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
@@ -520,9 +526,9 @@ async fn append(
             &RUNS,
             size,
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
-             error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail) \
-             VALUES ",
-            13,
+             error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail, \
+             tail_at_base) VALUES ",
+            14,
             " ON CONFLICT (run_id) DO NOTHING",
         );
         let mut q = sqlx::query(sql);
@@ -540,7 +546,8 @@ async fn append(
                 .bind(r.result)
                 .bind(r.tail_first_seq)
                 .bind(r.tail_records)
-                .bind(r.tail);
+                .bind(r.tail)
+                .bind(r.tail_at_base);
         }
         terminal += q.execute(&mut *tx).await?.rows_affected();
     }
