@@ -1,5 +1,5 @@
-//! The audit log on SQLite: `append` (one transaction per batch, multi-row
-//! inserts, segments and terminal `runs` rows), reading a run's records
+//! The audit log on SQLite: `append` (one transaction per batch: segments
+//! and terminal `runs` rows), reading a run's records
 //! back, and the run index behind `agentvisor runs`.
 //!
 //! Records are written in segments: a run's records of one batch are one
@@ -25,9 +25,9 @@
 //! in `audit_segments`) and 3 (absolute times, whole results) wrote.
 //!
 //! Speed (the audit log is the hot write path): segments are encoded by the
-//! caller, then moved (not copied) to the writer thread, which inserts them
-//! with multi-row `INSERT`s of power-of-two sizes (each prepared once), one
-//! `BEGIN IMMEDIATE` transaction per batch.
+//! caller, then moved (not copied) to the writer thread, which steps one
+//! prepared single-row `INSERT` per row on its own connection, one
+//! `BEGIN IMMEDIATE` transaction per batch (see the writer module for why).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;

@@ -216,7 +216,7 @@ impl SqliteStore {
             NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let opts = SqliteConnectOptions::new()
-            .filename(name)
+            .filename(&name)
             .vfs("memdb")
             .create_if_missing(true)
             .busy_timeout(BUSY_TIMEOUT)
@@ -229,7 +229,11 @@ impl SqliteStore {
             .connect_with(opts.clone())
             .await
             .map_err(|e| open_error(&path, &e))?;
-        let writer = writer::Writer::start(opts, path.clone()).await?;
+        let target = writer::Target {
+            name: PathBuf::from(&name),
+            vfs: Some("memdb"),
+        };
+        let writer = writer::Writer::start(opts, target, path.clone()).await?;
         Ok(Self::assemble(pool, path, writer))
     }
 
@@ -260,10 +264,10 @@ impl SqliteStore {
             .page_size(PAGE_SIZE)
             .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string())
             .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT.to_string())
-            // A multi-row INSERT in a transaction keeps a statement journal
-            // (the pages it changed, to undo the statement alone): in a temp
-            // file it was 40% of the bytes a swarm wrote, in memory it is a
-            // few MiB at most (one batch's pages).
+            // A statement that may have to undo itself alone keeps a
+            // statement journal: in a temp file it was 40% of the bytes a
+            // swarm of multi-row inserts wrote, in memory it costs a few MiB
+            // at most (one batch's pages). The append connection sets it too.
             .pragma("temp_store", "memory");
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_READERS)
@@ -279,7 +283,11 @@ impl SqliteStore {
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(path = %path.display(), %mode, "the database could not switch to WAL mode");
         }
-        let writer = writer::Writer::start(opts, owned.clone()).await?;
+        let target = writer::Target {
+            name: owned.clone(),
+            vfs: None,
+        };
+        let writer = writer::Writer::start(opts, target, owned.clone()).await?;
         let mut store = Self::assemble(pool, owned, writer);
         store.file_backed = true;
         Ok(store)

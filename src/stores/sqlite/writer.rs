@@ -1,15 +1,23 @@
-//! The store's writer: one thread with its own current-thread runtime and
-//! its own SQLite connection, through which every write of the store goes
-//! (migrations, audit batches, budget spend and limits, forced checkpoints).
+//! The store's writer: one thread with its own current-thread runtime,
+//! through which every write of the store goes (migrations, audit batches,
+//! budget spend and limits, forced checkpoints), one job at a time.
 //!
-//! Why a thread: a write transaction is a few dozen round trips between the
-//! caller and sqlx's connection thread (begin, one per multi-row insert,
-//! commit). On the host's tokio workers each wake-up from that thread waits
-//! in the global queue behind hundreds of ready run actors; measured on two
-//! cores, that queueing doubled the time of a batch. Here the round trips
-//! wake a runtime that has nothing else to do, and a caller waits for one
-//! reply per transaction. One connection also means one writer (no
-//! `SQLITE_BUSY` among our own writes) and warm prepared statements.
+//! Two connections, never writing at once (jobs run one after another):
+//! audit appends, the hot path, go through a synchronous `rusqlite`
+//! connection on this thread — a prepared single-row `INSERT` per table,
+//! stepped once per row; everything else goes through sqlx (migrations,
+//! budget, checkpoints). Why: through sqlx each statement is a round trip
+//! to the connection's own worker thread, and on two cores each of its
+//! wake-ups waited for a core behind the host's busy workers — measured on
+//! a 20000-run swarm, the `BEGIN` of a batch alone took 1 to 3 µs a run,
+//! and binds and round trips half of the writer's time. Here a batch is
+//! plain calls into SQLite on one thread.
+//!
+//! Why a thread: on the host's tokio workers each wake-up of the writer
+//! waits in the global queue behind hundreds of ready run actors; here a
+//! caller waits for one reply per transaction. One thread also means one
+//! writer at a time (no `SQLITE_BUSY` among our own writes) and warm
+//! prepared statements.
 //!
 //! Jobs are handled in the order they were sent. The queue is unbounded,
 //! but every caller awaits its reply, so it holds at most one job per
@@ -24,13 +32,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{open_error, StoreError, MIGRATIONS, SCHEMA_VERSION};
+use super::{
+    open_error, StoreError, BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, MIGRATIONS, SCHEMA_VERSION,
+    WAL_AUTOCHECKPOINT_PAGES,
+};
 use crate::ports::budget::Spend;
-
-/// Rows per multi-row `INSERT` at most. Statements are cut into power-of-two
-/// sizes, so the connection prepares a handful of statements per table
-/// however batches fall, once.
-pub(super) const MAX_ROWS: usize = 1024;
 
 /// One audit segment (a run's consecutive records of one batch), ready to
 /// bind (owned: moved into the query).
@@ -135,10 +141,21 @@ impl Drop for InFlight {
     }
 }
 
+/// Where the append connection opens the database: the file, or the
+/// in-memory database, the sqlx connections use.
+pub(super) struct Target {
+    /// The file's path, or the in-memory database's name.
+    pub(super) name: PathBuf,
+    /// The VFS (`memdb` for an in-memory database shared by name).
+    pub(super) vfs: Option<&'static str>,
+}
+
 /// Why a write did not happen.
 pub(super) enum WriteError {
     /// SQLite refused it.
     Sql(sqlx::Error),
+    /// SQLite refused an audit append.
+    Append(rusqlite::Error),
     /// The writer thread is gone.
     Gone,
     /// Not written: the batch sent before it, while it was being written,
@@ -150,6 +167,7 @@ impl std::fmt::Display for WriteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WriteError::Sql(e) => e.fmt(f),
+            WriteError::Append(e) => e.fmt(f),
             WriteError::Gone => f.write_str("the SQLite writer thread has stopped"),
             WriteError::AfterFailure => {
                 f.write_str("not written: the audit batch before it failed")
@@ -163,6 +181,7 @@ impl Writer {
     /// once the database is ready for writes (or why it is not).
     pub(super) async fn start(
         opts: SqliteConnectOptions,
+        target: Target,
         path: PathBuf,
     ) -> Result<Writer, StoreError> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -184,7 +203,7 @@ impl Writer {
                         return;
                     }
                 };
-                rt.block_on(run(opts, thread_path, rx, ready_tx));
+                rt.block_on(run(opts, target, thread_path, rx, ready_tx));
             });
         if let Err(e) = spawned {
             return Err(StoreError::Open {
@@ -285,6 +304,7 @@ impl Writer {
 /// The thread's body: connect, migrate, then one job at a time.
 async fn run(
     opts: SqliteConnectOptions,
+    target: Target,
     path: PathBuf,
     mut rx: mpsc::UnboundedReceiver<Job>,
     ready: oneshot::Sender<Result<(), StoreError>>,
@@ -301,6 +321,17 @@ async fn run(
         let _ = conn.close().await;
         return;
     }
+    let mut appender = match open_appender(&target) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = ready.send(Err(StoreError::Open {
+                path: path.clone(),
+                reason: e.to_string(),
+            }));
+            let _ = conn.close().await;
+            return;
+        }
+    };
     if ready.send(Ok(())).is_err() {
         let _ = conn.close().await;
         return;
@@ -318,9 +349,7 @@ async fn run(
                 let res = if chained && append_failed {
                     Err(WriteError::AfterFailure)
                 } else {
-                    append(&mut conn, records, runs)
-                        .await
-                        .map_err(WriteError::Sql)
+                    append(&mut appender, records, runs).map_err(WriteError::Append)
                 };
                 append_failed = res.is_err();
                 let _ = reply.send(res);
@@ -372,7 +401,25 @@ async fn run(
             }
         }
     }
+    drop(appender);
     let _ = conn.close().await;
+}
+
+/// Opens the append connection, with the settings the sqlx connections get
+/// from their options (the file is open and migrated by then).
+fn open_appender(target: &Target) -> Result<rusqlite::Connection, rusqlite::Error> {
+    use rusqlite::OpenFlags;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match target.vfs {
+        Some(vfs) => rusqlite::Connection::open_with_flags_and_vfs(&target.name, flags, vfs)?,
+        None => rusqlite::Connection::open_with_flags(&target.name, flags)?,
+    };
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+    conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(conn)
 }
 
 /// Applies the missing migrations in one immediate transaction (so two
@@ -422,146 +469,77 @@ async fn migrate(conn: &mut SqliteConnection, path: &std::path::Path) -> Result<
     Ok(())
 }
 
-/// Cuts `n` rows into statement sizes: full [`MAX_ROWS`] chunks, then the
-/// binary decomposition of the rest (…, 4, 2, 1).
-pub(super) fn chunk_sizes(mut n: usize) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        if n == 0 {
-            return None;
-        }
-        let size = if n >= MAX_ROWS {
-            MAX_ROWS
-        } else {
-            1 << (usize::BITS - 1 - n.leading_zeros())
-        };
-        n -= size;
-        Some(size)
-    })
-}
-
-/// The text of a multi-row `INSERT` of `size` rows (a power of two up to
-/// [`MAX_ROWS`]): `head`, `size` groups of `columns` placeholders, `tail`.
-/// Built once per size and kept: building it with a `QueryBuilder` for
-/// every batch was 4% of a swarm's instructions.
-fn insert_sql(
-    cache: &'static std::sync::OnceLock<Vec<String>>,
-    size: usize,
-    head: &str,
-    columns: usize,
-    tail: &str,
-) -> &'static str {
-    let all = cache.get_or_init(|| {
-        (0..=MAX_ROWS.trailing_zeros())
-            .map(|log| {
-                let group = format!("({})", vec!["?"; columns].join(", "));
-                let rows = vec![group; 1 << log].join(", ");
-                format!("{head}{rows}{tail}")
-            })
-            .collect()
-    });
-    &all[size.trailing_zeros() as usize]
-}
-
 /// One audit batch: segments, then terminal rows, in one transaction.
 /// Returns the records and terminal rows actually inserted (a replayed
 /// segment or run is not counted again).
-async fn append(
-    conn: &mut SqliteConnection,
+fn append(
+    conn: &mut rusqlite::Connection,
     segments: Vec<SegmentRow>,
     runs: Vec<RunRow>,
-) -> Result<(u64, u64), sqlx::Error> {
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+) -> Result<(u64, u64), rusqlite::Error> {
+    use rusqlite::params;
+    // Rolled back when dropped before the commit (an error below).
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let mut inserted = 0;
-    let n = segments.len();
-    let mut segments = segments.into_iter();
-    static SEGMENTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    for size in chunk_sizes(n) {
+    let mut terminal = 0;
+    if !segments.is_empty() {
         // A run with a `runs` row has all its records (the last ones in
-        // that row's tail): a segment of it is a replay. RETURNING yields
-        // the inserted rows only: a replayed segment is skipped and not
-        // counted.
-        let sql = insert_sql(
-            &SEGMENTS,
-            size,
+        // that row's tail): a segment of it is a replay, neither written
+        // nor counted; so is a segment already held.
+        let mut insert = tx.prepare_cached(
             "INSERT INTO audit_segments \
              (run_id, first_seq, last_seq, records, has_start, body, at_base) \
-             SELECT * FROM (VALUES ",
-            7,
-            ") AS v WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = v.column1) \
-             ON CONFLICT (run_id, first_seq) DO NOTHING RETURNING records",
-        );
-        let mut q = sqlx::query_scalar::<_, i64>(sql);
-        for s in segments.by_ref().take(size) {
-            q = q
-                .bind(s.run_id)
-                .bind(s.first_seq)
-                .bind(s.last_seq)
-                .bind(s.records)
-                .bind(s.has_start)
-                .bind(s.body)
-                .bind(s.at_base);
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 \
+             WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = ?1) \
+             ON CONFLICT (run_id, first_seq) DO NOTHING",
+        )?;
+        for s in &segments {
+            let n = insert.execute(params![
+                s.run_id,
+                s.first_seq,
+                s.last_seq,
+                s.records,
+                s.has_start,
+                s.body,
+                s.at_base,
+            ])?;
+            if n > 0 {
+                inserted += s.records.max(0) as u64;
+            }
         }
-        let counts: Vec<i64> = q.fetch_all(&mut *tx).await?;
-        inserted += counts.iter().map(|&c| c.max(0) as u64).sum::<u64>();
     }
-    // Runs are counted without RETURNING (which hands back one row at a
-    // time through sqlx's channel, a wake-up each): when every row went in,
-    // the batch's own counts are the answer; when some were replays, the
-    // rows past the largest rowid before this batch are the new ones.
-    let n = runs.len();
-    let records: i64 = runs.iter().map(|r| r.tail_records.max(0)).sum();
-    let last_rowid: Option<i64> = if n > 0 {
-        sqlx::query_scalar("SELECT MAX(rowid) FROM runs")
-            .fetch_one(&mut *tx)
-            .await?
-    } else {
-        None
-    };
-    static RUNS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let mut terminal = 0;
-    let mut runs = runs.into_iter();
-    for size in chunk_sizes(n) {
+    if !runs.is_empty() {
         // As for segments: a replayed run is neither written nor counted.
-        let sql = insert_sql(
-            &RUNS,
-            size,
+        let mut insert = tx.prepare_cached(
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
              error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail, \
-             tail_at_base) VALUES ",
-            14,
-            " ON CONFLICT (run_id) DO NOTHING",
-        );
-        let mut q = sqlx::query(sql);
-        for r in runs.by_ref().take(size) {
-            q = q
-                .bind(r.run_id)
-                .bind(r.agent)
-                .bind(r.caller_id)
-                .bind(r.parent_run_id)
-                .bind(r.status)
-                .bind(r.kill_reason)
-                .bind(r.error_kind)
-                .bind(r.started_at)
-                .bind(r.finished_at)
-                .bind(r.result)
-                .bind(r.tail_first_seq)
-                .bind(r.tail_records)
-                .bind(r.tail)
-                .bind(r.tail_at_base);
+             tail_at_base) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+             ON CONFLICT (run_id) DO NOTHING",
+        )?;
+        for r in &runs {
+            let n = insert.execute(params![
+                r.run_id,
+                r.agent,
+                r.caller_id,
+                r.parent_run_id,
+                r.status,
+                r.kill_reason,
+                r.error_kind,
+                r.started_at,
+                r.finished_at,
+                r.result,
+                r.tail_first_seq,
+                r.tail_records,
+                r.tail,
+                r.tail_at_base,
+            ])?;
+            if n > 0 {
+                terminal += 1;
+                inserted += r.tail_records.max(0) as u64;
+            }
         }
-        terminal += q.execute(&mut *tx).await?.rows_affected();
     }
-    if terminal == n as u64 {
-        inserted += records as u64;
-    } else if terminal > 0 {
-        let new: i64 =
-            sqlx::query_scalar("SELECT COALESCE(SUM(tail_records), 0) FROM runs WHERE rowid > ?")
-                .bind(last_rowid.unwrap_or(0))
-                .fetch_one(&mut *tx)
-                .await?;
-        inserted += new.max(0) as u64;
-    }
-    tx.commit().await?;
+    tx.commit()?;
     Ok((inserted, terminal))
 }
 
@@ -628,30 +606,4 @@ async fn checkpoints(
             .await?;
     }
     tx.commit().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn insert_texts_have_a_placeholder_per_value() {
-        static CACHE: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-        for log in 0..=MAX_ROWS.trailing_zeros() {
-            let size = 1usize << log;
-            let sql = insert_sql(&CACHE, size, "INSERT INTO t (a, b, c) VALUES ", 3, " END");
-            assert!(sql.starts_with("INSERT INTO t (a, b, c) VALUES (?, ?, ?)"));
-            assert!(sql.ends_with("(?, ?, ?) END"));
-            assert_eq!(sql.matches('?').count(), 3 * size);
-            assert_eq!(sql.matches('(').count(), size + 1);
-        }
-    }
-
-    #[test]
-    fn chunks_are_full_then_powers_of_two() {
-        let sizes: Vec<usize> = chunk_sizes(2 * MAX_ROWS + 37).collect();
-        assert_eq!(sizes, vec![MAX_ROWS, MAX_ROWS, 32, 4, 1]);
-        assert_eq!(chunk_sizes(0).count(), 0);
-        assert_eq!(chunk_sizes(MAX_ROWS - 1).sum::<usize>(), MAX_ROWS - 1);
-    }
 }
