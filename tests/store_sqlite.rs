@@ -1092,6 +1092,43 @@ async fn a_version_3_file_is_migrated_and_its_rows_still_read_back() {
     pool.close().await;
 }
 
+#[tokio::test]
+async fn committed_rows_reach_the_database_file_before_the_wal_is_full() {
+    // The writer's own checkpoint copies the WAL into the file at 64 MiB;
+    // the background checkpointer does it while rows come, every 16 MiB.
+    let dir = Scratch::new("bgckpt");
+    let path = dir.path("a.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let (_, records) = real_run().await;
+    let before = std::fs::metadata(&path).unwrap().len();
+    let big = "x".repeat(100_000);
+    for _ in 0..25 {
+        let mut batch = Vec::new();
+        for _ in 0..10 {
+            let (_, run) = rekey(&records, |r| r.output = Some(big.clone()));
+            batch.extend(run);
+        }
+        store.append(&batch).await.unwrap();
+    }
+    let wal = std::fs::metadata(dir.path("a.db-wal")).unwrap().len();
+    assert!(wal < 60 << 20, "the writer's own checkpoint ran: WAL {wal}");
+    // The checkpoint runs on its own thread: wait for it, a bounded while.
+    let mut grown = 0;
+    for _ in 0..200 {
+        grown = std::fs::metadata(&path)
+            .unwrap()
+            .len()
+            .saturating_sub(before);
+        if grown > 8 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(grown > 8 << 20, "the file grew by {grown} bytes only");
+    assert_eq!(store.totals().await.unwrap().terminal_records, 250);
+    store.close().await;
+}
+
 /// Polls `f` once (to queue its batch with the store), leaving it pending.
 async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
     std::future::poll_fn(|cx| {

@@ -85,9 +85,10 @@ const PAGE_SIZE: u32 = 16_384;
 /// completes (no other connection writes; readers finish their statements),
 /// so the next write starts the WAL over and it stays about this long
 /// however long the host runs: 4096 pages of 16 KiB, 64 MiB. (A checkpoint
-/// on a read connection in parallel with the writer never completed under
+/// on another connection in parallel with the writer never completes under
 /// a writer that does not pause: the WAL grew by gigabytes in a minute of
-/// soak.)
+/// soak. The writer's background checkpointer does most of the copying and
+/// syncing off the writer thread, and this one finishes the job.)
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 4096;
 
 /// The WAL file is truncated to this many bytes when it restarts.
