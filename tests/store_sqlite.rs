@@ -794,6 +794,75 @@ async fn records_split_over_batches_in_any_order_read_back_once_each() {
     assert_eq!(store.totals().await.unwrap().terminal_records, 2);
 }
 
+/// A new file with the schema of `version` (migrations 1 to `version`).
+async fn file_at_version(path: &Path, version: i64) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    let mut conn =
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .unwrap();
+    sqlx::query(
+        "CREATE TABLE schema_version \
+         (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let migrations = [
+        (1, include_str!("../migrations/0001_init.sql")),
+        (2, include_str!("../migrations/0002_segments.sql")),
+        (3, include_str!("../migrations/0003_run_tail.sql")),
+    ];
+    for (v, sql) in migrations.into_iter().filter(|(v, _)| *v <= version) {
+        sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)")
+            .bind(v)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    conn
+}
+
+/// A segment as versions 2 and 3 wrote it: absolute times, every payload
+/// as the record's own JSON, `null` for run.end.
+fn whole_segment(run: &[AuditRecord]) -> String {
+    let items: Vec<serde_json::Value> = run
+        .iter()
+        .map(|r| {
+            let (kind, payload) = match &r.entry {
+                AuditEntry::RunStarted(info) => {
+                    ("run.start".to_string(), serde_json::to_value(info).unwrap())
+                }
+                AuditEntry::Event(ev) => {
+                    let v = serde_json::to_value(ev).unwrap();
+                    (v["type"].as_str().unwrap().to_string(), v)
+                }
+                AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
+            };
+            serde_json::json!([r.seq, r.at_ms, kind, payload])
+        })
+        .collect();
+    serde_json::Value::Array(items).to_string()
+}
+
+/// Writes `part` (a run's records, its `run.start` first) as a version-2
+/// or -3 segment row.
+async fn insert_whole_segment(conn: &mut sqlx::SqliteConnection, id: RunId, part: &[AuditRecord]) {
+    sqlx::query(
+        "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
+         VALUES (?, ?, ?, ?, 1, ?)",
+    )
+    .bind(id.to_string())
+    .bind(i64::from(part[0].seq))
+    .bind(i64::from(part[part.len() - 1].seq))
+    .bind(part.len() as i64)
+    .bind(whole_segment(part))
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
     let dir = Scratch::new("v2");
@@ -806,62 +875,11 @@ async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
     let cut = 3;
     {
         use sqlx::Connection;
-        let mut conn =
-            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-                .await
-                .unwrap();
-        sqlx::query(
-            "CREATE TABLE schema_version \
-             (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        for (v, sql) in [
-            (1, include_str!("../migrations/0001_init.sql")),
-            (2, include_str!("../migrations/0002_segments.sql")),
-        ] {
-            sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
-            sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)")
-                .bind(v)
-                .execute(&mut conn)
-                .await
-                .unwrap();
-        }
+        let mut conn = file_at_version(&path, 2).await;
         // Version 2's form: every payload as the record's own JSON (events
         // with their `type` tag, limits with every key), `null` for run.end.
-        let segment = |run: &[AuditRecord]| {
-            let items: Vec<serde_json::Value> = run
-                .iter()
-                .map(|r| {
-                    let (kind, payload) = match &r.entry {
-                        AuditEntry::RunStarted(info) => {
-                            ("run.start".to_string(), serde_json::to_value(info).unwrap())
-                        }
-                        AuditEntry::Event(ev) => {
-                            let v = serde_json::to_value(ev).unwrap();
-                            (v["type"].as_str().unwrap().to_string(), v)
-                        }
-                        AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
-                    };
-                    serde_json::json!([r.seq, r.at_ms, kind, payload])
-                })
-                .collect();
-            serde_json::Value::Array(items).to_string()
-        };
         for (id, part) in [(old_id, &old_run[..]), (split_id, &split_run[..cut])] {
-            sqlx::query(
-                "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
-                 VALUES (?, ?, ?, ?, 1, ?)",
-            )
-            .bind(id.to_string())
-            .bind(i64::from(part[0].seq))
-            .bind(i64::from(part[part.len() - 1].seq))
-            .bind(part.len() as i64)
-            .bind(segment(part))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+            insert_whole_segment(&mut conn, id, part).await;
         }
         let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
             panic!("the last record is not terminal");
@@ -962,62 +980,9 @@ async fn a_version_3_file_is_migrated_and_its_rows_still_read_back() {
     let cut = 4;
     {
         use sqlx::Connection;
-        let mut conn =
-            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-                .await
-                .unwrap();
-        sqlx::query(
-            "CREATE TABLE schema_version \
-             (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        for (v, sql) in [
-            (1, include_str!("../migrations/0001_init.sql")),
-            (2, include_str!("../migrations/0002_segments.sql")),
-            (3, include_str!("../migrations/0003_run_tail.sql")),
-        ] {
-            sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
-            sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)")
-                .bind(v)
-                .execute(&mut conn)
-                .await
-                .unwrap();
-        }
+        let mut conn = file_at_version(&path, 3).await;
         // Version 3's form: absolute times; a whole result in `runs.result`.
-        let segment = |run: &[AuditRecord]| {
-            let items: Vec<serde_json::Value> = run
-                .iter()
-                .map(|r| {
-                    let (kind, payload) = match &r.entry {
-                        AuditEntry::RunStarted(info) => {
-                            ("run.start".to_string(), serde_json::to_value(info).unwrap())
-                        }
-                        AuditEntry::Event(ev) => {
-                            let v = serde_json::to_value(ev).unwrap();
-                            (v["type"].as_str().unwrap().to_string(), v)
-                        }
-                        AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
-                    };
-                    serde_json::json!([r.seq, r.at_ms, kind, payload])
-                })
-                .collect();
-            serde_json::Value::Array(items).to_string()
-        };
-        let part = &split_run[..cut];
-        sqlx::query(
-            "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
-             VALUES (?, ?, ?, ?, 1, ?)",
-        )
-        .bind(split_id.to_string())
-        .bind(i64::from(part[0].seq))
-        .bind(i64::from(part[part.len() - 1].seq))
-        .bind(part.len() as i64)
-        .bind(segment(part))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        insert_whole_segment(&mut conn, split_id, &split_run[..cut]).await;
         let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
             panic!("the last record is not terminal");
         };
@@ -1033,7 +998,7 @@ async fn a_version_3_file_is_migrated_and_its_rows_still_read_back() {
         .bind(res.finished_at as i64)
         .bind(serde_json::to_string(&**res).unwrap())
         .bind(old_run.len() as i64)
-        .bind(segment(&old_run))
+        .bind(whole_segment(&old_run))
         .execute(&mut conn)
         .await
         .unwrap();
