@@ -675,6 +675,8 @@ fn restore(kind: &str, mut payload: serde_json::Value) -> serde_json::Value {
     payload
 }
 
+/// A stored `run.start` or event record (a `run.end` record's payload is
+/// its run's result: see `terminal_record`).
 fn decode(
     run_id: RunId,
     seq: i64,
@@ -690,9 +692,6 @@ fn decode(
     let entry = match kind {
         KIND_START => AuditEntry::RunStarted(Box::new(
             serde_json::from_str::<RunInfo>(body).map_err(bad)?,
-        )),
-        KIND_END => AuditEntry::Terminal(Arc::new(
-            serde_json::from_str::<RunResult>(body).map_err(bad)?,
         )),
         _ => AuditEntry::Event(serde_json::from_str::<RunEvent>(body).map_err(bad)?),
     };
