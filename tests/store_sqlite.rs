@@ -718,19 +718,7 @@ async fn a_version_1_file_is_migrated_and_its_records_still_read_back() {
                     (Box::leak(kind.into_boxed_str()) as &str, v.to_string())
                 }
                 AuditEntry::Terminal(res) => {
-                    sqlx::query(
-                        "INSERT INTO runs (run_id, agent, status, started_at, finished_at, result) \
-                         VALUES (?, ?, ?, ?, ?, ?)",
-                    )
-                    .bind(old_id.to_string())
-                    .bind(&res.agent)
-                    .bind(res.status.as_str())
-                    .bind(res.started_at as i64)
-                    .bind(res.finished_at as i64)
-                    .bind(serde_json::to_string(&**res).unwrap())
-                    .execute(&mut conn)
-                    .await
-                    .unwrap();
+                    insert_whole_run(&mut conn, old_id, res).await;
                     ("run.end", String::new())
                 }
             };
@@ -846,6 +834,24 @@ fn whole_segment(run: &[AuditRecord]) -> String {
     serde_json::Value::Array(items).to_string()
 }
 
+/// Writes a `runs` row as versions 1 and 2 wrote it: the whole result,
+/// no tail.
+async fn insert_whole_run(conn: &mut sqlx::SqliteConnection, id: RunId, res: &RunResult) {
+    sqlx::query(
+        "INSERT INTO runs (run_id, agent, status, started_at, finished_at, result) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(id.to_string())
+    .bind(&res.agent)
+    .bind(res.status.as_str())
+    .bind(res.started_at as i64)
+    .bind(res.finished_at as i64)
+    .bind(serde_json::to_string(res).unwrap())
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
 /// Writes `part` (a run's records, its `run.start` first) as a version-2
 /// or -3 segment row.
 async fn insert_whole_segment(conn: &mut sqlx::SqliteConnection, id: RunId, part: &[AuditRecord]) {
@@ -884,19 +890,7 @@ async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
         let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
             panic!("the last record is not terminal");
         };
-        sqlx::query(
-            "INSERT INTO runs (run_id, agent, status, started_at, finished_at, result) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(old_id.to_string())
-        .bind(&res.agent)
-        .bind(res.status.as_str())
-        .bind(res.started_at as i64)
-        .bind(res.finished_at as i64)
-        .bind(serde_json::to_string(&**res).unwrap())
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        insert_whole_run(&mut conn, old_id, res).await;
         conn.close().await.unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
