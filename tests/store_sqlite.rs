@@ -157,7 +157,29 @@ async fn terminal_records_fill_the_run_index() {
         status: Some(RunStatus::Killed),
         ..Default::default()
     };
-    assert_eq!(store.list_runs(&killed_only).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .list_runs(&killed_only)
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.run_id)
+            .collect::<Vec<_>>(),
+        vec![killed_id]
+    );
+    // `ok` runs are not in the index by status (schema version 5): they
+    // are found all the same, and no other status lists them.
+    let by_status = |status| RunFilter {
+        status: Some(status),
+        ..Default::default()
+    };
+    let ok_only = store.list_runs(&by_status(RunStatus::Ok)).await.unwrap();
+    assert_eq!(ok_only.iter().map(|s| s.run_id).collect::<Vec<_>>(), vec![ok_id]);
+    assert!(store
+        .list_runs(&by_status(RunStatus::Error))
+        .await
+        .unwrap()
+        .is_empty());
     let alice = RunFilter {
         caller: Some("alice".into()),
         ..Default::default()

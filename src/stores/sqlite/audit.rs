@@ -878,8 +878,21 @@ impl RunIndex for SqliteStore {
             "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
              started_at, finished_at FROM runs WHERE 1 = 1",
         );
-        if let Some(status) = filter.status {
-            q.push(" AND status = ").push_bind(status.as_str());
+        // `runs_by_status` holds only runs that did not end `ok` (schema
+        // version 5). For another status, `status <> 'ok'` lets the planner
+        // use it; `ok` rows are most rows, found by walking `runs_by_finish`
+        // newest first: `status || ''` keeps the planner from scanning the
+        // table and sorting it all instead (as it would for `status = ?`).
+        match filter.status {
+            Some(RunStatus::Ok) => {
+                q.push(" AND status || '' = ").push_bind(RunStatus::Ok.as_str());
+            }
+            Some(status) => {
+                q.push(" AND status = ")
+                    .push_bind(status.as_str())
+                    .push(" AND status <> 'ok'");
+            }
+            None => {}
         }
         if let Some(caller) = &filter.caller {
             q.push(" AND caller_id = ").push_bind(caller.as_str());

@@ -65,10 +65,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../../migrations/0002_segments.sql")),
     (3, include_str!("../../../migrations/0003_run_tail.sql")),
     (4, include_str!("../../../migrations/0004_compact_rows.sql")),
+    (5, include_str!("../../../migrations/0005_partial_status_index.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// How long a write waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
