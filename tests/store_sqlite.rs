@@ -174,7 +174,10 @@ async fn terminal_records_fill_the_run_index() {
         ..Default::default()
     };
     let ok_only = store.list_runs(&by_status(RunStatus::Ok)).await.unwrap();
-    assert_eq!(ok_only.iter().map(|s| s.run_id).collect::<Vec<_>>(), vec![ok_id]);
+    assert_eq!(
+        ok_only.iter().map(|s| s.run_id).collect::<Vec<_>>(),
+        vec![ok_id]
+    );
     assert!(store
         .list_runs(&by_status(RunStatus::Error))
         .await
@@ -1111,12 +1114,29 @@ async fn committed_rows_reach_the_database_file_before_the_wal_is_full() {
 }
 
 /// Polls `f` once (to queue its batch with the store), leaving it pending.
+/// Polls `f` once; panics if it is done (the caller needs it queued, not
+/// answered).
 async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
     std::future::poll_fn(|cx| {
-        let _ = std::pin::Pin::new(&mut *f).poll(cx);
+        assert!(
+            std::pin::Pin::new(&mut *f).poll(cx).is_pending(),
+            "answered at its first poll"
+        );
         std::task::Poll::Ready(())
     })
     .await;
+}
+
+/// Holds the database's write lock from another connection until the
+/// transaction is dropped or committed: the writer waits at its `BEGIN`,
+/// so appends queue up behind it without one answering.
+async fn write_lock(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("UPDATE fault SET on_ = on_")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
 }
 
 /// A trigger that fails every insert into `runs` while `fault.on_` is 1,
@@ -1160,12 +1180,15 @@ async fn a_batch_queued_behind_a_failed_one_is_not_written() {
         .execute(&faults)
         .await
         .unwrap();
-    // Both queued before either answers, in this order: the first fails,
-    // so the second, which would be written on its own, is not.
+    // Both queued before either answers (the writer waits for the lock),
+    // in this order: the first fails, so the second, which would be
+    // written on its own, is not.
+    let lock = write_lock(&faults).await;
     let mut a = Box::pin(store.append(&first));
     poll_once(&mut a).await;
     let mut b = Box::pin(store.append(&second));
     poll_once(&mut b).await;
+    lock.commit().await.unwrap();
     let (ra, rb) = (a.await, b.await);
     assert!(ra.unwrap_err().to_string().contains("injected fault"));
     let e = rb.expect_err("written ahead of the batch before it");
@@ -1177,10 +1200,12 @@ async fn a_batch_queued_behind_a_failed_one_is_not_written() {
     // And one queued behind a batch that was written is written too.
     let (third_id, third) = rekey(&records, |_| {});
     let (fourth_id, fourth) = rekey(&records, |_| {});
+    let lock = write_lock(&faults).await;
     let mut c = Box::pin(store.append(&third));
     poll_once(&mut c).await;
     let mut d = Box::pin(store.append(&fourth));
     poll_once(&mut d).await;
+    lock.commit().await.unwrap();
     c.await.unwrap();
     d.await.unwrap();
     assert_eq!(store.run_records(third_id).await.unwrap(), third);

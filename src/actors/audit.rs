@@ -3,6 +3,16 @@
 //! `max_age` old — to its writer, a task that owns the [`AuditStore`] port
 //! and calls `append` (one transaction) per batch.
 //!
+//! Batches are cut by group commit: when the writer is idle, the actor
+//! hands over what it holds as soon as the messages already in its mailbox
+//! are buffered; while a write is under way, records gather, and the writer
+//! asks for them when it is done. So a lone run (a chat turn, a sub-agent)
+//! waits for its own write only, never for `max_age` (`agentvisor swarm`
+//! of the hello agent one run at a time: p50 from 2.1 ms to 5 µs in
+//! memory, from 6.3 ms to 0.09 ms on SQLite), and under load batches grow
+//! with the write time. `max_age` bounds the wait only when the writer does
+//! not ask.
+//!
 //! The writer is a separate task so that the actor keeps batching while a
 //! write is in flight: encoding and the store's I/O of one batch overlap
 //! with the runs producing the next. Between them sits a queue of at most
@@ -53,6 +63,7 @@ use std::future::Future;
 use std::io::{BufRead, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -116,6 +127,9 @@ pub enum AuditMsg {
     },
     /// Write the buffer (timer).
     Flush,
+    /// Write the buffer: the writer is idle (sent by the writer, or by the
+    /// actor to itself so that the messages before it join the batch).
+    Demand,
     /// Write the buffer and answer with the store's counts (shutdown).
     Drain(RpcReplyPort<AuditStats>),
 }
@@ -148,6 +162,17 @@ enum Job {
     Drain(oneshot::Sender<()>),
 }
 
+/// Whether the writer waits for work, and whether the actor holds some:
+/// the two sides of the hand-over that cuts a batch as soon as the writer
+/// is idle (see [`Audit::handle`]).
+#[derive(Default)]
+struct Demand {
+    /// The writer waits with nothing queued or in flight.
+    idle: AtomicBool,
+    /// The actor holds work it has not handed over.
+    buffered: AtomicBool,
+}
+
 /// Its state.
 pub struct AuditState {
     buffer: Vec<AuditRecord>,
@@ -155,6 +180,7 @@ pub struct AuditState {
     saves: Vec<(Box<Checkpoint>, Option<SaveAck>)>,
     clears: Vec<RunId>,
     flush_armed: bool,
+    demand: Arc<Demand>,
     writer: Option<mpsc::Sender<Job>>,
     writer_task: Option<JoinHandle<()>>,
 }
@@ -166,17 +192,19 @@ impl Actor for Audit {
 
     async fn pre_start(
         &self,
-        _: ActorRef<AuditMsg>,
+        myself: ActorRef<AuditMsg>,
         _: (),
     ) -> Result<AuditState, ActorProcessingErr> {
         let (tx, rx) = mpsc::channel(WRITER_QUEUE);
-        let writer = Writer::new(self, rx).await;
+        let demand = Arc::new(Demand::default());
+        let writer = Writer::new(self, rx, demand.clone(), myself).await;
         Ok(AuditState {
             buffer: Vec::with_capacity(self.max_batch + BATCH_SLACK),
             waiting: Vec::new(),
             saves: Vec::new(),
             clears: Vec::new(),
             flush_armed: false,
+            demand,
             writer: Some(tx),
             writer_task: Some(tokio::spawn(writer.run())),
         })
@@ -211,6 +239,7 @@ impl Actor for Audit {
                 st.flush_armed = false;
                 self.flush(st).await;
             }
+            AuditMsg::Demand => self.flush(st).await,
             AuditMsg::Drain(reply) => {
                 self.flush(st).await;
                 drain_writer(st).await;
@@ -219,11 +248,24 @@ impl Actor for Audit {
                 return Ok(());
             }
         }
+        // Group commit: the batch is cut when it is full, or as soon as
+        // the writer is idle — after the messages already queued here (a
+        // `Demand` sent to itself), so a lone run's result is not held for
+        // `max_age`, and a busy host still cuts large batches; while a write
+        // is under way records gather, and the writer asks for them once it
+        // is done (a `Demand`) — or the timer does, `max_age` after the first.
         if st.buffer.len() >= self.max_batch {
             self.flush(st).await;
-        } else if st.has_work() && !st.flush_armed {
-            st.flush_armed = true;
-            myself.send_after(self.max_age, || AuditMsg::Flush);
+        } else if st.has_work() {
+            st.demand.buffered.store(true, Ordering::SeqCst);
+            if st.demand.idle.swap(false, Ordering::SeqCst) {
+                // Behind the messages already in the mailbox: under load
+                // they join this batch.
+                let _ = myself.cast(AuditMsg::Demand);
+            } else if !st.flush_armed {
+                st.flush_armed = true;
+                myself.send_after(self.max_age, || AuditMsg::Flush);
+            }
         }
         Ok(())
     }
@@ -258,6 +300,8 @@ impl Audit {
         if !st.has_work() {
             return;
         }
+        st.demand.buffered.store(false, Ordering::SeqCst);
+        st.demand.idle.store(false, Ordering::SeqCst);
         let job = Job::Batch {
             records: std::mem::replace(
                 &mut st.buffer,
@@ -340,6 +384,9 @@ struct Writer {
     /// The batch being written while the next one is started (stores that
     /// pipeline only).
     in_flight: Option<InFlight>,
+    /// Tells the actor when this task waits for work.
+    demand: Arc<Demand>,
+    actor: ActorRef<AuditMsg>,
 }
 
 /// What an owned append answers: done, or why not and the batch back.
@@ -357,7 +404,12 @@ struct Outage {
 }
 
 impl Writer {
-    async fn new(audit: &Audit, rx: mpsc::Receiver<Job>) -> Self {
+    async fn new(
+        audit: &Audit,
+        rx: mpsc::Receiver<Job>,
+        demand: Arc<Demand>,
+        actor: ActorRef<AuditMsg>,
+    ) -> Self {
         let mut spool_pending = false;
         if let Some(path) = &audit.spool {
             let p = path.clone();
@@ -391,6 +443,22 @@ impl Writer {
             unsaved: std::collections::HashMap::new(),
             uncleared: Vec::new(),
             in_flight: None,
+            demand,
+            actor,
+        }
+    }
+
+    /// Nothing queued, nothing in flight: says so, and asks the actor for
+    /// what it holds, if anything (the actor checks `idle` after it
+    /// buffers, this checks `buffered` after it sets `idle`: one of the two
+    /// sees the other, so no record waits for the timer with the writer idle).
+    fn ask_for_work(&self) {
+        if self.in_flight.is_some() || !self.rx.is_empty() {
+            return;
+        }
+        self.demand.idle.store(true, Ordering::SeqCst);
+        if self.demand.buffered.load(Ordering::SeqCst) {
+            let _ = self.actor.cast(AuditMsg::Demand);
         }
     }
 
@@ -408,6 +476,7 @@ impl Writer {
                     job = self.rx.recv() => job,
                 }
             } else {
+                self.ask_for_work();
                 match self.retry_delay() {
                     Some(delay) => match tokio::time::timeout(delay, self.rx.recv()).await {
                         Ok(job) => job,
