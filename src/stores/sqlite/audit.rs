@@ -885,7 +885,8 @@ impl RunIndex for SqliteStore {
         // table and sorting it all instead (as it would for `status = ?`).
         match filter.status {
             Some(RunStatus::Ok) => {
-                q.push(" AND status || '' = ").push_bind(RunStatus::Ok.as_str());
+                q.push(" AND status || '' = ")
+                    .push_bind(RunStatus::Ok.as_str());
             }
             Some(status) => {
                 q.push(" AND status = ")

@@ -65,7 +65,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../../migrations/0002_segments.sql")),
     (3, include_str!("../../../migrations/0003_run_tail.sql")),
     (4, include_str!("../../../migrations/0004_compact_rows.sql")),
-    (5, include_str!("../../../migrations/0005_partial_status_index.sql")),
+    (
+        5,
+        include_str!("../../../migrations/0005_partial_status_index.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
