@@ -14,6 +14,7 @@ use agentvisor::ports::audit::{
     AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
 };
 use agentvisor::ports::budget::{BudgetLedger, BudgetLimits, Spend};
+use agentvisor::ports::run::{cap_text, SUMMARY_BYTES};
 use agentvisor::stores::{MemoryAuditStore, SqliteStore, StoreError};
 use agentvisor::{
     AgentSpec, Host, HostConfig, Invocation, KillReason, RunEvent, RunId, RunResult, RunStatus,
@@ -1271,4 +1272,79 @@ async fn a_store_failing_under_pipelined_batches_loses_and_reorders_nothing() {
         assert!(records.last().is_some_and(AuditRecord::is_terminal));
         assert_eq!(records.len(), 13, "run {}", r.run_id);
     }
+}
+
+/// `records` re-keyed, with its second tool call failed (the `tool.result`
+/// and the step say so, as the run actor writes them) and its first
+/// answer too long for a summary.
+fn with_error_and_long_answer(records: &[AuditRecord]) -> (RunId, Vec<AuditRecord>) {
+    let long = "x".repeat(SUMMARY_BYTES * 3);
+    let failure = "error: invalid_arguments: `text` is required";
+    let (id, mut run) = rekey(records, |r| {
+        r.steps[0].result = cap_text(&long, SUMMARY_BYTES);
+        r.steps[1].ok = false;
+        r.steps[1].error = Some(failure["error: ".len()..].to_string());
+        r.steps[1].result = failure.to_string();
+    });
+    let mut results = 0;
+    for r in &mut run {
+        if let AuditEntry::Event(RunEvent::ToolResult { ok, result, .. }) = &mut r.entry {
+            if results == 0 {
+                *result = long.clone();
+            } else {
+                *ok = false;
+                *result = failure.to_string();
+            }
+            results += 1;
+        }
+    }
+    assert_eq!(results, 2, "the hello run makes two tool calls");
+    (id, run)
+}
+
+#[tokio::test]
+async fn a_runs_steps_are_stored_once_and_read_back_whole() {
+    let dir = Scratch::new("steps");
+    let path = dir.path("a.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let (_, records) = real_run().await;
+    // Whole in one batch: its steps are read back from its tool records.
+    let (whole_id, whole) = rekey(&records, |_| {});
+    let (odd_answers_id, odd_answers) = with_error_and_long_answer(&records);
+    // Steps the records do not give (a summary that is not the answer's):
+    // written as they are.
+    let (unlike_id, unlike) = rekey(&records, |r| {
+        r.steps[0].result = "not what the tool said".into();
+    });
+    // Cut in two batches: its tail does not hold all its records.
+    let (split_id, split) = rekey(&records, |_| {});
+    store.append(&whole).await.unwrap();
+    store.append(&odd_answers).await.unwrap();
+    store.append(&unlike).await.unwrap();
+    store.append(&split[..4]).await.unwrap();
+    store.append(&split[4..]).await.unwrap();
+    let runs = [
+        (whole_id, &whole, true),
+        (odd_answers_id, &odd_answers, true),
+        (unlike_id, &unlike, false),
+        (split_id, &split, false),
+    ];
+    let conn_url = format!("sqlite://{}", path.display());
+    let pool = sqlx::SqlitePool::connect(&conn_url).await.unwrap();
+    for (id, run, from_tail) in runs {
+        let AuditEntry::Terminal(res) = &run.last().unwrap().entry else {
+            panic!("the last record is not terminal");
+        };
+        assert_eq!(res.steps.len(), 2);
+        assert_eq!(store.run_result(id).await.unwrap().as_ref(), Some(&**res));
+        assert_eq!(&store.run_records(id).await.unwrap(), run);
+        let stored: String = sqlx::query_scalar("SELECT result FROM runs WHERE run_id = ?")
+            .bind(id.to_string())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(stored.contains(r#""steps":"tail""#), from_tail, "{stored}");
+        assert_eq!(stored.contains(r#""steps":["#), !from_tail, "{stored}");
+    }
+    pool.close().await;
 }

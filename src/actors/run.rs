@@ -59,12 +59,11 @@ use crate::ports::checkpoint::Checkpoint;
 use crate::ports::model::{
     ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role, ToolCallRequest,
 };
-use crate::ports::run::{cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage};
+use crate::ports::run::{
+    cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
+};
 use crate::ports::tool::{ToolContext, ToolError, ToolSpec};
 use crate::spec::{AgentSpec, Invocation, Limits};
-
-/// Summaries in steps and events are capped to this many bytes.
-const SUMMARY_BYTES: usize = 200;
 
 /// Audit records a handler's buffer has room for from its first record.
 const AUDIT_RESERVE: usize = 16;

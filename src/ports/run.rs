@@ -488,6 +488,10 @@ impl RunEvent {
     }
 }
 
+/// The bytes a step's argument and result summaries (and a `tool.call`
+/// event's arguments) are capped to ([`cap_text`]).
+pub const SUMMARY_BYTES: usize = 200;
+
 /// Caps a string to `max` bytes on a char boundary, keeping head and tail
 /// around a marker that says how much was cut.
 pub fn cap_text(s: &str, max: usize) -> String {
