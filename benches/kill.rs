@@ -11,7 +11,8 @@
 //! every remaining run at once; 0 skips it). Host: the default `HostConfig`
 //! (one critic shard per CPU; critic, budget and audit on, stores in
 //! memory); `audit-max-age-us` overrides how long a record may wait for its
-//! audit batch. Global allocator: mimalloc, as the CLI.
+//! audit batch (only while the audit writer is busy: an idle writer takes
+//! the records at once). Global allocator: mimalloc, as the CLI.
 //!
 //! Kill latency is the time from `handle.kill()` to the run's terminal
 //! result delivered through its handle — which the audit actor hands over

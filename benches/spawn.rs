@@ -7,8 +7,9 @@
 //! after `warmup` = 200 untimed ones. Host: the default `HostConfig`
 //! (critic, budget and audit on, stores in memory); `audit-max-age-us`
 //! overrides how long a record may wait for its audit batch (a result is
-//! delivered once its terminal record is written, so a lone run waits that
-//! long). Global allocator:
+//! delivered once its terminal record is written; with the audit writer
+//! idle, as it is for a lone run, the batch is cut at once, so the age
+//! bounds only runs that queue behind a write). Global allocator:
 //! mimalloc, as the CLI. Two agents:
 //!
 //! - `one-call`: a single model call that answers text at once, no tools —

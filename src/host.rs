@@ -51,7 +51,8 @@ pub struct HostConfig {
     pub default_limits: LimitsSpec,
     /// Audit records per store write, at most.
     pub audit_batch: usize,
-    /// How long a record may wait in the audit buffer.
+    /// How long a record may wait in the audit buffer while the audit
+    /// writer is busy (an idle writer takes the buffer at once).
     pub audit_max_age: Duration,
     /// Where audit batches go while the audit store fails (an append-only
     /// file of JSON lines, replayed into the store once it works again).
