@@ -716,25 +716,7 @@ async fn a_version_1_file_is_migrated_and_its_records_still_read_back() {
     {
         // A file as schema version 1 left it: one row per record.
         use sqlx::Connection;
-        let mut conn =
-            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-                .await
-                .unwrap();
-        sqlx::query(
-            "CREATE TABLE schema_version \
-             (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        sqlx::raw_sql(include_str!("../migrations/0001_init.sql"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (1, 0)")
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        let mut conn = file_at_version(&path, 1).await;
         for r in &old_run {
             let (kind, body) = match &r.entry {
                 AuditEntry::RunStarted(info) => ("run.start", serde_json::to_string(info).unwrap()),

@@ -448,12 +448,13 @@ impl Writer {
         }
     }
 
-    /// Nothing queued, nothing in flight: says so, and asks the actor for
-    /// what it holds, if anything (the actor checks `idle` after it
-    /// buffers, this checks `buffered` after it sets `idle`: one of the two
-    /// sees the other, so no record waits for the timer with the writer idle).
+    /// Called with nothing in flight: if nothing is queued either, says so,
+    /// and asks the actor for what it holds, if anything (the actor checks
+    /// `idle` after it buffers, this checks `buffered` after it sets `idle`:
+    /// one of the two sees the other, so no record waits for the timer with
+    /// the writer idle).
     fn ask_for_work(&self) {
-        if self.in_flight.is_some() || !self.rx.is_empty() {
+        if !self.rx.is_empty() {
             return;
         }
         self.demand.idle.store(true, Ordering::SeqCst);

@@ -22,7 +22,7 @@
 //! a typical run's row by a fifth (2.1 to 1.7 KB) and raised a swarm's
 //! runs/s by about 6 %. Version 5 leaves a result's steps out when its
 //! row's tail holds all the run's records and they say the same steps
-//! (`"steps":"tail"`, see [`tail_steps`]): 12 % off a hello run's row.
+//! (`"steps":"tail"`, see [`each_tail_step`]): 12 % off a hello run's row.
 //! Readers put all of it back, and still read what versions 1
 //! (`audit_records`, one row per record), 2 (full payloads, every segment
 //! in `audit_segments`) and 3 (absolute times, whole results) wrote.
@@ -418,19 +418,22 @@ fn write_result(out: &mut Vec<u8>, res: &RunResult, steps_in_tail: bool) -> serd
 }
 
 /// What a result (schema version 5) says for `steps` when its row's tail
-/// holds every record of the run and [`tail_steps`] gives its steps back
+/// holds every record of the run and [`each_tail_step`] gives its steps back
 /// from them: the steps are not written twice.
 const STEPS_IN_TAIL: &[u8] = b",\"steps\":\"tail\"";
 
-/// A run's steps as its `tool.call` and `tool.result` events say them,
-/// in order: one a result, with the arguments of the call it answers (the
-/// last call of that iteration with that id). `None` when a result has no
-/// call. The run actor writes each step from the same values, so for a run
-/// whose events are all here this gives its steps back; the writer checks
-/// that it does ([`StepView::is`]) before it leaves them out.
-fn tail_steps<'a>(events: impl Iterator<Item = &'a RunEvent>) -> Option<Vec<StepView<'a>>> {
+/// Hands `step` a run's steps as its `tool.call` and `tool.result` events
+/// say them, in order: one a result, with the arguments of the call it
+/// answers (the last call of that iteration with that id). False when a
+/// result has no call or `step` said stop. The run actor writes each step
+/// from the same values, so for a run whose events are all here this gives
+/// its steps back; the writer checks that it does ([`steps_are_in`])
+/// before it leaves them out.
+fn each_tail_step<'a>(
+    events: impl Iterator<Item = &'a RunEvent>,
+    mut step: impl FnMut(StepView<'a>) -> bool,
+) -> bool {
     let mut calls: Vec<(u32, &'a str, &'a str)> = Vec::new();
-    let mut steps = Vec::new();
     for ev in events {
         match ev {
             RunEvent::ToolCall {
@@ -447,26 +450,32 @@ fn tail_steps<'a>(events: impl Iterator<Item = &'a RunEvent>) -> Option<Vec<Step
                 result,
                 duration_ms,
             } => {
-                let &(_, _, args) = calls
+                let Some(&(_, _, args)) = calls
                     .iter()
                     .rev()
-                    .find(|(i, id, _)| i == iteration && *id == &**call_id)?;
-                steps.push(StepView {
+                    .find(|(i, id, _)| i == iteration && *id == &**call_id)
+                else {
+                    return false;
+                };
+                let view = StepView {
                     iteration: *iteration,
                     tool,
                     args,
                     ok: *ok,
                     result,
                     duration_ms: *duration_ms,
-                });
+                };
+                if !step(view) {
+                    return false;
+                }
             }
             _ => {}
         }
     }
-    Some(steps)
+    true
 }
 
-/// One step as its events give it (see [`tail_steps`]).
+/// One step as its events give it (see [`each_tail_step`]).
 struct StepView<'a> {
     iteration: u32,
     tool: &'a Arc<str>,
@@ -516,11 +525,12 @@ impl StepView<'_> {
     }
 }
 
-/// Whether `steps` are those `events` give (see [`tail_steps`]).
+/// Whether `steps` are those `events` give (see [`each_tail_step`]),
+/// compared as they come: nothing is built.
 fn steps_are_in<'a>(events: impl Iterator<Item = &'a RunEvent>, steps: &[StepRecord]) -> bool {
-    tail_steps(events).is_some_and(|views| {
-        views.len() == steps.len() && views.iter().zip(steps).all(|(v, s)| v.is(s))
-    })
+    let mut expected = steps.iter();
+    each_tail_step(events, |v| expected.next().is_some_and(|s| v.is(s)))
+        && expected.next().is_none()
 }
 
 /// A stored result back to the [`RunResult`]: one written by schema version
@@ -571,16 +581,17 @@ fn full_result(
     let mut result: RunResult = serde_json::from_value(v).map_err(bad)?;
     if steps_in_tail {
         let events = tail_events(row.run_id, tail.unwrap_or("[]"))?;
-        result.steps = tail_steps(events.iter())
-            .ok_or_else(|| {
-                AuditStoreError::Unavailable(format!(
-                    "the steps of run {} are not in its records",
-                    row.run_id
-                ))
-            })?
-            .iter()
-            .map(StepView::to_step)
-            .collect();
+        let mut steps = Vec::new();
+        if !each_tail_step(events.iter(), |v| {
+            steps.push(v.to_step());
+            true
+        }) {
+            return Err(AuditStoreError::Unavailable(format!(
+                "the steps of run {} are not in its records",
+                row.run_id
+            )));
+        }
+        result.steps = steps;
     }
     Ok(result)
 }
@@ -905,14 +916,47 @@ fn summary(row: &SqliteRow) -> Result<RunSummary, AuditStoreError> {
 }
 
 impl SqliteStore {
+    /// A run's result from its `runs` row. `tail`: the row's tail, when the
+    /// caller has read it already (otherwise it is read with the result, in
+    /// case the result leaves its steps to it).
+    async fn stored_result(
+        &self,
+        run_id: RunId,
+        tail: Option<&str>,
+    ) -> Result<Option<RunResult>, AuditStoreError> {
+        let sql = if tail.is_some() {
+            "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
+             started_at, finished_at, result FROM runs WHERE run_id = ?"
+        } else {
+            "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
+             started_at, finished_at, result, tail FROM runs WHERE run_id = ?"
+        };
+        let row = sqlx::query(sql)
+            .bind(run_id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        row.map(|row| {
+            let body: &str = row.try_get(9).map_err(unavailable)?;
+            let read: Option<&str> = match tail {
+                Some(_) => None,
+                None => row.try_get(10).map_err(unavailable)?,
+            };
+            full_result(body, &summary(&row)?, tail.or(read))
+        })
+        .transpose()
+    }
+
     /// A run's `run.end` record: its payload is the run's result, in `runs`.
+    /// `tail`: the stored records it was found among, if the caller has them.
     async fn terminal_record(
         &self,
         run_id: RunId,
         seq: i64,
         at_ms: i64,
+        tail: Option<&str>,
     ) -> Result<AuditRecord, AuditStoreError> {
-        let result = self.run_result(run_id).await?.ok_or_else(|| {
+        let result = self.stored_result(run_id, tail).await?.ok_or_else(|| {
             AuditStoreError::Unavailable(format!("run {run_id} has a run.end record but no result"))
         })?;
         Ok(AuditRecord {
@@ -978,7 +1022,8 @@ impl AuditStore for SqliteStore {
                 let at_ms = at_base.saturating_add(offset);
                 // A run.end record's payload is its run's result, in `runs`.
                 let record = if kind == KIND_END {
-                    self.terminal_record(run_id, seq, at_ms).await?
+                    self.terminal_record(run_id, seq, at_ms, Some(body.as_str()))
+                        .await?
                 } else {
                     decode(
                         run_id,
@@ -1008,7 +1053,7 @@ impl AuditStore for SqliteStore {
                 continue;
             }
             let record = if kind == KIND_END {
-                self.terminal_record(run_id, seq, at_ms).await?
+                self.terminal_record(run_id, seq, at_ms, None).await?
             } else {
                 decode(run_id, seq, at_ms, kind, body)?
             };
@@ -1079,20 +1124,7 @@ impl RunIndex for SqliteStore {
     }
 
     async fn run_result(&self, run_id: RunId) -> Result<Option<RunResult>, AuditStoreError> {
-        let row = sqlx::query(
-            "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
-             started_at, finished_at, result, tail FROM runs WHERE run_id = ?",
-        )
-        .bind(run_id.to_string())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        row.map(|row| {
-            let body: &str = row.try_get(9).map_err(unavailable)?;
-            let tail: Option<&str> = row.try_get(10).map_err(unavailable)?;
-            full_result(body, &summary(&row)?, tail)
-        })
-        .transpose()
+        self.stored_result(run_id, None).await
     }
 }
 
