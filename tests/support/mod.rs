@@ -273,3 +273,7 @@ impl Tool for HangingTool {
         Err(ToolError::Failed("cancelled".into()))
     }
 }
+
+/// A manifest whose run calls `add` once and answers.
+pub(crate) const HELLO: &str =
+    "name: hello\ntools: [add]\nscript:\n  - { tool: add, args: { a: 2, b: 3 } }\n  - { text: \"5\" }\n";
