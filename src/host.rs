@@ -188,6 +188,8 @@ struct Opening {
     /// Everything the shard starts it with (the ticket comes last); boxed
     /// once, handed to the shard as is.
     args: Box<RunArgs>,
+    /// The critic shard that will host it.
+    shard: ActorRef<CriticMsg>,
     caller: Arc<str>,
     handle: RunHandle,
     events: Option<RunEvents>,
@@ -685,6 +687,7 @@ impl Host {
             key,
             h.live.clone(),
         );
+        let shard = shard.actor;
         // A stream asked for at submission sees every record from the first.
         let events = with_events.then(|| RunEvents {
             inner: record::subscribe(shared.clone(), 0, SUBSCRIBER_BUFFER),
@@ -811,6 +814,7 @@ impl Host {
                 budget: h.budget.clone(),
                 ticket: None,
             }),
+            shard,
             caller,
             handle,
             events,
@@ -822,12 +826,12 @@ impl Host {
     fn launch(&self, run: Opening, ticket: Ticket) -> (RunHandle, Option<RunEvents>) {
         let Opening {
             mut args,
+            shard,
             handle,
             events,
             ..
         } = run;
         args.ticket = Some(ticket);
-        let shard = self.inner.shards.route(args.key).actor;
         if let Err(ractor::MessagingErr::SendErr(CriticMsg::Start(args))) =
             shard.cast(CriticMsg::Start(args))
         {
@@ -1129,6 +1133,16 @@ impl Host {
         let actors = self.inner.shards.actors();
         if let Some(a) = actors.get(shard) {
             let _ = a.cast(CriticMsg::InjectFault(fault));
+        }
+    }
+
+    /// Test hook: tells every shard the process was not scheduled for
+    /// `gap`, as its sleeper does when its real-clock pulses come that late
+    /// (a VM pause, SIGSTOP).
+    #[doc(hidden)]
+    pub fn inject_pause(&self, gap: Duration) {
+        for a in self.inner.shards.actors() {
+            let _ = a.cast(CriticMsg::Paused { gap });
         }
     }
 

@@ -163,7 +163,11 @@ impl Delivery {
     pub(crate) fn send(self, result: Arc<RunResult>) -> Result<(), Arc<RunResult>> {
         if let Some(shared) = &self.shared {
             let _ = shared.result.set(result.clone());
-            shared.done.notify_waiters();
+            // Only references wait here (the handle has its channel): most
+            // runs have none, and waking nobody still takes a lock.
+            if shared.waiting.load(Ordering::SeqCst) {
+                shared.done.notify_waiters();
+            }
         }
         match self.tx {
             Some(tx) => tx.send(result),
@@ -314,6 +318,8 @@ pub(crate) struct RunShared {
     /// The result, once delivered (its terminal record is written).
     result: OnceLock<Arc<RunResult>>,
     done: Notify,
+    /// Someone awaits `done`.
+    waiting: AtomicBool,
     /// Subscribers: counted apart so a run nobody watches takes no lock.
     subscribers: AtomicUsize,
     fanout: Mutex<Vec<Subscriber>>,
@@ -357,6 +363,7 @@ impl RunShared {
             finisher: Mutex::new(Some(result_tx)),
             result: OnceLock::new(),
             done: Notify::new(),
+            waiting: AtomicBool::new(false),
             subscribers: AtomicUsize::new(0),
             fanout: Mutex::new(Vec::new()),
             seq: AtomicU32::new(0),
@@ -492,6 +499,7 @@ impl RunShared {
     pub(crate) async fn result(&self) -> Arc<RunResult> {
         loop {
             let notified = self.done.notified();
+            self.waiting.store(true, Ordering::SeqCst);
             if let Some(r) = self.result.get() {
                 return r.clone();
             }

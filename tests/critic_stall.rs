@@ -125,3 +125,28 @@ async fn a_stalled_run_does_not_disturb_its_neighbours() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_of_the_process_moves_stall_windows_instead_of_killing() {
+    let wait = HangingTool::new();
+    let (host, _store) = support::host_from(support::builder().tool(wait.clone())).await;
+    let spec = support::spec(
+        "name: t\ntools: [wait]\nlimits: { stall_timeout: 2s, tool_timeout: 1h, max_runtime: 1h }\nscript:\n  - { tool: wait }\n  - { text: never }\n",
+    );
+    let t0 = Instant::now();
+    let handle = host.submit(spec, Invocation::prompt("x")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The process "sleeps" 5 s: the clock jumps, and the shards learn of
+    // it before any timer is judged (as their sleepers tell them).
+    host.inject_pause(Duration::from_secs(5));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let r = handle.await;
+    assert_eq!(r.kill_reason, Some(KillReason::Stalled));
+    // Without the shift the call would be stalled at 2 s; the window moved
+    // by the 5 s the process was away.
+    assert!(
+        t0.elapsed() >= Duration::from_secs(7),
+        "killed after {:?}",
+        t0.elapsed()
+    );
+}

@@ -803,6 +803,7 @@ fn rewake(st: &mut CriticState) {
 /// Ends when the critic is gone.
 async fn sleeper(critic: ActorRef<CriticMsg>, mut rx: watch::Receiver<Option<Instant>>) {
     let mut last_wake = std::time::Instant::now();
+    let mut last_wake_at = Instant::now();
     loop {
         let next = *rx.borrow_and_update();
         match next {
@@ -811,18 +812,22 @@ async fn sleeper(critic: ActorRef<CriticMsg>, mut rx: watch::Receiver<Option<Ins
                     return;
                 }
                 last_wake = std::time::Instant::now();
+                last_wake_at = Instant::now();
             }
             Some(at) => {
-                let pulse = Instant::now() + PULSE;
+                // From the last wake-up, not from now: timer changes that
+                // keep coming must not hold the pulse off.
+                let pulse = last_wake_at + PULSE;
                 tokio::select! {
                     _ = tokio::time::sleep_until(at.min(pulse)) => {
                         let real = std::time::Instant::now();
-                        let gap = real.saturating_duration_since(last_wake);
+                        let paused = pause_gap(last_wake, real);
                         last_wake = real;
-                        if gap > PULSE + PAUSE_GAP
-                            && critic.cast(CriticMsg::Paused { gap: gap - PULSE }).is_err()
-                        {
-                            return;
+                        last_wake_at = Instant::now();
+                        if let Some(gap) = paused {
+                            if critic.cast(CriticMsg::Paused { gap }).is_err() {
+                                return;
+                            }
                         }
                         if Instant::now() < at {
                             continue;
@@ -842,5 +847,43 @@ async fn sleeper(critic: ActorRef<CriticMsg>, mut rx: watch::Receiver<Option<Ins
                 }
             }
         }
+    }
+}
+
+/// How long the process was not scheduled between two pulses that the
+/// real clock read at `last` and `now`: `None` for a gap within the pulse
+/// and its slack.
+fn pause_gap(last: std::time::Instant, now: std::time::Instant) -> Option<Duration> {
+    let gap = now.saturating_duration_since(last);
+    (gap > PULSE + PAUSE_GAP).then(|| gap - PULSE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_far_past_the_pulse_is_a_pause() {
+        let t0 = std::time::Instant::now();
+        assert_eq!(pause_gap(t0, t0 + PULSE), None);
+        assert_eq!(pause_gap(t0, t0 + PULSE + PAUSE_GAP), None);
+        assert_eq!(
+            pause_gap(t0, t0 + Duration::from_secs(12)),
+            Some(Duration::from_secs(12) - PULSE)
+        );
+        // A clock read out of order is no pause.
+        assert_eq!(pause_gap(t0 + Duration::from_secs(5), t0), None);
+    }
+
+    #[test]
+    fn a_pause_moves_the_stall_window_but_not_past_now() {
+        let t0 = Instant::now();
+        let mut w = Watched::new(&Limits::default(), t0);
+        let hard = w.hard_deadline;
+        w.shift(Duration::from_secs(10), t0 + Duration::from_secs(30));
+        assert_eq!(w.last_beat, t0 + Duration::from_secs(10));
+        assert_eq!(w.hard_deadline, hard, "hard deadlines still hold");
+        w.shift(Duration::from_secs(60), t0 + Duration::from_secs(30));
+        assert_eq!(w.last_beat, t0 + Duration::from_secs(30));
     }
 }
