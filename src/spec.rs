@@ -545,7 +545,7 @@ impl AgentSpec {
     }
 
     fn parse(text: &str, path: Option<String>) -> Result<Self, SpecError> {
-        let mut spec: AgentSpec = serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
+        let mut spec: AgentSpec = serde_norway::from_str(text).map_err(|e| SpecError::Parse {
             path: path.clone(),
             message: e.to_string(),
         })?;

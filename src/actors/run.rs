@@ -917,8 +917,7 @@ impl RunState {
 /// otherwise the future back, to be moved into a task (which polls it again
 /// with a real waker).
 fn poll_once<F: Future + Unpin>(mut fut: F) -> Result<F::Output, F> {
-    let waker = futures_util::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
     match Pin::new(&mut fut).poll(&mut cx) {
         Poll::Ready(v) => Ok(v),
         Poll::Pending => Err(fut),
