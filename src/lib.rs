@@ -47,7 +47,8 @@
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
-//! - [`workload`]: the W1 benchmark workload and its bare-tokio floor.
+//! - [`soak`]: the soak engine: keep runs in flight, sample the process,
+//!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
 
@@ -62,10 +63,10 @@ pub mod ports;
 pub mod pricing;
 pub mod providers;
 pub mod replay;
+pub mod soak;
 pub mod spec;
 pub mod stores;
 pub mod tools;
-pub mod workload;
 
 pub use agent::Agent;
 pub use handle::{Ending, LiveState, RunEvents, RunHandle};
