@@ -68,7 +68,7 @@ async fn a_tool_call_that_hangs_is_killed_stalled_and_dropped() {
         "name: t\ntools: [wait]\nlimits: { stall_timeout: 3s, tool_timeout: 1h, max_runtime: 1h }\nscript:\n  - { tool: wait }\n  - { text: never }\n",
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert!(
         t0.elapsed() < Duration::from_millis(3100),
         "{:?}",
@@ -97,7 +97,7 @@ script:
 "#,
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert!(t0.elapsed() >= Duration::from_secs(6));
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert!(r.critic.is_empty(), "{:?}", r.critic);
