@@ -14,8 +14,7 @@ use std::time::Duration;
 use agentvisor::ports::critic::{RunView, Verdict};
 use agentvisor::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
 use agentvisor::{
-    CriticPolicy, Decision, Fault, HostConfig, Invocation, KillReason, RunEvent, RunStatus,
-    Trigger,
+    CriticPolicy, Decision, Fault, HostConfig, Invocation, KillReason, RunEvent, RunStatus, Trigger,
 };
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -122,13 +121,17 @@ async fn a_tool_that_blocks_its_thread_does_not_freeze_its_shard() {
 // Real time: the tool really blocks its thread 80 ms in its first poll.
 #[tokio::test]
 async fn a_call_that_holds_the_shard_is_reported() {
-    let (host, _store) = support::host_from(
-        support::builder().tool(Blocking::new("hog", Duration::from_millis(80), true)),
-    )
+    let (host, _store) = support::host_from(support::builder().tool(Blocking::new(
+        "hog",
+        Duration::from_millis(80),
+        true,
+    )))
     .await;
     let (handle, events) = host
         .submit_streaming(
-            support::spec("name: hog\ntools: [hog]\nscript:\n  - { tool: hog }\n  - { text: done }\n"),
+            support::spec(
+                "name: hog\ntools: [hog]\nscript:\n  - { tool: hog }\n  - { text: done }\n",
+            ),
             Invocation::prompt("x"),
         )
         .await
@@ -182,7 +185,11 @@ async fn ends_at_the_deadline(policy: Arc<dyn CriticPolicy>, latest: Duration) {
 
 #[tokio::test(start_paused = true)]
 async fn a_policy_that_always_continues_cannot_keep_a_run_past_its_deadline() {
-    ends_at_the_deadline(Arc::new(Always(Decision::Continue)), Duration::from_secs(10)).await;
+    ends_at_the_deadline(
+        Arc::new(Always(Decision::Continue)),
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -222,7 +229,11 @@ async fn a_failed_shard_ends_its_runs_shard_failed_and_is_replaced() {
     let spec = support::spec("name: hangs\nlimits: { stall_timeout: 1h, max_runtime: 1h }\nscript:\n  - { hang: true }\n");
     let mut handles = Vec::new();
     for _ in 0..3 {
-        handles.push(host.submit(spec.clone(), Invocation::prompt("x")).await.unwrap());
+        handles.push(
+            host.submit(spec.clone(), Invocation::prompt("x"))
+                .await
+                .unwrap(),
+        );
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
     host.inject_shard_fault(0, Fault::Fail);
@@ -254,7 +265,10 @@ async fn shutdown_ends_what_a_wedged_shard_holds_after_its_deadline() {
     }))
     .await;
     let spec = support::spec("name: hangs\nlimits: { stall_timeout: 1h, max_runtime: 1h }\nscript:\n  - { hang: true }\n");
-    let a = host.submit(spec.clone(), Invocation::prompt("x")).await.unwrap();
+    let a = host
+        .submit(spec.clone(), Invocation::prompt("x"))
+        .await
+        .unwrap();
     let b = host.submit(spec, Invocation::prompt("x")).await.unwrap();
     let (ida, idb) = (a.run_id(), b.run_id());
     a.detach();

@@ -32,7 +32,10 @@ async fn drain(mut events: agentvisor::RunEvents) -> Vec<Event> {
 fn assert_in_order(events: &[Event]) {
     let mut last: Option<u32> = None;
     for e in events {
-        if matches!(e.event, RunEvent::TextDelta { .. } | RunEvent::RunEnd { .. }) {
+        if matches!(
+            e.event,
+            RunEvent::TextDelta { .. } | RunEvent::RunEnd { .. }
+        ) {
             continue;
         }
         if let Some(l) = last {
@@ -41,7 +44,10 @@ fn assert_in_order(events: &[Event]) {
         last = Some(e.seq);
     }
     assert!(
-        matches!(events.last().map(|e| &e.event), Some(RunEvent::RunEnd { .. })),
+        matches!(
+            events.last().map(|e| &e.event),
+            Some(RunEvent::RunEnd { .. })
+        ),
         "the stream ends with run.end"
     );
 }
@@ -100,7 +106,10 @@ async fn a_reference_steers_extends_and_kills_with_its_reason() {
     let actions: Vec<_> = result.critic.iter().map(|d| d.action).collect();
     assert_eq!(
         actions,
-        [agentvisor::CriticAction::Extend, agentvisor::CriticAction::Kill]
+        [
+            agentvisor::CriticAction::Extend,
+            agentvisor::CriticAction::Kill
+        ]
     );
     assert!(r.is_finished());
     assert!(r.live().finished);
@@ -131,11 +140,17 @@ async fn a_late_subscriber_gets_the_past_from_the_store_then_the_live_events() {
     assert_in_order(&early);
     assert_in_order(&late);
     // The late subscriber saw exactly what the early one saw.
-    assert!(late == early, "the late subscriber saw what the early one saw");
+    assert!(
+        late == early,
+        "the late subscriber saw what the early one saw"
+    );
     assert!(early.iter().all(|e| e.run_id == result.run_id));
     // Resuming from seq 5 gives the same events from 5 on.
     let from5: Vec<Event> = early.iter().filter(|e| e.seq >= 5).cloned().collect();
-    assert!(resumed == from5, "resuming from seq 5 gives the events from 5 on");
+    assert!(
+        resumed == from5,
+        "resuming from seq 5 gives the events from 5 on"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +165,10 @@ async fn a_subscriber_of_an_ended_run_gets_its_whole_record() {
     let result = handle.await;
     assert_eq!(result.status, RunStatus::Ok);
     let after = drain(r.subscribe()).await;
-    assert!(after == live, "the record read back is the stream seen live");
+    assert!(
+        after == live,
+        "the record read back is the stream seen live"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -159,7 +177,9 @@ async fn a_slow_subscriber_is_told_it_lagged_and_catches_up_without_gaps() {
     // events faster than a subscriber with a 2-event buffer reads them.
     let mut yaml = String::from("name: chatty\ntools: [add]\nlimits: { max_iterations: 40, repeat_limit: 100, stall_timeout: 1h, max_runtime: 1h }\nscript:\n");
     for i in 0..20 {
-        yaml.push_str(&format!("  - {{ tool: add, args: {{ a: {i}, b: 1 }}, latency: 10ms }}\n"));
+        yaml.push_str(&format!(
+            "  - {{ tool: add, args: {{ a: {i}, b: 1 }}, latency: 10ms }}\n"
+        ));
     }
     yaml.push_str("  - { text: done }\n");
     let (host, _store) = support::host().await;
