@@ -34,10 +34,10 @@
 //! go through the shard's mailbox and the shard runs its handler, with the
 //! critic's record of the run in the run's state. That makes a run cost its
 //! state (a few KB less than an actor of its own) and its heartbeats field
-//! updates; see [`actors::run`] and [`actors::critic`].
+//! updates; see `actors::run` and `actors::critic` (private).
 //!
 //! - [`ports`]: the traits actors depend on and the data they speak.
-//! - [`actors`]: host, critic, run, budget, audit — one per file.
+//! - `actors` (private): host, critic, run, budget, audit — one per file.
 //! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
 //!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
 //! - [`pricing`]: the price table (costs in micro-dollars, context windows).
