@@ -34,9 +34,7 @@
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
 //! partial output, steps and usage are kept on every ending.
 
-use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -635,12 +633,11 @@ impl RunState {
         // one before (its argument check included).
         let mut mark = self.now;
         for call in calls {
-            let mut h = DefaultHasher::new();
-            call.name.hash(&mut h);
-            call.arguments.hash(&mut h);
-            // The critic counts repeats; one that reaches the limit is
-            // decided on before the next step (the shard reviews the run).
-            self.beat(Beat::ToolStarted { hash: h.finish() });
+            // The critic counts repeats (arguments compared as canonical
+            // JSON); one that reaches the limit is decided on before the
+            // next step (the shard reviews the run).
+            let hash = crate::tools::validate::canonical_hash(&call.name, &call.arguments);
+            self.beat(Beat::ToolStarted { hash });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
                 iteration: self.iteration,
