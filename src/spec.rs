@@ -105,6 +105,10 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// The longest duration a manifest may write (every limit is bounded by the
+/// 24 h failsafe, so `start + 24 h + extensions` can never overflow).
+pub const MAX_DURATION: Duration = ABSOLUTE_DEADLINE;
+
 /// serde glue for `Duration` fields written as strings.
 pub mod duration_serde {
     use super::*;
@@ -114,18 +118,62 @@ pub mod duration_serde {
         s.serialize_str(&format_duration(*d))
     }
 
-    /// Deserializes from a duration string or a number of seconds.
+    /// Deserializes from a duration string or a number of seconds; refuses
+    /// a negative, non-finite or longer than [`MAX_DURATION`] value.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
+        d.deserialize_any(DurationVisitor)
+    }
+
+    struct DurationVisitor;
+
+    impl serde::de::Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "a duration (500ms, 2s, 1m, 1h, or seconds) from 0 to 24h"
+            )
         }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(Duration::from_secs(n)),
-            Raw::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
+
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Duration, E> {
+            bounded(
+                Duration::from_secs(n.min(MAX_DURATION.as_secs() + 1)),
+                &n.to_string(),
+            )
         }
+
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Duration, E> {
+            match u64::try_from(n) {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(E::custom(format!(
+                    "duration `{n}` is negative (use 0 to 24h)"
+                ))),
+            }
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<Duration, E> {
+            if !x.is_finite() || x < 0.0 || x > MAX_DURATION.as_secs_f64() {
+                return Err(E::custom(format!(
+                    "duration `{x:?}` is out of range (use 0 to 24h)"
+                )));
+            }
+            Ok(Duration::from_secs_f64(x))
+        }
+
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Duration, E> {
+            let d = parse_duration(s).map_err(E::custom)?;
+            bounded(d, s)
+        }
+    }
+
+    fn bounded<E: serde::de::Error>(d: Duration, text: &str) -> Result<Duration, E> {
+        if d > MAX_DURATION {
+            return Err(E::custom(format!(
+                "duration `{text}` is longer than 24h, the longest a run may live"
+            )));
+        }
+        Ok(d)
     }
 }
 
@@ -353,25 +401,219 @@ impl LimitsSpec {
     /// Resolves this layer over `lower`, then fills what is still unset with
     /// the built-in defaults and the derived ones.
     pub fn resolve(&self, lower: &LimitsSpec) -> Limits {
+        // Clamped to the documented ranges (see [`LimitsSpec::check`]), so
+        // limits built in code rather than parsed never overflow a
+        // deadline either.
         let m = self.over(lower);
-        let max_runtime = m.max_runtime.unwrap_or(Duration::from_secs(60));
-        let hard = m.hard_timeout.unwrap_or(max_runtime * 2);
+        let d = |d: Option<Duration>, default: Duration| d.unwrap_or(default).min(MAX_DURATION);
+        let max_runtime = d(m.max_runtime, Duration::from_secs(60));
+        let hard = d(m.hard_timeout, max_runtime.saturating_mul(2));
         Limits {
-            max_iterations: m.max_iterations.unwrap_or(12),
+            max_iterations: m.max_iterations.unwrap_or(12).min(MAX_ITERATIONS),
             max_runtime,
-            soft_timeout: m.soft_timeout.unwrap_or(max_runtime),
+            soft_timeout: d(m.soft_timeout, max_runtime),
             hard_timeout: hard.min(ABSOLUTE_DEADLINE),
-            stall_timeout: m.stall_timeout.unwrap_or(Duration::from_secs(60)),
-            extension: m.extension.unwrap_or(max_runtime),
-            max_extensions: m.max_extensions.unwrap_or(2),
-            repeat_limit: m.repeat_limit.unwrap_or(3).max(1),
-            tool_timeout: m.tool_timeout.unwrap_or(Duration::from_secs(60)),
-            max_tool_errors: m.max_tool_errors.unwrap_or(3).max(1),
-            max_tool_result_bytes: m.max_tool_result_bytes.unwrap_or(16 * 1024).max(256),
-            kill_grace: m.kill_grace.unwrap_or(Duration::from_secs(5)),
-            context_window: m.context_window,
+            stall_timeout: d(m.stall_timeout, Duration::from_secs(60)),
+            extension: d(m.extension, max_runtime),
+            max_extensions: m.max_extensions.unwrap_or(2).min(MAX_EXTENSIONS),
+            repeat_limit: m.repeat_limit.unwrap_or(3).clamp(1, MAX_COUNT),
+            tool_timeout: d(m.tool_timeout, Duration::from_secs(60)),
+            max_tool_errors: m.max_tool_errors.unwrap_or(3).clamp(1, MAX_COUNT),
+            max_tool_result_bytes: m
+                .max_tool_result_bytes
+                .unwrap_or(16 * 1024)
+                .clamp(MIN_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES),
+            kill_grace: d(m.kill_grace, Duration::from_secs(5)),
+            context_window: m.context_window.map(|w| w.min(MAX_CONTEXT_WINDOW)),
         }
     }
+
+    /// Checks every key set here against its documented range (the README's
+    /// manifest section): `Err` names the key (`limits.KEY`) and says the
+    /// range. Durations over 24 h are refused when parsed already.
+    ///
+    /// | key | range |
+    /// |---|---|
+    /// | `max_iterations` | 1 – 100000 |
+    /// | `max_runtime`, `hard_timeout`, `stall_timeout`, `tool_timeout` | more than 0, at most 24h |
+    /// | `soft_timeout`, `extension`, `kill_grace` | 0 – 24h |
+    /// | `max_extensions` | 0 – 1000 |
+    /// | `repeat_limit`, `max_tool_errors` | 1 – 10000 |
+    /// | `max_tool_result_bytes` | 256 – 16777216 |
+    /// | `context_window` | 0 – 100000000 |
+    pub fn check(&self) -> Result<(), LimitError> {
+        fn range<T: PartialOrd + std::fmt::Display + Copy>(
+            key: &'static str,
+            v: Option<T>,
+            lo: T,
+            hi: T,
+        ) -> Result<(), LimitError> {
+            match v {
+                Some(v) if v < lo || v > hi => Err(LimitError {
+                    key,
+                    message: format!("`limits.{key}` is {v}; use {lo} to {hi}"),
+                }),
+                _ => Ok(()),
+            }
+        }
+        range("max_iterations", self.max_iterations, 1, MAX_ITERATIONS)?;
+        range("max_extensions", self.max_extensions, 0, MAX_EXTENSIONS)?;
+        range("repeat_limit", self.repeat_limit, 1, MAX_COUNT)?;
+        range("max_tool_errors", self.max_tool_errors, 1, MAX_COUNT)?;
+        range(
+            "max_tool_result_bytes",
+            self.max_tool_result_bytes,
+            MIN_TOOL_RESULT_BYTES,
+            MAX_TOOL_RESULT_BYTES,
+        )?;
+        range("context_window", self.context_window, 0, MAX_CONTEXT_WINDOW)?;
+        for (key, d, positive) in [
+            ("max_runtime", self.max_runtime, true),
+            ("hard_timeout", self.hard_timeout, true),
+            ("stall_timeout", self.stall_timeout, true),
+            ("tool_timeout", self.tool_timeout, true),
+            ("soft_timeout", self.soft_timeout, false),
+            ("extension", self.extension, false),
+            ("kill_grace", self.kill_grace, false),
+        ] {
+            let Some(d) = d else { continue };
+            if positive && d.is_zero() {
+                return Err(LimitError {
+                    key,
+                    message: format!("`limits.{key}` must be more than 0"),
+                });
+            }
+            if d > MAX_DURATION {
+                return Err(LimitError {
+                    key,
+                    message: format!("`limits.{key}` is {}; use at most 24h", format_duration(d)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A limit outside its documented range (see [`LimitsSpec::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LimitError {
+    /// The key, without the `limits.` prefix.
+    pub key: &'static str,
+    /// What is wrong, naming the key and its range.
+    pub message: String,
+}
+
+/// The most model calls a run may be given.
+pub const MAX_ITERATIONS: u32 = 100_000;
+/// The most extensions a run may be given.
+pub const MAX_EXTENSIONS: u32 = 1000;
+/// The highest `repeat_limit` and `max_tool_errors`.
+pub const MAX_COUNT: u32 = 10_000;
+/// The smallest tool-result cap.
+pub const MIN_TOOL_RESULT_BYTES: u32 = 256;
+/// The largest tool-result cap (16 MiB).
+pub const MAX_TOOL_RESULT_BYTES: u32 = 16 * 1024 * 1024;
+/// The largest context window a manifest may state, in tokens.
+pub const MAX_CONTEXT_WINDOW: u64 = 100_000_000;
+/// The largest manifest accepted, in bytes (checked before parsing).
+pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+/// The deepest nesting a manifest may have (checked before parsing, so
+/// parse time stays linear in the manifest's size).
+pub const MAX_MANIFEST_DEPTH: usize = 64;
+
+fn too_large() -> String {
+    format!("the manifest is larger than {MAX_MANIFEST_BYTES} bytes (1 MiB), the limit")
+}
+
+/// Refuses a manifest that is too large or nested too deep, without
+/// parsing it: one pass over the text. Block nesting is counted by
+/// indentation (and `- - x` dashes), flow nesting by `[`/`{` outside
+/// quotes; the contents of block scalars (`|`, `>`) are skipped.
+pub fn check_manifest_shape(text: &str) -> Result<(), String> {
+    if text.len() > MAX_MANIFEST_BYTES {
+        return Err(too_large());
+    }
+    let deep = |n: usize| {
+        format!(
+            "the manifest nests deeper than {MAX_MANIFEST_DEPTH} levels at line {}",
+            n + 1
+        )
+    };
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let mut block_scalar: Option<usize> = None;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start_matches([' ', '\t']);
+        let indent = line.len() - trimmed.len();
+        if let Some(owner) = block_scalar {
+            if trimmed.is_empty() || indent > owner {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if flow == 0 {
+            while indents.last().is_some_and(|&i| i >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            let mut rest = trimmed;
+            let mut dashes = 0;
+            while let Some(r) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
+                dashes += 1;
+                rest = r.trim_start();
+            }
+            if indents.len() + dashes > MAX_MANIFEST_DEPTH {
+                return Err(deep(n));
+            }
+        }
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        let mut escaped = false;
+        for c in trimmed.chars() {
+            match quote {
+                Some(q) => {
+                    if q == '"' && c == '\\' && !escaped {
+                        escaped = true;
+                        continue;
+                    }
+                    if c == q && !escaped {
+                        quote = None;
+                    }
+                    escaped = false;
+                }
+                None => match c {
+                    '"' | '\'' if matches!(prev, ' ' | '\t' | ':' | '[' | '{' | ',' | '-') => {
+                        quote = Some(c)
+                    }
+                    '#' if matches!(prev, ' ' | '\t') => break,
+                    '[' | '{' => {
+                        flow += 1;
+                        if indents.len() + flow > MAX_MANIFEST_DEPTH {
+                            return Err(deep(n));
+                        }
+                    }
+                    ']' | '}' => flow = flow.saturating_sub(1),
+                    _ => {}
+                },
+            }
+            prev = c;
+        }
+        let head = trimmed.split(" #").next().unwrap_or("").trim_end();
+        if flow == 0
+            && quote.is_none()
+            && head
+                .rsplit([' ', ':', '-'])
+                .next()
+                .is_some_and(|t| t.starts_with(['|', '>']) && t.len() <= 3)
+        {
+            block_scalar = Some(indent);
+        }
+    }
+    Ok(())
 }
 
 /// Token usage a scripted entry reports.
@@ -537,14 +779,34 @@ impl AgentSpec {
     /// Reads, parses and checks a manifest file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, SpecError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Read {
+        let read_err = |e: std::io::Error| SpecError::Read {
             path: path.display().to_string(),
             reason: e.to_string(),
-        })?;
+        };
+        // Never read more than the cap (plus one byte to know it is over).
+        let mut bytes = Vec::new();
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, MAX_MANIFEST_BYTES as u64 + 1),
+            &mut bytes,
+        )
+        .map_err(read_err)?;
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(SpecError::Invalid {
+                path: Some(path.display().to_string()),
+                message: too_large(),
+            });
+        }
+        let text = String::from_utf8(bytes)
+            .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         Self::parse(&text, Some(path.display().to_string()))
     }
 
     fn parse(text: &str, path: Option<String>) -> Result<Self, SpecError> {
+        check_manifest_shape(text).map_err(|message| SpecError::Invalid {
+            path: path.clone(),
+            message,
+        })?;
         let mut spec: AgentSpec = serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
             path: path.clone(),
             message: e.to_string(),
@@ -609,23 +871,20 @@ impl AgentSpec {
         if self.model == "scripted" && self.script.is_empty() {
             return Err("`model: scripted` needs a `script`".into());
         }
-        let l = &self.limits;
-        if l.max_iterations == Some(0) {
-            return Err("`limits.max_iterations` must be at least 1".into());
-        }
-        for (key, d) in [
-            ("max_runtime", l.max_runtime),
-            ("hard_timeout", l.hard_timeout),
-            ("stall_timeout", l.stall_timeout),
-            ("tool_timeout", l.tool_timeout),
-        ] {
-            if d == Some(Duration::ZERO) {
-                return Err(format!(
-                    "`limits.{key}` must be more than 0{}",
-                    line_of(source, key)
-                ));
-            }
-        }
+        self.limits.check().map_err(|e| {
+            // The line of `limits:`'s key, searched from the `limits` line.
+            let from = source
+                .lines()
+                .position(|l| l.trim_start().starts_with("limits"))
+                .unwrap_or(0);
+            let line = source
+                .lines()
+                .skip(from)
+                .position(|l| l.split('#').next().unwrap_or("").contains(e.key))
+                .map(|i| format!(" at line {}", from + i + 1))
+                .unwrap_or_default();
+            format!("{e}{line}")
+        })?;
         Ok(())
     }
 

@@ -23,7 +23,7 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     events: bool,
     /// The caller's token budget for this run.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     budget_tokens: Option<u64>,
     /// The caller id the run is charged to.
     #[arg(long, default_value = "cli")]

@@ -16,16 +16,21 @@ use serde::Serialize;
 
 use agentvisor::{Invocation, RunStatus};
 
+/// The most runs one swarm makes.
+const MAX_RUNS: u64 = 1_000_000_000;
+/// The most runs one swarm keeps in flight.
+const MAX_CONCURRENCY: u64 = 1_000_000;
+
 /// Flags of `agentvisor swarm`.
 #[derive(Args, Debug)]
 pub(crate) struct SwarmArgs {
     /// The agent manifest (YAML).
     file: PathBuf,
-    /// How many runs.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How many runs (1 to 1000000000).
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_RUNS))]
     runs: u64,
-    /// How many in flight at once.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How many in flight at once (1 to 1000000).
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_CONCURRENCY))]
     concurrency: u64,
     /// Print the summary as one JSON object.
     #[arg(long)]
@@ -119,7 +124,8 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             }
         })
     };
-    let mut latencies = Vec::with_capacity(a.runs as usize);
+    // Room for the common case; a huge swarm grows it as runs end.
+    let mut latencies = Vec::with_capacity(a.runs.min(1 << 20) as usize);
     for t in tasks {
         if let Ok(l) = t.await {
             latencies.extend(l);
