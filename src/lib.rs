@@ -46,6 +46,7 @@
 //!   transcript, where to cut it, what it becomes.
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
+//! - [`panics`]: caught panics reported as one log line, not a backtrace.
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
 //! - [`workload`]: the W1 benchmark workload and its bare-tokio floor.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
@@ -57,6 +58,7 @@ pub mod compaction;
 pub mod handle;
 pub mod host;
 pub mod output;
+pub mod panics;
 pub mod policy;
 pub mod ports;
 pub mod pricing;

@@ -319,6 +319,7 @@ impl RunState {
             RunMsg::ModelPanicked { epoch, text } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
+                    tracing::warn!(run_id = %self.shared.run_id, "model call panicked: {text}");
                     let e = Ending::failed(
                         RunStatus::Error,
                         "panic",
@@ -450,7 +451,10 @@ impl RunState {
             Err(fut) => {
                 let me = self.addr.clone();
                 let task = tokio::spawn(async move {
-                    let msg = match AssertUnwindSafe(fut).catch_unwind().await {
+                    let msg = match AssertUnwindSafe(crate::panics::quietly(fut))
+                        .catch_unwind()
+                        .await
+                    {
                         Ok(result) => done(epoch, result),
                         Err(panic) => RunMsg::ModelPanicked {
                             epoch,

@@ -13,8 +13,8 @@ use agentvisor::{Invocation, RunResult, RunStatus};
 pub(crate) struct RunArgs {
     /// The agent manifest (YAML).
     file: PathBuf,
-    /// The prompt (default: the manifest's `prompt`).
-    #[arg(long)]
+    /// The prompt (default: the manifest's `prompt`); `-` reads it from stdin.
+    #[arg(long, allow_hyphen_values = true)]
     input: Option<String>,
     /// Print the result as one JSON object.
     #[arg(long)]
@@ -34,7 +34,11 @@ pub(crate) struct RunArgs {
     model: Option<String>,
 }
 
-pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
+pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
+    a.input = match super::input_text(a.input.take()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let (host, agent) = match super::prepare(&a.file, a.budget_tokens, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
@@ -52,7 +56,7 @@ pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
                     ev = events.next() => match ev {
                         Some(ev) => {
                             if a.events {
-                                println!("{}", serde_json::to_string(&ev).unwrap_or_default());
+                                outln!("{}", serde_json::to_string(&ev).unwrap_or_default());
                             }
                         }
                         None => break,
@@ -69,7 +73,7 @@ pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
     };
     host.shutdown().await;
     if a.json {
-        println!("{}", serde_json::to_string(&result).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&result).unwrap_or_default());
     } else {
         print_human(&result);
     }
@@ -82,21 +86,24 @@ pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
 
 pub(crate) fn print_human(r: &RunResult) {
     let reason = r.kill_reason.map(|k| format!(" ({k})")).unwrap_or_default();
-    println!("run {}: {}{reason}", r.run_id, r.status);
+    outln!("run {}: {}{reason}", r.run_id, r.status);
     if let Some(kind) = &r.error_kind {
-        println!("error: {kind}: {}", r.error.as_deref().unwrap_or(""));
+        outln!("error: {kind}: {}", r.error.as_deref().unwrap_or(""));
     }
     for s in &r.steps {
         let mark = if s.ok { "ok" } else { "error" };
-        println!(
+        outln!(
             "  step {} {} {} → {mark} ({} ms)",
-            s.iteration, s.tool, s.args, s.duration_ms
+            s.iteration,
+            s.tool,
+            s.args,
+            s.duration_ms
         );
     }
     for d in &r.critic {
-        println!("  critic {:?} ({}) at {} ms", d.action, d.reason, d.at_ms);
+        outln!("  critic {:?} ({}) at {} ms", d.action, d.reason, d.at_ms);
     }
-    println!(
+    outln!(
         "usage: {} input / {} output tokens, {} iterations, {} ms",
         r.usage.input_tokens,
         r.usage.output_tokens,
@@ -104,6 +111,6 @@ pub(crate) fn print_human(r: &RunResult) {
         r.duration_ms()
     );
     if let Some(out) = &r.output {
-        println!("output: {out}");
+        outln!("output: {out}");
     }
 }

@@ -35,8 +35,9 @@ pub(crate) struct SwarmArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
-    /// The prompt of every run (default: the manifest's `prompt`).
-    #[arg(long)]
+    /// The prompt of every run (default: the manifest's `prompt`); `-`
+    /// reads it from stdin.
+    #[arg(long, allow_hyphen_values = true)]
     input: Option<String>,
     /// Run on this model instead of the manifest's (see `run --model`).
     #[arg(long, value_name = "SPEC")]
@@ -58,7 +59,11 @@ struct Summary {
     audit_terminal_records: u64,
 }
 
-pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
+pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
+    a.input = match super::input_text(a.input.take()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let (host, agent) = match super::prepare(&a.file, None, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
@@ -160,20 +165,22 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
         audit_terminal_records: stats.terminal_records,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&s).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&s).unwrap_or_default());
     } else {
-        println!("runs:          {} (concurrency {})", s.runs, s.concurrency);
+        outln!("runs:          {} (concurrency {})", s.runs, s.concurrency);
         for (k, v) in &s.by_status {
-            println!("  {k:<13}{v}");
+            outln!("  {k:<13}{v}");
         }
-        println!("elapsed:       {:.3} s", s.elapsed_s);
-        println!("runs/s:        {:.0}", s.runs_per_sec);
-        println!(
+        outln!("elapsed:       {:.3} s", s.elapsed_s);
+        outln!("runs/s:        {:.0}", s.runs_per_sec);
+        outln!(
             "latency:       p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-            s.p50_ms, s.p99_ms, s.max_ms
+            s.p50_ms,
+            s.p99_ms,
+            s.max_ms
         );
-        println!("peak RSS:      {:.1} MiB", s.peak_rss_mib);
-        println!(
+        outln!("peak RSS:      {:.1} MiB", s.peak_rss_mib);
+        outln!(
             "audit:         {} terminal records",
             s.audit_terminal_records
         );

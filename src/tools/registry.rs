@@ -251,14 +251,25 @@ impl PreparedCall {
         max_result_bytes: usize,
     ) -> Result<String, ToolError> {
         let PreparedCall { tool, args } = self;
+        let run_id = ctx.run_id;
+        let called = &tool;
         // `call` runs inside the async block, so even a tool whose `call`
-        // panics before returning its future is caught.
-        let guarded = AssertUnwindSafe(async move { tool.call(args, ctx).await }).catch_unwind();
+        // panics before returning its future is caught (and marked as
+        // caught, so a quiet panic hook stays silent: one warn line below).
+        let guarded = AssertUnwindSafe(crate::panics::quietly(async move {
+            called.call(args, ctx).await
+        }))
+        .catch_unwind();
         let outcome = match tokio::time::timeout(timeout, guarded).await {
             Err(_elapsed) => Err(ToolError::Timeout(
                 u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             )),
-            Ok(Err(payload)) => Err(ToolError::Panicked(panic_text(payload.as_ref()))),
+            Ok(Err(payload)) => {
+                let text = panic_text(payload.as_ref());
+                let tool = &tool.spec().name;
+                tracing::warn!(run_id = %run_id, tool = %tool, "tool panicked: {text}");
+                Err(ToolError::Panicked(text))
+            }
             Ok(Ok(result)) => result,
         };
         match outcome {
