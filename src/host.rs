@@ -199,13 +199,21 @@ impl Opening {
     }
 }
 
-/// The transcript a new run starts from: the system prompt, then the input.
-fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
+/// The transcript a new run starts from: the system prompt (its
+/// `{{inputs.NAME}}` filled), then the input.
+fn initial_transcript(
+    spec: &AgentSpec,
+    prompt: &str,
+    inputs: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Vec<Message> {
     // Room for the first tool turn; a run that waits on its first call
     // holds no more than that.
     let mut t = Vec::with_capacity(4);
     if !spec.system.is_empty() {
-        t.push(Message::text(Role::System, spec.system.clone()));
+        let system = crate::spec::fill_inputs("system", &spec.system, inputs)
+            .map(|s| s.into_owned())
+            .unwrap_or_else(|_| spec.system.clone());
+        t.push(Message::text(Role::System, system));
     }
     t.push(Message::text(Role::User, prompt));
     t
@@ -238,6 +246,10 @@ pub enum SubmitError {
     /// The manifest names a tool this host does not have.
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    /// The manifest's prompt or system names an input the invocation does
+    /// not bring (`{{inputs.NAME}}`).
+    #[error(transparent)]
+    MissingInput(#[from] crate::spec::MissingInput),
     /// The manifest names a model this host does not have.
     #[error("unknown model `{model}` (known: {known})")]
     UnknownModel {
@@ -587,6 +599,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
         let agent = self.resolve(agent.into())?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
             .start(agent, invocation, false, None)
             .await_started()
@@ -601,6 +614,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
         let agent = self.resolve(agent.into())?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
             .await_started()
@@ -751,11 +765,14 @@ impl Host {
             shared.finish(ending, &h.audit);
             return Err((handle, events));
         }
-        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
+        // Inputs fill the manifest's `{{inputs.NAME}}` (checked in `submit`);
+        // such runs do not share the agent's starting transcript.
+        let templated = agent.spec().uses_inputs();
+        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some() && !templated;
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
             std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
-            p.as_str().into()
+            crate::spec::fill_inputs("prompt", p, &inv.inputs).unwrap_or_else(|_| p.as_str().into())
         } else if !inv.inputs.is_empty() {
             serde_json::to_string(&inv.inputs)
                 .unwrap_or_default()
@@ -767,9 +784,9 @@ impl Host {
             Some(c) => c.transcript.clone(),
             // Runs of the manifest's own prompt share one starting transcript.
             None if own_prompt => {
-                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt))
+                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt, &inv.inputs))
             }
-            None => Arc::new(initial_transcript(agent.spec(), &prompt)),
+            None => Arc::new(initial_transcript(agent.spec(), &prompt, &inv.inputs)),
         };
         let mut first_checkpoint = None;
         let durable = if durable {

@@ -719,7 +719,9 @@ pub struct AgentSpec {
     /// System prompt.
     #[serde(default)]
     pub system: String,
-    /// The prompt used when the invocation brings none.
+    /// The prompt used when the invocation brings none. `{{inputs.NAME}}`
+    /// here and in `system` is replaced by the invocation's input `NAME`
+    /// (see [`fill_inputs`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
     /// Tools the agent may call, by name.
@@ -941,7 +943,9 @@ pub struct Invocation {
     pub parent_run_id: Option<RunId>,
     /// The session whose history the run shares.
     pub session_id: Option<String>,
-    /// Named inputs.
+    /// Named inputs: they fill the manifest's `{{inputs.NAME}}`
+    /// placeholders (see [`fill_inputs`]); with neither a prompt here nor
+    /// one in the manifest, the inputs as a JSON object are the prompt.
     pub inputs: BTreeMap<String, Value>,
     /// The prompt text.
     pub prompt: String,
@@ -964,6 +968,93 @@ impl Invocation {
     pub fn caller(mut self, caller: impl Into<String>) -> Self {
         self.caller_id = Some(caller.into());
         self
+    }
+}
+
+/// An input a manifest's template names that the invocation does not bring.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the manifest's `{field}` uses `{{{{inputs.{name}}}}}`, but the invocation has no input `{name}`")]
+pub struct MissingInput {
+    /// The manifest field (`prompt` or `system`).
+    pub field: &'static str,
+    /// The input's name.
+    pub name: String,
+}
+
+/// The opening of a placeholder.
+const PLACEHOLDER: &str = "{{";
+
+/// Fills a manifest text's `{{inputs.NAME}}` placeholders (spaces inside
+/// the braces allowed: `{{ inputs.NAME }}`) with the invocation's inputs: a
+/// string as is, any other JSON value as compact JSON. Other `{{…}}` text
+/// is left alone. A text without placeholders is returned borrowed.
+pub fn fill_inputs<'a>(
+    field: &'static str,
+    text: &'a str,
+    inputs: &BTreeMap<String, Value>,
+) -> Result<std::borrow::Cow<'a, str>, MissingInput> {
+    if !text.contains(PLACEHOLDER) {
+        return Ok(std::borrow::Cow::Borrowed(text));
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(PLACEHOLDER) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + PLACEHOLDER.len()..];
+        let parsed = after.find("}}").and_then(|end| {
+            let name = after[..end].trim().strip_prefix("inputs.")?;
+            let valid = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            valid.then_some((name, end))
+        });
+        match parsed {
+            Some((name, end)) => {
+                match inputs.get(name) {
+                    Some(Value::String(v)) => out.push_str(v),
+                    Some(v) => out.push_str(&v.to_string()),
+                    None => {
+                        return Err(MissingInput {
+                            field,
+                            name: name.to_string(),
+                        })
+                    }
+                }
+                rest = &after[end + 2..];
+            }
+            None => {
+                out.push_str(PLACEHOLDER);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+impl AgentSpec {
+    /// Whether the manifest's `prompt` or `system` has a `{{` placeholder
+    /// (runs of it then start from their own transcript).
+    pub fn uses_inputs(&self) -> bool {
+        self.system.contains(PLACEHOLDER)
+            || self
+                .prompt
+                .as_deref()
+                .is_some_and(|p| p.contains(PLACEHOLDER))
+    }
+
+    /// Checks that `inputs` fill every placeholder of the manifest's
+    /// `prompt` and `system` (see [`fill_inputs`]).
+    pub fn check_inputs(&self, inputs: &BTreeMap<String, Value>) -> Result<(), MissingInput> {
+        if !self.uses_inputs() {
+            return Ok(());
+        }
+        fill_inputs("system", &self.system, inputs)?;
+        if let Some(p) = &self.prompt {
+            fill_inputs("prompt", p, inputs)?;
+        }
+        Ok(())
     }
 }
 
@@ -1077,6 +1168,35 @@ mod tests {
         .map(|e| e.to_string())
         .unwrap_or_default();
         assert!(err.contains("5 parsecs") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn inputs_fill_the_template() {
+        let mut inputs = BTreeMap::new();
+        inputs.insert("city".to_string(), Value::String("Oslo".into()));
+        inputs.insert("days".to_string(), serde_json::json!(3));
+        inputs.insert(
+            "opts".to_string(),
+            serde_json::json!({"b": [1, 2], "a": null}),
+        );
+        let filled = fill_inputs(
+            "prompt",
+            "{{inputs.city}} for {{ inputs.days }} days {{inputs.opts}}; {{other}} {{ and {{inputs.city}}",
+            &inputs,
+        );
+        assert_eq!(
+            filled.as_deref().ok(),
+            Some(r#"Oslo for 3 days {"a":null,"b":[1,2]}; {{other}} {{ and Oslo"#)
+        );
+        let missing = fill_inputs("system", "x {{inputs.nope}}", &inputs);
+        assert_eq!(
+            missing.err().map(|e| e.to_string()).unwrap_or_default(),
+            "the manifest's `system` uses `{{inputs.nope}}`, but the invocation has no input `nope`"
+        );
+        assert!(matches!(
+            fill_inputs("prompt", "plain", &inputs),
+            Ok(std::borrow::Cow::Borrowed("plain"))
+        ));
     }
 
     #[test]

@@ -162,3 +162,56 @@ fn a_caught_tool_panic_is_one_warn_line_even_with_backtraces_on() {
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["output"], "survived");
 }
+
+#[test]
+fn inputs_fill_the_manifest_template_and_a_missing_one_exits_2() {
+    let dir = Scratch::new("inputs");
+    let db = dir.path("a.db");
+    let manifest = dir.path("weather.yaml");
+    std::fs::write(
+        &manifest,
+        "name: weather\nprompt: \"Forecast for {{inputs.city}}, {{inputs.days}} days\"\nscript: [{ text: sunny }]\n",
+    )
+    .unwrap();
+    let out = agentvisor(&[
+        "--db",
+        &db,
+        "run",
+        &manifest,
+        "--inputs",
+        r#"{"city": "Oslo", "days": 3}"#,
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = result["run_id"].as_str().unwrap();
+    let show = agentvisor(&["--db", &db, "runs", "show", id, "--json"]);
+    let shown: Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        shown["records"][0]["entry"]["prompt"],
+        "Forecast for Oslo, 3 days"
+    );
+
+    for cmd in ["run", "swarm"] {
+        let out = agentvisor(&[
+            "--db",
+            ":memory:",
+            cmd,
+            &manifest,
+            "--inputs",
+            r#"{"city": "Oslo"}"#,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
+        assert!(stderr.contains("inputs.days"), "{cmd}: {stderr}");
+        let out = agentvisor(&["--db", ":memory:", cmd, &manifest, "--inputs", "[1, 2]"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
+        assert!(stderr.contains("--inputs"), "{cmd}: {stderr}");
+    }
+}

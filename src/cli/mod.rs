@@ -171,6 +171,21 @@ pub(crate) fn input_text(flag: Option<String>) -> Result<Option<String>, ExitCod
     }
 }
 
+/// The inputs an `--inputs JSON` flag gives: a JSON object whose values
+/// fill the manifest's `{{inputs.NAME}}` placeholders.
+pub(crate) fn inputs_flag(
+    flag: Option<&str>,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, ExitCode> {
+    match flag {
+        None => Ok(Default::default()),
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            refuse(format!(
+                "--inputs: not a JSON object of named inputs ({e}); e.g. --inputs '{{\"city\": \"Oslo\"}}'"
+            ))
+        }),
+    }
+}
+
 /// Input refused before any run: print it and exit 2.
 pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
     errln!("error: {message}");

@@ -16,6 +16,10 @@ pub(crate) struct RunArgs {
     /// The prompt (default: the manifest's `prompt`); `-` reads it from stdin.
     #[arg(long, allow_hyphen_values = true)]
     input: Option<String>,
+    /// Named inputs as a JSON object (`{"city": "Oslo"}`): they fill the
+    /// manifest's `{{inputs.NAME}}` placeholders in `prompt` and `system`.
+    #[arg(long, value_name = "JSON")]
+    inputs: Option<String>,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -43,8 +47,13 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
         Ok(x) => x,
         Err(code) => return code,
     };
+    let inputs = match super::inputs_flag(a.inputs.as_deref()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let inv = Invocation {
         prompt: a.input.unwrap_or_default(),
+        inputs,
         caller_id: Some(a.caller),
         ..Default::default()
     };

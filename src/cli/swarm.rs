@@ -35,6 +35,9 @@ pub(crate) struct SwarmArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Named inputs of every run as a JSON object (see `run --inputs`).
+    #[arg(long, value_name = "JSON")]
+    inputs: Option<String>,
     /// The prompt of every run (default: the manifest's `prompt`); `-`
     /// reads it from stdin.
     #[arg(long, allow_hyphen_values = true)]
@@ -64,10 +67,18 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
         Ok(i) => i,
         Err(code) => return code,
     };
+    let inputs = match super::inputs_flag(a.inputs.as_deref()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let (host, agent) = match super::prepare(&a.file, None, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
     };
+    if let Err(e) = agent.spec().check_inputs(&inputs) {
+        host.shutdown().await;
+        return super::refuse(format!("{}: {e}", a.file.display()));
+    }
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         ProgressBar::with_draw_target(Some(a.runs), ProgressDrawTarget::stderr_with_hz(4))
     } else {
@@ -85,6 +96,7 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
     let workers = a.concurrency.min(a.runs);
     let mut tasks = Vec::with_capacity(workers as usize);
     for _ in 0..workers {
+        let inputs = inputs.clone();
         let (host, agent, next, stop, statuses, bar, prompt) = (
             host.clone(),
             agent.clone(),
@@ -103,6 +115,7 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
                 let t0 = Instant::now();
                 let inv = Invocation {
                     prompt: prompt.clone(),
+                    inputs: inputs.clone(),
                     caller_id: Some("swarm".into()),
                     ..Default::default()
                 };
