@@ -62,8 +62,13 @@ pub struct HostConfig {
     pub budget_window: Duration,
     /// How often budget spend is written to the ledger.
     pub budget_flush_every: Duration,
-    /// How often an account is reloaded from the ledger.
+    /// How often an account is reloaded from the ledger (its limits, and
+    /// its spend as the window moves).
     pub budget_refresh_every: Duration,
+    /// Tokens reserved for a run's first model call at admission, against
+    /// its caller's token limit (later calls reserve what the run's
+    /// previous call used): see `actors::budget`.
+    pub budget_reserve_tokens: u64,
     /// The admission round trip's timeout.
     pub admission_timeout: Duration,
     /// Runs in flight at once on this host (`None`: no cap).
@@ -88,6 +93,7 @@ impl Default for HostConfig {
             budget_window: Duration::from_secs(24 * 3600),
             budget_flush_every: Duration::from_millis(100),
             budget_refresh_every: Duration::from_secs(60),
+            budget_reserve_tokens: 1000,
             admission_timeout: Duration::from_secs(5),
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),
@@ -143,13 +149,14 @@ pub enum RecoverError {
     Audit(#[from] crate::ports::audit::AuditStoreError),
 }
 
-/// A ticket from `account`, or why the caller may not run now.
-fn take_ticket(caller: &str, account: &Arc<Account>) -> Result<Ticket, Ending> {
-    account.admit().map_err(|d| match d {
-        Denied::Tokens => Ending::failed(
+/// A ticket from `account` (reserving `estimate` tokens for the first
+/// call), or why the caller may not run now.
+fn take_ticket(caller: &str, account: &Arc<Account>, estimate: u64) -> Result<Ticket, Ending> {
+    account.admit(estimate).map_err(|d| match d {
+        Denied::Tokens | Denied::Cost | Denied::Runtime => Ending::failed(
             RunStatus::BudgetExceeded,
             "budget",
-            format!("caller `{caller}` has spent its token budget"),
+            format!("caller `{caller}` has spent its {} budget", d.what()),
         ),
         Denied::Concurrency => Ending::failed(
             RunStatus::Rejected,
@@ -1064,7 +1071,11 @@ impl Host {
     /// waiting); `None` when it must be loaded first ([`Host::admit`]).
     fn admit_cached(&self, caller: &Arc<str>) -> Option<Result<Ticket, Ending>> {
         let account = self.inner.accounts.get(caller).map(|a| a.clone())?;
-        Some(take_ticket(caller, &account))
+        Some(take_ticket(
+            caller,
+            &account,
+            self.inner.config.budget_reserve_tokens,
+        ))
     }
 
     /// Finds (or loads) the caller's account and takes a ticket from it.
@@ -1102,13 +1113,22 @@ impl Host {
                 }
             }
         };
-        take_ticket(caller, &account)
+        take_ticket(caller, &account, h.config.budget_reserve_tokens)
     }
 
-    /// Forgets cached accounts so the next run of each caller reloads its
-    /// limits from the ledger (after changing limits there).
-    pub fn reload_budgets(&self) {
-        self.inner.accounts.clear();
+    /// Reloads every caller's limits and spend from the ledger now (after
+    /// changing limits there; the budget actor also does so every
+    /// `budget_refresh_every`). Accounts are refreshed in place, so runs in
+    /// flight keep their concurrency slots and reservations.
+    pub async fn reload_budgets(&self) {
+        let _ = self
+            .inner
+            .budget
+            .call(
+                BudgetMsg::RefreshNow,
+                Some(self.inner.config.admission_timeout),
+            )
+            .await;
     }
 
     /// Waits until no run is in flight.

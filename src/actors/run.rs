@@ -192,8 +192,6 @@ pub struct RunState {
     pub(crate) started: Instant,
     pub(crate) done: bool,
     pending_audit: Vec<AuditRecord>,
-    /// Tokens charged to the ticket but not yet sent to the budget actor.
-    unmetered: u64,
     /// The next step is due: the shard takes it in the same handler (up
     /// to `INLINE_STEPS` of them), not through the mailbox.
     pub(crate) step_due: bool,
@@ -259,7 +257,6 @@ impl RunState {
             // Grown on demand: a run spends most of its life waiting on a
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
-            unmetered: 0,
             step_due: true,
             durable: args.durable,
             now: started,
@@ -364,10 +361,15 @@ impl RunState {
     }
 
     pub(crate) fn next_step(&mut self) {
-        if let Some(t) = &self.ticket {
-            if t.exhausted() {
+        // Budget (see `actors::budget`): limits checked, tokens reserved.
+        if let Some(t) = &mut self.ticket {
+            if let Some(d) = t.begin_call(self.started) {
                 let mut e = Ending::killed(KillReason::Budget);
-                e.error = Some(format!("caller `{}` is over its token budget", t.caller()));
+                e.error = Some(format!(
+                    "caller `{}` is over its {} budget",
+                    t.caller(),
+                    d.what()
+                ));
                 return self.finish(e);
             }
         }
@@ -540,20 +542,22 @@ impl RunState {
     /// budget; returns its tokens.
     fn charge(&mut self, usage: &Usage, answer: Option<&str>) -> u64 {
         let tokens = usage.total();
+        let mut cost = 0;
         {
             let mut p = self.shared.partial();
             p.usage.add(usage);
             if let Some(price) = self.agent.price() {
-                p.cost_micros = price.cost_micros(&p.usage);
+                let total = price.cost_micros(&p.usage);
+                cost = total.saturating_sub(p.cost_micros);
+                p.cost_micros = total;
             }
             if let Some(text) = answer.filter(|t| !t.trim().is_empty()) {
                 p.last_text = Some(text.to_string());
             }
         }
-        if let Some(t) = &self.ticket {
+        if let Some(t) = &mut self.ticket {
             // The account sees it now; the ledger with the handler's end.
-            t.charge(tokens);
-            self.unmetered += tokens;
+            t.charge(tokens, cost);
         }
         tokens
     }
@@ -783,11 +787,13 @@ impl RunState {
         }
         let records = std::mem::take(&mut self.pending_audit);
         self.shared.finish_after(ending, &self.audit, records);
-        if let Some(t) = self.ticket.take() {
+        if let Some(mut t) = self.ticket.take() {
+            t.charge_runtime(self.started.elapsed());
+            let mut spend = t.take_unmetered();
+            spend.runs = 1;
             let _ = self.budget.cast(BudgetMsg::Commit {
                 caller: t.caller_arc(),
-                tokens: std::mem::take(&mut self.unmetered),
-                runtime_ms: self.started.elapsed().as_millis() as u64,
+                spend,
             });
         }
     }
@@ -864,14 +870,17 @@ impl RunState {
     /// Sends the tokens charged since the last meter to the budget actor
     /// (once per handler; a finished run's go with its commit).
     fn flush_meter(&mut self) {
-        if self.unmetered == 0 || self.done {
+        if self.done {
             return;
         }
-        if let Some(t) = &self.ticket {
-            let _ = self.budget.cast(BudgetMsg::Meter {
-                caller: t.caller_arc(),
-                tokens: std::mem::take(&mut self.unmetered),
-            });
+        if let Some(t) = &mut self.ticket {
+            let spend = t.take_unmetered();
+            if spend != Default::default() {
+                let _ = self.budget.cast(BudgetMsg::Meter {
+                    caller: t.caller_arc(),
+                    spend,
+                });
+            }
         }
     }
 
