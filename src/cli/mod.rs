@@ -23,6 +23,7 @@ macro_rules! errln {
     ($($t:tt)*) => { $crate::cli::write_line(true, format_args!($($t)*)) };
 }
 
+mod budget;
 mod recover;
 mod replay;
 mod run;
@@ -95,6 +96,9 @@ enum Command {
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
+    /// Per-caller budgets in the database: set limits, show them and the
+    /// spend in their window.
+    Budget(budget::BudgetArgs),
 }
 
 /// Runs the chosen command.
@@ -107,6 +111,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
+        Command::Budget(a) => budget::budget(a, &db).await,
     }
 }
 
