@@ -28,6 +28,7 @@ mod recover;
 mod replay;
 mod run;
 mod runs;
+mod signals;
 mod soak;
 mod swarm;
 

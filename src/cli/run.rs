@@ -1,5 +1,8 @@
 //! `agentvisor run FILE`: one run, its events (with `--events`), its result.
 //! Ctrl-C cancels the run; the result is still printed (status `cancelled`).
+//! SIGTERM or SIGHUP give the run `--drain` (default 10 s) to finish, then
+//! cancel it, print its result and exit 143 / 129 (a second signal cancels
+//! at once); see `signals`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,6 +10,8 @@ use std::process::ExitCode;
 use clap::Args;
 
 use agentvisor::{Invocation, RunResult, RunStatus};
+
+use super::signals::{Caught, Signals};
 
 /// Flags of `agentvisor run`.
 #[derive(Args, Debug)]
@@ -32,6 +37,10 @@ pub(crate) struct RunArgs {
     /// The caller id the run is charged to.
     #[arg(long, default_value = "cli")]
     caller: String,
+    /// After SIGTERM or SIGHUP, how long the run may go on before it is
+    /// cancelled (default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = super::signals::drain_flag)]
+    drain: Option<std::time::Duration>,
     /// Run on this model instead of the manifest's (`openai:MODEL`,
     /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).
     #[arg(long, value_name = "SPEC")]
@@ -39,6 +48,10 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
+    let mut signals = match Signals::listen() {
+        Ok(s) => s,
+        Err(e) => return super::refuse(format!("cannot listen for signals: {e}")),
+    };
     a.input = match super::input_text(a.input.take()) {
         Ok(i) => i,
         Err(code) => return code,
@@ -57,9 +70,12 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
         caller_id: Some(a.caller),
         ..Default::default()
     };
+    let mut caught: Option<Caught> = None;
     let result = match host.submit_streaming(&agent, inv).await {
         Ok((mut handle, mut events)) => {
             let mut cancelled = false;
+            let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
+            let mut drain_until: Option<tokio::time::Instant> = None;
             loop {
                 tokio::select! {
                     ev = events.next() => match ev {
@@ -70,7 +86,18 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
                         }
                         None => break,
                     },
-                    _ = tokio::signal::ctrl_c(), if !cancelled => {
+                    s = signals.next() => {
+                        if s == Caught::Int || caught.is_some() {
+                            // Ctrl-C, or a second signal: cancel now.
+                            cancelled = true;
+                            handle.cancel();
+                        } else {
+                            caught = Some(s);
+                            errln!("{}: the run may finish within {}; then it is cancelled", s.name(), agentvisor::spec::format_duration(drain));
+                            drain_until = Some(tokio::time::Instant::now() + drain);
+                        }
+                    }
+                    _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() && !cancelled => {
                         cancelled = true;
                         handle.cancel();
                     }
@@ -86,7 +113,9 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
     } else {
         print_human(&result);
     }
-    if result.status == RunStatus::Ok {
+    if let Some(s) = caught {
+        ExitCode::from(s.exit_code())
+    } else if result.status == RunStatus::Ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

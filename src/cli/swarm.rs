@@ -2,6 +2,11 @@
 //! at most C in flight, with a progress bar on a terminal and a summary:
 //! runs, statuses, runs/s, latency p50/p99, peak RSS. Exit 0 iff every run
 //! ended `ok`.
+//!
+//! SIGTERM, SIGHUP and Ctrl-C stop admitting runs and give those in flight
+//! `--drain` (default 10 s) to finish; then what still runs is cancelled,
+//! every record is written, the summary printed, and the exit code is 143,
+//! 129 or 130. A second signal cancels at once (see `signals`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,6 +20,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use agentvisor::{Invocation, RunStatus};
+
+use super::signals::{Caught, Signals};
 
 /// The most runs one swarm makes.
 const MAX_RUNS: u64 = 1_000_000_000;
@@ -42,6 +49,10 @@ pub(crate) struct SwarmArgs {
     /// reads it from stdin.
     #[arg(long, allow_hyphen_values = true)]
     input: Option<String>,
+    /// After SIGTERM, SIGHUP or Ctrl-C, how long runs in flight may go on
+    /// before they are cancelled (default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = super::signals::drain_flag)]
+    drain: Option<std::time::Duration>,
     /// Run on this model instead of the manifest's (see `run --model`).
     #[arg(long, value_name = "SPEC")]
     model: Option<String>,
@@ -63,6 +74,10 @@ struct Summary {
 }
 
 pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
+    let mut signals = match Signals::listen() {
+        Ok(s) => s,
+        Err(e) => return super::refuse(format!("cannot listen for signals: {e}")),
+    };
     a.input = match super::input_text(a.input.take()) {
         Ok(i) => i,
         Err(code) => return code,
@@ -89,6 +104,7 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let next = Arc::new(AtomicU64::new(0));
+    let announced = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let statuses: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
     let prompt = a.input.clone().unwrap_or_default();
@@ -97,6 +113,7 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
     let mut tasks = Vec::with_capacity(workers as usize);
     for _ in 0..workers {
         let inputs = inputs.clone();
+        let announced = announced.clone();
         let (host, agent, next, stop, statuses, bar, prompt) = (
             host.clone(),
             agent.clone(),
@@ -120,7 +137,12 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
                     ..Default::default()
                 };
                 let status = match host.submit(&agent, inv).await {
-                    Ok(h) => h.shared().await.status,
+                    Ok(h) => {
+                        if !announced.swap(true, Ordering::Relaxed) {
+                            tracing::info!("swarm: runs in flight");
+                        }
+                        h.shared().await.status
+                    }
                     Err(_) => RunStatus::Error,
                 };
                 latencies.push(t0.elapsed().as_micros() as u64);
@@ -134,25 +156,53 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
             latencies
         }));
     }
-    let ctrl_c = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                stop.store(true, Ordering::Relaxed);
-            }
-        })
-    };
-    // Room for the common case; a huge swarm grows it as runs end.
-    let mut latencies = Vec::with_capacity(a.runs.min(1 << 20) as usize);
-    for t in tasks {
-        if let Ok(l) = t.await {
-            latencies.extend(l);
+    // The workers end when every run is done, or once `stop` is set and
+    // their runs in flight ended (finished, or cancelled by the shutdown).
+    let mut joined = std::pin::pin!(futures_util::future::join_all(tasks));
+    let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
+    let mut caught: Option<Caught> = None;
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    let mut shutting: Option<tokio::task::JoinHandle<agentvisor::ports::audit::AuditStats>> = None;
+    let cancel_now = |shutting: &mut Option<_>| {
+        if shutting.is_none() {
+            let host = host.clone();
+            *shutting = Some(tokio::spawn(async move { host.shutdown().await }));
         }
+    };
+    let finished = loop {
+        tokio::select! {
+            done = &mut joined => break done,
+            s = signals.next() => {
+                if caught.is_none() {
+                    caught = Some(s);
+                    stop.store(true, Ordering::Relaxed);
+                    errln!(
+                        "{}: no new runs; runs in flight may finish within {}, then they are cancelled",
+                        s.name(),
+                        agentvisor::spec::format_duration(drain)
+                    );
+                    drain_until = Some(tokio::time::Instant::now() + drain);
+                } else {
+                    drain_until = None;
+                    cancel_now(&mut shutting);
+                }
+            }
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() => {
+                drain_until = None;
+                cancel_now(&mut shutting);
+            }
+        }
+    };
+    let mut latencies = Vec::with_capacity(a.runs.min(1 << 20) as usize);
+    for l in finished.into_iter().flatten() {
+        latencies.extend(l);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    ctrl_c.abort();
     bar.finish_and_clear();
-    let stats = host.shutdown().await;
+    let stats = match shutting {
+        Some(t) => t.await.unwrap_or_default(),
+        None => host.shutdown().await,
+    };
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
         if latencies.is_empty() {
@@ -199,7 +249,9 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
         );
     }
     let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;
-    if all_ok {
+    if let Some(s) = caught {
+        ExitCode::from(s.exit_code())
+    } else if all_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
