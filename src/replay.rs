@@ -326,6 +326,11 @@ struct RecordedModel {
 
 #[async_trait]
 impl ChatModel for RecordedModel {
+    /// A script entry answers at once (or after its latency, a timer).
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "recorded"
     }
@@ -469,6 +474,10 @@ pub async fn replay(
         soft_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
         hard_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
         stall_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
+        // Nor is the critic's runaway kill (it ends a run from outside the
+        // loop, at a moment that depends on timing): the replay runs on to
+        // the end of the recording and compares the steps the run recorded.
+        repeat_limit: Some(crate::spec::MAX_COUNT),
         context_window: Some(0),
         ..spec.limits
     };
@@ -484,7 +493,7 @@ pub async fn replay(
     let (handle, mut events) = submitted.map_err(|e| ReplayError::Failed(e.to_string()))?;
     let mut seen = Vec::new();
     while let Some(e) = events.next().await {
-        seen.push(e);
+        seen.push(e.event);
     }
     let result = handle.await;
     host.shutdown().await;

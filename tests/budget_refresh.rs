@@ -55,7 +55,7 @@ async fn a_caller_refused_at_its_limit_is_admitted_again_once_the_window_moves()
     let (spender, small) = (support::spec(SPENDER), support::spec(SMALL));
 
     let r = host
-        .run(&spender, Invocation::prompt("x").caller("ann"))
+        .execute(&spender, Invocation::prompt("x").caller("ann"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::BudgetExceeded, "{r:?}");
@@ -63,7 +63,7 @@ async fn a_caller_refused_at_its_limit_is_admitted_again_once_the_window_moves()
     // Within the window, after refreshes: still refused.
     tokio::time::sleep(WINDOW / 2).await;
     let r = host
-        .run(&small, Invocation::prompt("x").caller("ann"))
+        .execute(&small, Invocation::prompt("x").caller("ann"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::BudgetExceeded, "{r:?}");
@@ -71,7 +71,7 @@ async fn a_caller_refused_at_its_limit_is_admitted_again_once_the_window_moves()
     // The spend has left the window (plus a minute bucket and a refresh).
     tokio::time::sleep(WINDOW / 2 + Duration::from_secs(60) + REFRESH).await;
     let r = host
-        .run(&small, Invocation::prompt("x").caller("ann"))
+        .execute(&small, Invocation::prompt("x").caller("ann"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
@@ -95,7 +95,7 @@ async fn reloading_limits_leaks_no_concurrency_slot() {
     // The account goes stale and is reloaded while the run holds its slot.
     tokio::time::sleep(3 * REFRESH).await;
     host.reload_budgets().await;
-    let r = host.run(&small, inv()).await.unwrap();
+    let r = host.execute(&small, inv()).await.unwrap();
     assert_eq!(r.error_kind.as_deref(), Some("caller_concurrency"), "{r:?}");
     // Raised to 2 and reloaded: a second run fits beside the first.
     ledger.set_limits(
@@ -106,19 +106,19 @@ async fn reloading_limits_leaks_no_concurrency_slot() {
         },
     );
     host.reload_budgets().await;
-    let r = host.run(&small, inv()).await.unwrap();
+    let r = host.execute(&small, inv()).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     // Back to 1: the hanging run still holds the only slot.
     ledger.set_limits("bo", one);
     host.reload_budgets().await;
-    let r = host.run(&small, inv()).await.unwrap();
+    let r = host.execute(&small, inv()).await.unwrap();
     assert_eq!(r.error_kind.as_deref(), Some("caller_concurrency"), "{r:?}");
     // Its ticket releases into the reloaded account: the slot comes back.
     first.cancel();
     assert_eq!(first.await.status, RunStatus::Cancelled);
     for _ in 0..3 {
         host.reload_budgets().await;
-        let r = host.run(&small, inv()).await.unwrap();
+        let r = host.execute(&small, inv()).await.unwrap();
         assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     }
     host.shutdown().await;
@@ -158,7 +158,7 @@ async fn a_cost_limit_ends_the_run_before_its_next_model_call() {
     );
     let host = host_with(ledger.clone(), Some(("priced", model))).await;
     let r = host
-        .run(&spec, Invocation::prompt("x").caller("cy"))
+        .execute(&spec, Invocation::prompt("x").caller("cy"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::BudgetExceeded, "{r:?}");
@@ -167,7 +167,7 @@ async fn a_cost_limit_ends_the_run_before_its_next_model_call() {
     assert_eq!(r.iterations, 2, "under after call 1, over after call 2");
     assert_eq!(r.cost_micros, 4500, "{r:?}");
     let again = host
-        .run(&spec, Invocation::prompt("x").caller("cy"))
+        .execute(&spec, Invocation::prompt("x").caller("cy"))
         .await
         .unwrap();
     assert_eq!(again.status, RunStatus::BudgetExceeded);
@@ -192,7 +192,7 @@ async fn a_runtime_limit_ends_the_run_before_its_next_model_call() {
     let host = host_with(ledger.clone(), None).await;
     let slow = support::spec("name: slow\ntools: [echo]\nscript:\n  - { tool: echo, args: { text: a }, latency: 1s, forever: true }\n");
     let r = host
-        .run(&slow, Invocation::prompt("x").caller("di"))
+        .execute(&slow, Invocation::prompt("x").caller("di"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::BudgetExceeded, "{r:?}");
@@ -204,7 +204,7 @@ async fn a_runtime_limit_ends_the_run_before_its_next_model_call() {
     // Calls start at 0 s and 1 s; at 2 s the caller's 2 s are spent.
     assert_eq!(r.iterations, 2, "{r:?}");
     let again = host
-        .run(&slow, Invocation::prompt("x").caller("di"))
+        .execute(&slow, Invocation::prompt("x").caller("di"))
         .await
         .unwrap();
     assert_eq!(again.status, RunStatus::BudgetExceeded);

@@ -43,7 +43,7 @@ async fn concurrent_runs_of_one_caller_pass_its_limit_by_less_than_one_reply() {
             let mut statuses = Vec::new();
             while next.fetch_add(1, Ordering::Relaxed) < 200 {
                 let r = host
-                    .run(spec.clone(), Invocation::prompt("x").caller("swarm"))
+                    .execute(spec.clone(), Invocation::prompt("x").caller("swarm"))
                     .await
                     .unwrap();
                 used.fetch_add(r.usage.total(), Ordering::Relaxed);

@@ -61,7 +61,7 @@ limits: { repeat_limit: 5, max_iterations: 20 }
     });
     let (host, _store) =
         support::host_from(support::builder().model("respelling", model.clone())).await;
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Killed, "{r:?}");
     assert_eq!(r.kill_reason, Some(KillReason::Runaway));
     let decisions: Vec<CriticAction> = r.critic.iter().map(|d| d.action).collect();

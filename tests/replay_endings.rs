@@ -66,7 +66,7 @@ async fn run_and_replay(
     kind: Option<&str>,
 ) -> Vec<AuditRecord> {
     let (host, store) = support::host_from(b).await;
-    let r = host.run(support::spec(yaml), inv).await.unwrap();
+    let r = host.execute(support::spec(yaml), inv).await.unwrap();
     host.shutdown().await;
     assert_eq!(r.status, status, "{r:?}");
     assert_eq!(r.error_kind.as_deref(), kind, "{r:?}");
@@ -302,7 +302,7 @@ async fn refusals_at_admission_replay_equal() {
     // Over budget before it starts.
     let (host, store) = support::host_from(budget_builder(0)).await;
     let r = host
-        .run(
+        .execute(
             support::spec("name: e\nscript: [{ text: hi }]\n"),
             Invocation::prompt("x"),
         )
@@ -322,7 +322,7 @@ async fn refusals_at_admission_replay_equal() {
     let (host, store) = support::host_from(b).await;
     let hang = support::spec("name: h\nlimits: { stall_timeout: 1h }\nscript: [{ hang: true }]\n");
     let first = host.submit(&hang, Invocation::prompt("x")).await.unwrap();
-    let r = host.run(&hang, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(&hang, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Rejected, "{r:?}");
     first.cancel();
     host.shutdown().await;
@@ -334,7 +334,7 @@ async fn tampered(change: impl Fn(&mut RunEvent)) -> ReplayReport {
     let yaml = "name: e\ntools: [add, upper]\nscript:\n  - { tool: add, args: { a: 1, b: 2 } }\n  - { tool: upper, args: { text: x } }\n  - { text: done }\n";
     let (host, store) = support::host().await;
     let r = host
-        .run(support::spec(yaml), Invocation::prompt("x"))
+        .execute(support::spec(yaml), Invocation::prompt("x"))
         .await
         .unwrap();
     host.shutdown().await;

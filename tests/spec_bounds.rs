@@ -223,7 +223,7 @@ proptest! {
                     .unwrap();
                 let result = rt.block_on(async move {
                     let host = Host::builder().build().await.unwrap();
-                    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+                    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
                     host.shutdown().await;
                     r
                 });

@@ -31,7 +31,7 @@ async fn inputs_fill_the_prompt_and_the_system_prompt() {
         inv.inputs.insert("days".into(), json!(days));
         inv.inputs
             .insert("opts".into(), json!({"units": "C", "hourly": false}));
-        let r = host.run(&spec, inv).await.unwrap();
+        let r = host.execute(&spec, inv).await.unwrap();
         assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     }
     for (i, (city, days)) in [("Oslo", 3), ("Lima", 5)].into_iter().enumerate() {

@@ -57,8 +57,6 @@ pub struct Account {
     limit_cost: AtomicU64,
     limit_runtime_ms: AtomicU64,
     limit_concurrent: AtomicU32,
-    /// The limits as last loaded (for [`Account::limits`]).
-    limits: std::sync::Mutex<BudgetLimits>,
     /// Spent on this host since the account was made: tokens, cost, ms.
     charged: [AtomicU64; 3],
     /// The ledger's spend at the last refresh minus what had been flushed
@@ -81,7 +79,6 @@ impl Account {
             limit_cost: AtomicU64::new(UNLIMITED),
             limit_runtime_ms: AtomicU64::new(UNLIMITED),
             limit_concurrent: AtomicU32::new(u32::MAX),
-            limits: std::sync::Mutex::new(BudgetLimits::default()),
             charged: Default::default(),
             base: Default::default(),
             reserved: AtomicU64::new(0),
@@ -106,7 +103,6 @@ impl Account {
             limits.concurrent_runs.unwrap_or(u32::MAX),
             Ordering::Relaxed,
         );
-        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
         let pairs = [
             (spent.tokens, flushed.tokens),
             (spent.cost_micros, flushed.cost_micros),
@@ -118,44 +114,15 @@ impl Account {
     }
 
     /// The caller.
+    #[allow(dead_code)]
     pub fn caller(&self) -> &str {
         &self.caller
-    }
-
-    /// The caller's limits, as last loaded.
-    pub fn limits(&self) -> BudgetLimits {
-        *self.limits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn used(&self, i: usize) -> u64 {
         self.base[i]
             .load(Ordering::Relaxed)
             .wrapping_add(self.charged[i].load(Ordering::Relaxed))
-    }
-
-    /// Tokens spent in the window so far.
-    pub fn tokens(&self) -> u64 {
-        self.used(TOKENS)
-    }
-
-    /// Micro-dollars spent in the window so far.
-    pub fn cost_micros(&self) -> u64 {
-        self.used(COST)
-    }
-
-    /// Milliseconds of run time spent in the window so far.
-    pub fn runtime_ms(&self) -> u64 {
-        self.used(RUNTIME)
-    }
-
-    /// Tokens reserved by calls about to start or in flight.
-    pub fn reserved_tokens(&self) -> u64 {
-        self.reserved.load(Ordering::Relaxed)
-    }
-
-    /// Runs of this caller in flight.
-    pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// The first limit other than tokens that is spent, if any.
@@ -333,6 +300,7 @@ impl Ticket {
     }
 
     /// The caller.
+    #[allow(dead_code)]
     pub fn caller(&self) -> &str {
         &self.account.caller
     }
