@@ -42,6 +42,8 @@ use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
 use crate::tools::{RegistryError, ToolRegistry};
 
+pub mod palette;
+
 /// Host-wide settings. Every field has a default.
 #[derive(Clone, Debug)]
 pub struct HostConfig {
@@ -62,8 +64,13 @@ pub struct HostConfig {
     pub budget_window: Duration,
     /// How often budget spend is written to the ledger.
     pub budget_flush_every: Duration,
-    /// How often an account is reloaded from the ledger.
+    /// How often an account is reloaded from the ledger (its limits, and
+    /// its spend as the window moves).
     pub budget_refresh_every: Duration,
+    /// Tokens reserved for a run's first model call at admission, against
+    /// its caller's token limit (later calls reserve what the run's
+    /// previous call used): see `actors::budget`.
+    pub budget_reserve_tokens: u64,
     /// The admission round trip's timeout.
     pub admission_timeout: Duration,
     /// Runs in flight at once on this host (`None`: no cap).
@@ -98,6 +105,7 @@ impl Default for HostConfig {
             budget_window: Duration::from_secs(24 * 3600),
             budget_flush_every: Duration::from_millis(100),
             budget_refresh_every: Duration::from_secs(60),
+            budget_reserve_tokens: 1000,
             admission_timeout: Duration::from_secs(5),
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),
@@ -157,13 +165,14 @@ pub enum RecoverError {
     Audit(#[from] crate::ports::audit::AuditStoreError),
 }
 
-/// A ticket from `account`, or why the caller may not run now.
-fn take_ticket(caller: &str, account: &Arc<Account>) -> Result<Ticket, Ending> {
-    account.admit().map_err(|d| match d {
-        Denied::Tokens => Ending::failed(
+/// A ticket from `account` (reserving `estimate` tokens for the first
+/// call), or why the caller may not run now.
+fn take_ticket(caller: &str, account: &Arc<Account>, estimate: u64) -> Result<Ticket, Ending> {
+    account.admit(estimate).map_err(|d| match d {
+        Denied::Tokens | Denied::Cost | Denied::Runtime => Ending::failed(
             RunStatus::BudgetExceeded,
             "budget",
-            format!("caller `{caller}` has spent its token budget"),
+            format!("caller `{caller}` has spent its {} budget", d.what()),
         ),
         Denied::Concurrency => Ending::failed(
             RunStatus::Rejected,
@@ -215,13 +224,21 @@ impl Opening {
     }
 }
 
-/// The transcript a new run starts from: the system prompt, then the input.
-fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
+/// The transcript a new run starts from: the system prompt (its
+/// `{{inputs.NAME}}` filled), then the input.
+fn initial_transcript(
+    spec: &AgentSpec,
+    prompt: &str,
+    inputs: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Vec<Message> {
     // Room for the first tool turn; a run that waits on its first call
     // holds no more than that.
     let mut t = Vec::with_capacity(4);
     if !spec.system.is_empty() {
-        t.push(Message::text(Role::System, spec.system.clone()));
+        let system = crate::spec::fill_inputs("system", &spec.system, inputs)
+            .map(|s| s.into_owned())
+            .unwrap_or_else(|_| spec.system.clone());
+        t.push(Message::text(Role::System, system));
     }
     t.push(Message::text(Role::User, prompt));
     t
@@ -254,6 +271,10 @@ pub enum SubmitError {
     /// The manifest names a tool this host does not have.
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    /// The manifest's prompt or system names an input the invocation does
+    /// not bring (`{{inputs.NAME}}`).
+    #[error(transparent)]
+    MissingInput(#[from] crate::spec::MissingInput),
     /// The manifest names a model this host does not have.
     #[error("unknown model `{model}` (known: {known})")]
     UnknownModel {
@@ -427,7 +448,7 @@ impl HostBuilder {
     }
 }
 
-struct HostInner {
+pub(crate) struct HostInner {
     config: HostConfig,
     tools: ToolRegistry,
     models: HashMap<String, Arc<dyn ChatModel>>,
@@ -531,11 +552,28 @@ impl Host {
     }
 
     /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
+    ///
+    /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
+    /// prepared here too, with the tools of its own manifest that this one
+    /// may use (see [`palette`]).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
         let tools = self.inner.tools.select(&spec.tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
+        let mut palette: Vec<Arc<dyn Tool>> = Vec::with_capacity(spec.sub_agents.len());
+        for sub in &spec.sub_agents {
+            // A child may use only tools its parent may use (D3).
+            let mut child = AgentSpec::clone(&sub.spec);
+            child.tools.retain(|t| spec.tools.contains(t));
+            let child = self.agent(child)?;
+            palette.push(Arc::new(palette::PaletteTool::new(
+                sub,
+                child,
+                Arc::downgrade(&self.inner),
+            )));
+        }
+        let tools = tools.with_tools(palette)?;
         Ok(Agent::new(spec, model, tools, limits))
     }
 
@@ -574,6 +612,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
         let agent = self.resolve(agent.into())?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
             .start(agent, invocation, false, None)
             .await_started()
@@ -588,6 +627,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
         let agent = self.resolve(agent.into())?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
             .await_started()
@@ -757,11 +797,14 @@ impl Host {
             send_finished(&h.audit, shared.finish_after(ending, Vec::new()));
             return Err((handle, events));
         }
-        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
+        // Inputs fill the manifest's `{{inputs.NAME}}` (checked in `submit`);
+        // such runs do not share the agent's starting transcript.
+        let templated = agent.spec().uses_inputs();
+        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some() && !templated;
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
             std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
-            p.as_str().into()
+            crate::spec::fill_inputs("prompt", p, &inv.inputs).unwrap_or_else(|_| p.as_str().into())
         } else if !inv.inputs.is_empty() {
             serde_json::to_string(&inv.inputs)
                 .unwrap_or_default()
@@ -773,9 +816,9 @@ impl Host {
             Some(c) => c.transcript.clone(),
             // Runs of the manifest's own prompt share one starting transcript.
             None if own_prompt => {
-                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt))
+                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt, &inv.inputs))
             }
-            None => Arc::new(initial_transcript(agent.spec(), &prompt)),
+            None => Arc::new(initial_transcript(agent.spec(), &prompt, &inv.inputs)),
         };
         let mut first_checkpoint = None;
         let durable = if durable {
@@ -877,7 +920,10 @@ impl Host {
             return Some(Ending::failed(
                 RunStatus::Rejected,
                 "max_children",
-                format!("a run has {} sub-agents running at once at most", c.max_children),
+                format!(
+                    "a run has {} sub-agents running at once at most",
+                    c.max_children
+                ),
             ));
         }
         let root = if parent.root_run_id == parent.run_id {
@@ -890,7 +936,10 @@ impl Host {
                 return Some(Ending::failed(
                     RunStatus::Rejected,
                     "max_descendants",
-                    format!("a run tree has {} sub-agent runs at most", c.max_descendants),
+                    format!(
+                        "a run tree has {} sub-agent runs at most",
+                        c.max_descendants
+                    ),
                 ));
             }
         }
@@ -1110,7 +1159,11 @@ impl Host {
     /// waiting); `None` when it must be loaded first ([`Host::admit`]).
     fn admit_cached(&self, caller: &Arc<str>) -> Option<Result<Ticket, Ending>> {
         let account = self.inner.accounts.get(caller).map(|a| a.clone())?;
-        Some(take_ticket(caller, &account))
+        Some(take_ticket(
+            caller,
+            &account,
+            self.inner.config.budget_reserve_tokens,
+        ))
     }
 
     /// Finds (or loads) the caller's account and takes a ticket from it.
@@ -1148,13 +1201,22 @@ impl Host {
                 }
             }
         };
-        take_ticket(caller, &account)
+        take_ticket(caller, &account, h.config.budget_reserve_tokens)
     }
 
-    /// Forgets cached accounts so the next run of each caller reloads its
-    /// limits from the ledger (after changing limits there).
-    pub fn reload_budgets(&self) {
-        self.inner.accounts.clear();
+    /// Reloads every caller's limits and spend from the ledger now (after
+    /// changing limits there; the budget actor also does so every
+    /// `budget_refresh_every`). Accounts are refreshed in place, so runs in
+    /// flight keep their concurrency slots and reservations.
+    pub async fn reload_budgets(&self) {
+        let _ = self
+            .inner
+            .budget
+            .call(
+                BudgetMsg::RefreshNow,
+                Some(self.inner.config.admission_timeout),
+            )
+            .await;
     }
 
     /// Waits until no run is in flight.

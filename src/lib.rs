@@ -46,6 +46,7 @@
 //!   transcript, where to cut it, what it becomes.
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
+//! - [`panics`]: caught panics reported as one log line, not a backtrace.
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
 //! - [`soak`]: the soak engine: keep runs in flight, sample the process,
 //!   judge memory, statuses and records.
@@ -58,6 +59,7 @@ pub mod compaction;
 pub mod handle;
 pub mod host;
 pub mod output;
+pub mod panics;
 pub mod policy;
 pub mod ports;
 pub mod pricing;

@@ -400,7 +400,7 @@ impl Critic {
         run.begin(now);
         let span = run.span().clone();
         let _enter = span.enter();
-        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let handled = crate::panics::catch(AssertUnwindSafe(|| {
             f(self, run);
             self.review(myself, run);
             let mut inline = 0;
@@ -416,7 +416,7 @@ impl Critic {
         }));
         if let Err(panic) = handled {
             let text = panic_text(&panic);
-            tracing::error!(run_id = %run.shared.run_id, "run panicked: {text}");
+            tracing::warn!(run_id = %run.shared.run_id, "run panicked: {text}");
             run.panicked(&text);
         }
         let took = Instant::now().saturating_duration_since(now);

@@ -34,9 +34,7 @@
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
 //! partial output, steps and usage are kept on every ending.
 
-use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -239,8 +237,6 @@ pub struct RunState {
     /// Ended, waiting for its child runs to end (until the instant).
     stopping: Option<(Ending, Instant)>,
     pending_audit: Vec<AuditRecord>,
-    /// Tokens charged to the ticket but not yet sent to the budget actor.
-    unmetered: u64,
     /// The next step is due: the shard takes it in the same handler (up
     /// to `INLINE_STEPS` of them), not through the mailbox.
     pub(crate) step_due: bool,
@@ -308,7 +304,6 @@ impl RunState {
             // Grown on demand: a run spends most of its life waiting on a
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
-            unmetered: 0,
             step_due: true,
             durable: args.durable,
             now: started,
@@ -371,6 +366,7 @@ impl RunState {
             RunMsg::ModelPanicked { epoch, text } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
+                    tracing::warn!(run_id = %self.shared.run_id, "model call panicked: {text}");
                     let e = Ending::failed(
                         RunStatus::Error,
                         "panic",
@@ -429,10 +425,15 @@ impl RunState {
     }
 
     pub(crate) fn next_step(&mut self) {
-        if let Some(t) = &self.ticket {
-            if t.exhausted() {
+        // Budget (see `actors::budget`): limits checked, tokens reserved.
+        if let Some(t) = &mut self.ticket {
+            if let Some(d) = t.begin_call(self.started) {
                 let mut e = Ending::killed(KillReason::Budget);
-                e.error = Some(format!("caller `{}` is over its token budget", t.caller()));
+                e.error = Some(format!(
+                    "caller `{}` is over its {} budget",
+                    t.caller(),
+                    d.what()
+                ));
                 return self.finish(e);
             }
         }
@@ -529,7 +530,10 @@ impl RunState {
         };
         let me = self.addr.clone();
         let task = tokio::spawn(async move {
-            let msg = match AssertUnwindSafe(fut).catch_unwind().await {
+            let msg = match AssertUnwindSafe(crate::panics::quietly(fut))
+                .catch_unwind()
+                .await
+            {
                 Ok(result) => done(epoch, result),
                 Err(panic) => RunMsg::ModelPanicked {
                     epoch,
@@ -630,20 +634,22 @@ impl RunState {
     /// budget; returns its tokens.
     fn charge(&mut self, usage: &Usage, answer: Option<&str>) -> u64 {
         let tokens = usage.total();
+        let mut cost = 0;
         {
             let mut p = self.shared.partial();
             p.usage.add(usage);
             if let Some(price) = self.agent.price() {
-                p.cost_micros = price.cost_micros(&p.usage);
+                let total = price.cost_micros(&p.usage);
+                cost = total.saturating_sub(p.cost_micros);
+                p.cost_micros = total;
             }
             if let Some(text) = answer.filter(|t| !t.trim().is_empty()) {
                 p.last_text = Some(text.to_string());
             }
         }
-        if let Some(t) = &self.ticket {
+        if let Some(t) = &mut self.ticket {
             // The account sees it now; the ledger with the handler's end.
-            t.charge(tokens);
-            self.unmetered += tokens;
+            t.charge(tokens, cost);
         }
         tokens
     }
@@ -731,12 +737,11 @@ impl RunState {
         // one before (its argument check included).
         let mut mark = self.now;
         for call in calls {
-            let mut h = DefaultHasher::new();
-            call.name.hash(&mut h);
-            call.arguments.hash(&mut h);
-            // The critic counts repeats; one that reaches the limit is
-            // decided on before the next step (the shard reviews the run).
-            self.beat(Beat::ToolStarted { hash: h.finish() });
+            // The critic counts repeats (arguments compared as canonical
+            // JSON); one that reaches the limit is decided on before the
+            // next step (the shard reviews the run).
+            let hash = crate::tools::validate::canonical_hash(&call.name, &call.arguments);
+            self.beat(Beat::ToolStarted { hash });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
                 iteration: self.iteration,
@@ -963,11 +968,13 @@ impl RunState {
         self.finalized = true;
         let records = std::mem::take(&mut self.pending_audit);
         send_finished(&self.audit, self.shared.finish_after(ending, records));
-        if let Some(t) = self.ticket.take() {
+        if let Some(mut t) = self.ticket.take() {
+            t.charge_runtime(self.started.elapsed());
+            let mut spend = t.take_unmetered();
+            spend.runs = 1;
             let _ = self.budget.cast(BudgetMsg::Commit {
                 caller: t.caller_arc(),
-                tokens: std::mem::take(&mut self.unmetered),
-                runtime_ms: self.started.elapsed().as_millis() as u64,
+                spend,
             });
         }
     }
@@ -1033,14 +1040,17 @@ impl RunState {
     /// Sends the tokens charged since the last meter to the budget actor
     /// (once per handler; a finished run's go with its commit).
     fn flush_meter(&mut self) {
-        if self.unmetered == 0 || self.done {
+        if self.done {
             return;
         }
-        if let Some(t) = &self.ticket {
-            let _ = self.budget.cast(BudgetMsg::Meter {
-                caller: t.caller_arc(),
-                tokens: std::mem::take(&mut self.unmetered),
-            });
+        if let Some(t) = &mut self.ticket {
+            let spend = t.take_unmetered();
+            if spend != Default::default() {
+                let _ = self.budget.cast(BudgetMsg::Meter {
+                    caller: t.caller_arc(),
+                    spend,
+                });
+            }
         }
     }
 

@@ -11,10 +11,24 @@
 //! written, audit batches go to `PATH.spool` and are replayed later. A
 //! database that cannot be opened is refused with exit code 2.
 
+/// Prints a line to stdout. Once stdout is gone (the reader of a pipe, such
+/// as `head -1`, went away) nothing more is printed, and the command goes on
+/// quietly: it still finishes its runs and writes their records.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::cli::write_line(false, format_args!($($t)*)) };
+}
+
+/// Prints a line to stderr, quietly giving up if stderr is gone.
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::cli::write_line(true, format_args!($($t)*)) };
+}
+
+mod budget;
 mod recover;
 mod replay;
 mod run;
 mod runs;
+mod signals;
 mod soak;
 mod swarm;
 
@@ -83,6 +97,9 @@ enum Command {
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
+    /// Per-caller budgets in the database: set limits, show them and the
+    /// spend in their window.
+    Budget(budget::BudgetArgs),
 }
 
 /// Runs the chosen command.
@@ -95,6 +112,32 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
+        Command::Budget(a) => budget::budget(a, &db).await,
+    }
+}
+
+/// Stdout or stderr was found closed: print nothing more to it.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static STDERR_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes one line to stdout (`err`: stderr); a write that fails (a closed
+/// pipe, a full disk) stops output to that stream for the rest of the
+/// process instead of panicking as `println!` does.
+pub(crate) fn write_line(err: bool, args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let gone = if err { &STDERR_GONE } else { &STDOUT_GONE };
+    if gone.load(Ordering::Relaxed) {
+        return;
+    }
+    let written = if err {
+        writeln!(std::io::stderr().lock(), "{args}")
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{args}").and_then(|()| out.flush())
+    };
+    if written.is_err() {
+        gone.store(true, Ordering::Relaxed);
     }
 }
 
@@ -108,9 +151,50 @@ pub(crate) fn init_tracing() {
         .try_init();
 }
 
+/// The largest input `--input -` reads from stdin (16 MiB).
+const MAX_STDIN_INPUT: u64 = 16 * 1024 * 1024;
+
+/// The prompt a `--input` flag gives: `-` reads it from stdin (to its end,
+/// at most 16 MiB of UTF-8), anything else is the text itself.
+pub(crate) fn input_text(flag: Option<String>) -> Result<Option<String>, ExitCode> {
+    match flag.as_deref() {
+        Some("-") => {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .take(MAX_STDIN_INPUT + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| refuse(format!("--input -: cannot read stdin: {e}")))?;
+            if bytes.len() as u64 > MAX_STDIN_INPUT {
+                return Err(refuse("--input -: stdin holds more than 16 MiB"));
+            }
+            String::from_utf8(bytes)
+                .map(Some)
+                .map_err(|_| refuse("--input -: stdin is not UTF-8 text"))
+        }
+        _ => Ok(flag),
+    }
+}
+
+/// The inputs an `--inputs JSON` flag gives: a JSON object whose values
+/// fill the manifest's `{{inputs.NAME}}` placeholders.
+pub(crate) fn inputs_flag(
+    flag: Option<&str>,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, ExitCode> {
+    match flag {
+        None => Ok(Default::default()),
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            refuse(format!(
+                "--inputs: not a JSON object of named inputs ({e}); e.g. --inputs '{{\"city\": \"Oslo\"}}'"
+            ))
+        }),
+    }
+}
+
 /// Input refused before any run: print it and exit 2.
 pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
+    errln!("error: {message}");
     ExitCode::from(2)
 }
 

@@ -51,7 +51,7 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
     let recovery = match host.recover().await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot recover from {}: {e}", path.display());
+            errln!("error: cannot recover from {}: {e}", path.display());
             host.shutdown().await;
             return ExitCode::from(1);
         }
@@ -70,9 +70,9 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
     }
     host.shutdown().await;
     if a.json {
-        println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     } else {
-        println!(
+        outln!(
             "resumed {} run(s); {} already finished; {} crash loop(s); {} unrecoverable; {} interrupted (not durable)",
             summary.resumed,
             summary.already_finished,
@@ -81,7 +81,7 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
             summary.interrupted.len()
         );
         for (status, n) in &summary.by_status {
-            println!("  {status}: {n}");
+            outln!("  {status}: {n}");
         }
     }
     ExitCode::SUCCESS

@@ -45,7 +45,7 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
     let records = match records {
         Ok(r) if !r.is_empty() => r,
         Ok(_) => {
-            eprintln!("error: no run {run_id} in {}", path.display());
+            errln!("error: no run {run_id} in {}", path.display());
             return ExitCode::from(1);
         }
         Err(e) => return super::refuse(format!("{}: {e}", path.display())),
@@ -53,25 +53,25 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
     let report = match replay(&records, &ToolRegistry::with_builtins()).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(1);
         }
     };
     if a.json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else if report.same {
-        println!(
+        outln!(
             "replay of {run_id}: same trace ({} items)",
             report.recorded.len()
         );
     } else {
         let i = report.first_difference.unwrap_or(0);
-        println!("replay of {run_id}: the trace differs at item {i}");
-        println!(
+        outln!("replay of {run_id}: the trace differs at item {i}");
+        outln!(
             "  recorded: {}",
             serde_json::to_string(&report.recorded.get(i)).unwrap_or_default()
         );
-        println!(
+        outln!(
             "  replayed: {}",
             serde_json::to_string(&report.replayed.get(i)).unwrap_or_default()
         );

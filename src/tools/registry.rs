@@ -183,6 +183,28 @@ struct ToolSetInner {
 }
 
 impl ToolSet {
+    /// This set with `extra` tools after its own (an agent's sub-agents),
+    /// each schema compiled; a name already in the set is an error.
+    pub fn with_tools(&self, extra: Vec<Arc<dyn Tool>>) -> Result<ToolSet, RegistryError> {
+        if extra.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut reg = ToolRegistry {
+            entries: self.inner.entries.clone(),
+        };
+        let mut specs: Vec<ToolSpec> = self.inner.specs.to_vec();
+        for tool in extra {
+            specs.push(tool.spec().clone());
+            reg.register(tool)?;
+        }
+        Ok(ToolSet {
+            inner: Arc::new(ToolSetInner {
+                entries: reg.entries,
+                specs: specs.into(),
+            }),
+        })
+    }
+
     /// The specs to show the model, in selection order. The same `Arc` on
     /// every call: cloning it allocates nothing.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
@@ -251,14 +273,25 @@ impl PreparedCall {
         max_result_bytes: usize,
     ) -> Result<String, ToolError> {
         let PreparedCall { tool, args } = self;
+        let run_id = ctx.run_id;
+        let called = &tool;
         // `call` runs inside the async block, so even a tool whose `call`
-        // panics before returning its future is caught.
-        let guarded = AssertUnwindSafe(async move { tool.call(args, ctx).await }).catch_unwind();
+        // panics before returning its future is caught (and marked as
+        // caught, so a quiet panic hook stays silent: one warn line below).
+        let guarded = AssertUnwindSafe(crate::panics::quietly(async move {
+            called.call(args, ctx).await
+        }))
+        .catch_unwind();
         let outcome = match tokio::time::timeout(timeout, guarded).await {
             Err(_elapsed) => Err(ToolError::Timeout(
                 u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             )),
-            Ok(Err(payload)) => Err(ToolError::Panicked(panic_text(payload.as_ref()))),
+            Ok(Err(payload)) => {
+                let text = panic_text(payload.as_ref());
+                let tool = &tool.spec().name;
+                tracing::warn!(run_id = %run_id, tool = %tool, "tool panicked: {text}");
+                Err(ToolError::Panicked(text))
+            }
             Ok(Ok(result)) => result,
         };
         match outcome {

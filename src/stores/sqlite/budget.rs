@@ -111,4 +111,30 @@ impl BudgetLedger for SqliteStore {
             .await
             .map_err(unavailable)
     }
+
+    async fn set_limits(
+        &self,
+        caller: &str,
+        limits: BudgetLimits,
+    ) -> Result<(), BudgetLedgerError> {
+        SqliteStore::set_limits(self, caller, limits).await
+    }
+
+    async fn list_limits(&self) -> Result<Vec<(String, BudgetLimits)>, BudgetLedgerError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT caller, limits FROM budget_limits ORDER BY caller")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(caller, json)| {
+                let limits = serde_json::from_str(&json).map_err(|e| {
+                    BudgetLedgerError::Unavailable(format!(
+                        "the limits of caller `{caller}` do not decode: {e}"
+                    ))
+                })?;
+                Ok((caller, limits))
+            })
+            .collect()
+    }
 }
