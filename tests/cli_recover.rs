@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
-use sqlx::{Connection, SqliteConnection};
 
 fn scratch(name: &str) -> PathBuf {
     let nanos = std::time::SystemTime::now()
@@ -34,8 +34,15 @@ fn run(args: &[&str]) -> Output {
     agentvisor().args(args).output().expect("the binary runs")
 }
 
-async fn count(conn: &mut SqliteConnection, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(conn).await.unwrap()
+/// A read-only connection to the swarm's file (another process's view).
+fn read_only(db: &std::path::Path) -> rusqlite::Result<Connection> {
+    let c = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    c.busy_timeout(Duration::from_secs(5))?;
+    Ok(c)
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,8 +68,9 @@ async fn a_swarm_of_durable_runs_killed_mid_way_is_recovered_with_one_terminal_r
         .unwrap();
 
     // Kill it once some runs have finished and others are mid-way, past
-    // their first step (a poll of the file, not a deadline).
-    let url = format!("sqlite://{db_s}?mode=ro");
+    // their first step. A poll of the file, not a deadline: the swarm is
+    // another process, whose progress only its file shows; the 60 s bound
+    // only turns a swarm that never gets going into a failure.
     let started = Instant::now();
     let mut conn = None;
     loop {
@@ -71,22 +79,22 @@ async fn a_swarm_of_durable_runs_killed_mid_way_is_recovered_with_one_terminal_r
             "the swarm never got going"
         );
         if conn.is_none() && db.exists() {
-            conn = SqliteConnection::connect(&url).await.ok();
+            conn = read_only(&db).ok();
         }
-        if let Some(c) = conn.as_mut() {
-            let finished = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM runs")
-                .fetch_one(&mut *c)
-                .await
+        if let Some(c) = conn.as_ref() {
+            let finished = c
+                .query_row("SELECT COUNT(*) FROM runs", [], |r| r.get::<_, i64>(0))
                 .unwrap_or(0);
             // Mid-way: past a step and not finished (a finished run's
             // checkpoint may not be cleared yet).
-            let mid_way = sqlx::query_scalar::<_, i64>(
-                "SELECT COUNT(*) FROM checkpoints k WHERE k.iteration > 0 \
-                 AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = k.run_id)",
-            )
-            .fetch_one(&mut *c)
-            .await
-            .unwrap_or(0);
+            let mid_way = c
+                .query_row(
+                    "SELECT COUNT(*) FROM checkpoints k WHERE k.iteration > 0 \
+                     AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = k.run_id)",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .unwrap_or(0);
             if finished >= 40 && mid_way >= 10 {
                 break;
             }
@@ -101,10 +109,10 @@ async fn a_swarm_of_durable_runs_killed_mid_way_is_recovered_with_one_terminal_r
     child.wait().unwrap();
     drop(conn);
 
-    let mut c = SqliteConnection::connect(&url).await.unwrap();
-    let before = count(&mut c, "SELECT COUNT(*) FROM runs").await;
-    let pending = count(&mut c, "SELECT COUNT(*) FROM checkpoints").await;
-    c.close().await.unwrap();
+    let c = read_only(&db).unwrap();
+    let before = count(&c, "SELECT COUNT(*) FROM runs");
+    let pending = count(&c, "SELECT COUNT(*) FROM checkpoints");
+    drop(c);
     assert!(before < 400, "the kill came before the swarm's end");
     assert!(
         pending > 0,
@@ -126,24 +134,22 @@ async fn a_swarm_of_durable_runs_killed_mid_way_is_recovered_with_one_terminal_r
         "{summary}"
     );
 
-    let mut c = SqliteConnection::connect(&url).await.unwrap();
-    let on_record = count(&mut c, "SELECT COUNT(DISTINCT run_id) FROM audit_log").await;
-    let finished = count(&mut c, "SELECT COUNT(*) FROM runs").await;
+    let c = read_only(&db).unwrap();
+    let on_record = count(&c, "SELECT COUNT(DISTINCT run_id) FROM audit_log");
+    let finished = count(&c, "SELECT COUNT(*) FROM runs");
     let not_once = count(
-        &mut c,
+        &c,
         "SELECT COUNT(*) FROM (SELECT run_id FROM audit_log WHERE kind = 'run.end' \
          GROUP BY run_id HAVING COUNT(*) <> 1)",
-    )
-    .await;
+    );
     let without = count(
-        &mut c,
+        &c,
         "SELECT COUNT(DISTINCT run_id) FROM audit_log a WHERE NOT EXISTS \
          (SELECT 1 FROM audit_log t WHERE t.run_id = a.run_id AND t.kind = 'run.end')",
-    )
-    .await;
-    let left = count(&mut c, "SELECT COUNT(*) FROM checkpoints").await;
-    let not_ok = count(&mut c, "SELECT COUNT(*) FROM runs WHERE status <> 'ok'").await;
-    c.close().await.unwrap();
+    );
+    let left = count(&c, "SELECT COUNT(*) FROM checkpoints");
+    let not_ok = count(&c, "SELECT COUNT(*) FROM runs WHERE status <> 'ok'");
+    drop(c);
     assert_eq!(not_once, 0, "a run has more than one terminal record");
     assert_eq!(without, 0, "a run on record has no terminal record");
     assert_eq!(finished, on_record);

@@ -37,8 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use rusqlite::Connection;
 
 use super::writer::{RunRow, SegmentRow};
 use super::{to_i64, to_u64, SqliteStore};
@@ -896,13 +895,17 @@ fn parse_id(s: &str) -> Result<RunId, AuditStoreError> {
         .map_err(|_| AuditStoreError::Unavailable(format!("bad run id `{s}` in the database")))
 }
 
-fn summary(row: &SqliteRow) -> Result<RunSummary, AuditStoreError> {
-    let get_s = |i: usize| row.try_get::<Option<String>, _>(i).map_err(unavailable);
-    let run_id: String = row.try_get(0).map_err(unavailable)?;
-    let status: String = row.try_get(4).map_err(unavailable)?;
+/// The columns of `runs` a [`RunSummary`] is read from, in [`summary`]'s order.
+const SUMMARY_COLUMNS: &str =
+    "run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, started_at, finished_at";
+
+fn summary(row: &rusqlite::Row<'_>) -> Result<RunSummary, AuditStoreError> {
+    let get_s = |i: usize| row.get::<_, Option<String>>(i).map_err(unavailable);
+    let run_id: String = row.get(0).map_err(unavailable)?;
+    let status: String = row.get(4).map_err(unavailable)?;
     Ok(RunSummary {
         run_id: parse_id(&run_id)?,
-        agent: row.try_get(1).map_err(unavailable)?,
+        agent: row.get(1).map_err(unavailable)?,
         caller_id: get_s(2)?,
         parent_run_id: get_s(3)?.map(|p| parse_id(&p)).transpose()?,
         status: from_name::<RunStatus>(&status).ok_or_else(|| {
@@ -910,62 +913,132 @@ fn summary(row: &SqliteRow) -> Result<RunSummary, AuditStoreError> {
         })?,
         kill_reason: get_s(5)?.and_then(|k| from_name::<KillReason>(&k)),
         error_kind: get_s(6)?,
-        started_at: to_u64(row.try_get(7).map_err(unavailable)?),
-        finished_at: to_u64(row.try_get(8).map_err(unavailable)?),
+        started_at: to_u64(row.get(7).map_err(unavailable)?),
+        finished_at: to_u64(row.get(8).map_err(unavailable)?),
     })
 }
 
-impl SqliteStore {
-    /// A run's result from its `runs` row. `tail`: the row's tail, when the
-    /// caller has read it already (otherwise it is read with the result, in
-    /// case the result leaves its steps to it).
-    async fn stored_result(
-        &self,
-        run_id: RunId,
-        tail: Option<&str>,
-    ) -> Result<Option<RunResult>, AuditStoreError> {
-        let sql = if tail.is_some() {
-            "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
-             started_at, finished_at, result FROM runs WHERE run_id = ?"
-        } else {
-            "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
-             started_at, finished_at, result, tail FROM runs WHERE run_id = ?"
-        };
-        let row = sqlx::query(sql)
-            .bind(run_id.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(unavailable)?;
-        row.map(|row| {
-            let body: &str = row.try_get(9).map_err(unavailable)?;
-            let read: Option<&str> = match tail {
-                Some(_) => None,
-                None => row.try_get(10).map_err(unavailable)?,
-            };
-            full_result(body, &summary(&row)?, tail.or(read))
-        })
-        .transpose()
-    }
+/// A run's result from its `runs` row. `tail`: the row's tail, when the
+/// caller has read it already (otherwise it is read with the result, in
+/// case the result leaves its steps to it).
+fn stored_result(
+    conn: &Connection,
+    run_id: RunId,
+    tail: Option<&str>,
+) -> Result<Option<RunResult>, AuditStoreError> {
+    // The tail is read only when the caller does not have it.
+    let sql = match tail {
+        Some(_) => format!("SELECT {SUMMARY_COLUMNS}, result FROM runs WHERE run_id = ?1"),
+        None => format!("SELECT {SUMMARY_COLUMNS}, result, tail FROM runs WHERE run_id = ?1"),
+    };
+    let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
+    let mut rows = stmt.query([run_id.to_string()]).map_err(unavailable)?;
+    let Some(row) = rows.next().map_err(unavailable)? else {
+        return Ok(None);
+    };
+    let body: String = row.get(9).map_err(unavailable)?;
+    let read: Option<String> = match tail {
+        Some(_) => None,
+        None => row.get(10).map_err(unavailable)?,
+    };
+    full_result(&body, &summary(row)?, tail.or(read.as_deref())).map(Some)
+}
 
-    /// A run's `run.end` record: its payload is the run's result, in `runs`.
-    /// `tail`: the stored records it was found among, if the caller has them.
-    async fn terminal_record(
-        &self,
-        run_id: RunId,
-        seq: i64,
-        at_ms: i64,
-        tail: Option<&str>,
-    ) -> Result<AuditRecord, AuditStoreError> {
-        let result = self.stored_result(run_id, tail).await?.ok_or_else(|| {
-            AuditStoreError::Unavailable(format!("run {run_id} has a run.end record but no result"))
-        })?;
-        Ok(AuditRecord {
-            run_id,
-            seq: u32::try_from(seq).unwrap_or(u32::MAX),
-            at_ms: to_u64(at_ms),
-            entry: AuditEntry::Terminal(Arc::new(result)),
-        })
+/// A run's `run.end` record: its payload is the run's result, in `runs`.
+/// `tail`: the stored records it was found among, if the caller has them.
+fn terminal_record(
+    conn: &Connection,
+    run_id: RunId,
+    seq: i64,
+    at_ms: i64,
+    tail: Option<&str>,
+) -> Result<AuditRecord, AuditStoreError> {
+    let result = stored_result(conn, run_id, tail)?.ok_or_else(|| {
+        AuditStoreError::Unavailable(format!("run {run_id} has a run.end record but no result"))
+    })?;
+    Ok(AuditRecord {
+        run_id,
+        seq: u32::try_from(seq).unwrap_or(u32::MAX),
+        at_ms: to_u64(at_ms),
+        entry: AuditEntry::Terminal(Arc::new(result)),
+    })
+}
+
+/// Every stored record of a run, in seq order, each once: its segments,
+/// its tail (in `runs`), and rows of schema version 1.
+fn run_records(conn: &Connection, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
+    let id = run_id.to_string();
+    // By seq: a record replayed in another segment is kept once.
+    let mut out: BTreeMap<i64, AuditRecord> = BTreeMap::new();
+    // Segments, then the run's tail (its last segment, in `runs`).
+    // A segment's times are offsets from its base (absolute before
+    // schema version 4: no base).
+    let bodies: Vec<(String, i64)> = {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT body, at_base FROM (\
+                 SELECT body, first_seq, COALESCE(at_base, 0) AS at_base FROM audit_segments \
+                 WHERE run_id = ?1 \
+                 UNION ALL SELECT tail, tail_first_seq, COALESCE(tail_at_base, 0) FROM runs \
+                 WHERE run_id = ?1 AND tail IS NOT NULL) ORDER BY first_seq",
+            )
+            .map_err(unavailable)?;
+        let rows = stmt
+            .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(unavailable)?;
+        rows.collect::<Result<_, _>>().map_err(unavailable)?
+    };
+    for (body, at_base) in &bodies {
+        let items: Vec<(i64, i64, String, serde_json::Value)> = serde_json::from_str(body)
+            .map_err(|e| {
+                AuditStoreError::Unavailable(format!(
+                    "a record segment of run {run_id} does not decode: {e}"
+                ))
+            })?;
+        for (seq, offset, kind, payload) in items {
+            if out.contains_key(&seq) {
+                continue;
+            }
+            let at_ms = at_base.saturating_add(offset);
+            // A run.end record's payload is its run's result, in `runs`.
+            let record = if kind == KIND_END {
+                terminal_record(conn, run_id, seq, at_ms, Some(body.as_str()))?
+            } else {
+                decode(
+                    run_id,
+                    seq,
+                    at_ms,
+                    &kind,
+                    &restore(&kind, payload).to_string(),
+                )?
+            };
+            out.insert(seq, record);
+        }
     }
+    // Records written by schema version 1, one row each.
+    let rows: Vec<(i64, i64, String, String)> = {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT seq, at_ms, kind, body FROM audit_records WHERE run_id = ?1 ORDER BY seq",
+            )
+            .map_err(unavailable)?;
+        let rows = stmt
+            .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(unavailable)?;
+        rows.collect::<Result<_, _>>().map_err(unavailable)?
+    };
+    for (seq, at_ms, kind, body) in rows {
+        if out.contains_key(&seq) {
+            continue;
+        }
+        let record = if kind == KIND_END {
+            terminal_record(conn, run_id, seq, at_ms, None)?
+        } else {
+            decode(run_id, seq, at_ms, &kind, &body)?
+        };
+        out.insert(seq, record);
+    }
+    Ok(out.into_values().collect())
 }
 
 #[async_trait]
@@ -991,99 +1064,37 @@ impl AuditStore for SqliteStore {
     }
 
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
-        let id = run_id.to_string();
-        // By seq: a record replayed in another segment is kept once.
-        let mut out: BTreeMap<i64, AuditRecord> = BTreeMap::new();
-        // Segments, then the run's tail (its last segment, in `runs`).
-        // A segment's times are offsets from its base (absolute before
-        // schema version 4: no base).
-        let bodies: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT body, at_base FROM (\
-             SELECT body, first_seq, COALESCE(at_base, 0) AS at_base FROM audit_segments \
-             WHERE run_id = ?1 \
-             UNION ALL SELECT tail, tail_first_seq, COALESCE(tail_at_base, 0) FROM runs \
-             WHERE run_id = ?1 AND tail IS NOT NULL) ORDER BY first_seq",
-        )
-        .bind(&id)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        for (body, at_base) in &bodies {
-            let items: Vec<(i64, i64, String, serde_json::Value)> = serde_json::from_str(body)
-                .map_err(|e| {
-                    AuditStoreError::Unavailable(format!(
-                        "a record segment of run {run_id} does not decode: {e}"
-                    ))
-                })?;
-            for (seq, offset, kind, payload) in items {
-                if out.contains_key(&seq) {
-                    continue;
-                }
-                let at_ms = at_base.saturating_add(offset);
-                // A run.end record's payload is its run's result, in `runs`.
-                let record = if kind == KIND_END {
-                    self.terminal_record(run_id, seq, at_ms, Some(body.as_str()))
-                        .await?
-                } else {
-                    decode(
-                        run_id,
-                        seq,
-                        at_ms,
-                        &kind,
-                        &restore(&kind, payload).to_string(),
-                    )?
-                };
-                out.insert(seq, record);
-            }
-        }
-        // Records written by schema version 1, one row each.
-        let rows = sqlx::query(
-            "SELECT seq, at_ms, kind, body FROM audit_records WHERE run_id = ? ORDER BY seq",
-        )
-        .bind(&id)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        for row in &rows {
-            let seq: i64 = row.try_get(0).map_err(unavailable)?;
-            let at_ms: i64 = row.try_get(1).map_err(unavailable)?;
-            let kind: &str = row.try_get(2).map_err(unavailable)?;
-            let body: &str = row.try_get(3).map_err(unavailable)?;
-            if out.contains_key(&seq) {
-                continue;
-            }
-            let record = if kind == KIND_END {
-                self.terminal_record(run_id, seq, at_ms, None).await?
-            } else {
-                decode(run_id, seq, at_ms, kind, body)?
-            };
-            out.insert(seq, record);
-        }
-        Ok(out.into_values().collect())
+        self.read(move |c| run_records(c, run_id)).await
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
+        let ids: Vec<String> = self
+            .read(|c| {
+                let mut stmt = c
+                    .prepare(
+                        "SELECT s.run_id FROM (\
+                         SELECT run_id FROM audit_segments WHERE has_start = 1 \
+                         UNION SELECT run_id FROM audit_records WHERE kind = 'run.start') s \
+                         WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id) \
+                         ORDER BY s.run_id",
+                    )
+                    .map_err(unavailable)?;
+                let rows = stmt.query_map([], |r| r.get(0)).map_err(unavailable)?;
+                rows.collect::<Result<_, _>>().map_err(unavailable)
+            })
+            .await?;
+        ids.iter().map(|s| parse_id(s)).collect()
     }
 
     /// What this handle wrote since it was opened: records and terminal
     /// records actually inserted (replayed duplicates are not counted),
     /// batches committed. [`SqliteStore::totals`] counts the whole file.
-    async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT s.run_id FROM (\
-             SELECT run_id FROM audit_segments WHERE has_start = 1 \
-             UNION SELECT run_id FROM audit_records WHERE kind = 'run.start') s \
-             WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id) \
-             ORDER BY s.run_id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        ids.iter().map(|s| parse_id(s)).collect()
-    }
-
     async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
         Ok(AuditStats {
             records: self.records.load(Ordering::Relaxed),
             terminal_records: self.terminal_records.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
+            ..AuditStats::default()
         })
     }
 }
@@ -1091,10 +1102,8 @@ impl AuditStore for SqliteStore {
 #[async_trait]
 impl RunIndex for SqliteStore {
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, AuditStoreError> {
-        let mut q: QueryBuilder<'_, Sqlite> = QueryBuilder::new(
-            "SELECT run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, \
-             started_at, finished_at FROM runs WHERE 1 = 1",
-        );
+        let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE 1 = 1");
+        let mut args: Vec<rusqlite::types::Value> = Vec::new();
         // `runs_by_status` holds only runs that did not end `ok` (schema
         // version 5). For another status, `status <> 'ok'` lets the planner
         // use it; `ok` rows are most rows, found by walking `runs_by_finish`
@@ -1102,29 +1111,40 @@ impl RunIndex for SqliteStore {
         // table and sorting it all instead (as it would for `status = ?`).
         match filter.status {
             Some(RunStatus::Ok) => {
-                q.push(" AND status || '' = ")
-                    .push_bind(RunStatus::Ok.as_str());
+                sql.push_str(" AND status || '' = ?");
+                args.push(RunStatus::Ok.as_str().to_string().into());
             }
             Some(status) => {
-                q.push(" AND status = ")
-                    .push_bind(status.as_str())
-                    .push(" AND status <> 'ok'");
+                sql.push_str(" AND status = ? AND status <> 'ok'");
+                args.push(status.as_str().to_string().into());
             }
             None => {}
         }
         if let Some(caller) = &filter.caller {
-            q.push(" AND caller_id = ").push_bind(caller.as_str());
+            sql.push_str(" AND caller_id = ?");
+            args.push(caller.clone().into());
         }
-        q.push(" ORDER BY finished_at DESC, run_id DESC");
+        sql.push_str(" ORDER BY finished_at DESC, run_id DESC");
         if let Some(limit) = filter.limit {
-            q.push(" LIMIT ").push_bind(i64::from(limit));
+            sql.push_str(" LIMIT ?");
+            args.push(i64::from(limit).into());
         }
-        let rows = q.build().fetch_all(&self.pool).await.map_err(unavailable)?;
-        rows.iter().map(summary).collect()
+        self.read(move |c| {
+            let mut stmt = c.prepare(&sql).map_err(unavailable)?;
+            let mut rows = stmt
+                .query(rusqlite::params_from_iter(args))
+                .map_err(unavailable)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(unavailable)? {
+                out.push(summary(row)?);
+            }
+            Ok(out)
+        })
+        .await
     }
 
     async fn run_result(&self, run_id: RunId) -> Result<Option<RunResult>, AuditStoreError> {
-        self.stored_result(run_id, None).await
+        self.read(move |c| stored_result(c, run_id, None)).await
     }
 }
 

@@ -49,11 +49,17 @@ impl Checkpointer for SqliteStore {
     }
 
     async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
-        let rows: Vec<(String, String)> =
-            sqlx::query_as("SELECT run_id, state FROM checkpoints ORDER BY updated_at, run_id")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(unavailable)?;
+        let rows: Vec<(String, String)> = self
+            .read(|c| {
+                let mut stmt = c
+                    .prepare("SELECT run_id, state FROM checkpoints ORDER BY updated_at, run_id")
+                    .map_err(unavailable)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(unavailable)?;
+                rows.collect::<Result<_, _>>().map_err(unavailable)
+            })
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (run_id, state) in rows {
             match serde_json::from_str::<Checkpoint>(&state) {
