@@ -784,7 +784,7 @@ fn insert_version_1_records(conn: &rusqlite::Connection, id: RunId, run: &[Audit
                 (Box::leak(kind.into_boxed_str()) as &str, v.to_string())
             }
             AuditEntry::Terminal(res) => {
-                insert_whole_run(&conn, id, res);
+                insert_whole_run(conn, id, res);
                 ("run.end", String::new())
             }
         };
