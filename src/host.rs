@@ -22,7 +22,7 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::Notify;
 
-use crate::actors::audit::{Audit, AuditMsg};
+use crate::actors::audit::{Audit, AuditHealth, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
 use crate::actors::critic::{Critic, CriticMsg};
 use crate::actors::host::{HostActor, HostMsg};
@@ -355,12 +355,16 @@ impl HostBuilder {
         let checkpointer = self
             .checkpointer
             .unwrap_or_else(|| Arc::new(MemoryCheckpointer::new()));
+        // Durability: the audit actor reports whether records can be
+        // written; admission reads it (see `open`).
+        let audit_health = Arc::new(AuditHealth::default());
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
             spool: c.audit_spool.clone(),
             checkpointer: checkpointer.clone(),
+            health: audit_health.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -395,6 +399,7 @@ impl HostBuilder {
                 audit,
                 budget,
                 audit_store,
+                audit_health,
                 checkpointer,
                 booted: AtomicBool::new(false),
                 accounts: DashMap::new(),
@@ -450,6 +455,8 @@ struct HostInner {
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
+    /// Durability: whether the audit actor can write records (admission).
+    audit_health: Arc<AuditHealth>,
     checkpointer: Arc<dyn Checkpointer>,
     /// A run was submitted or `recover` ran: from then on `recover` would
     /// take this host's own runs for interrupted ones, so it refuses.
@@ -729,6 +736,13 @@ impl Host {
                 RunStatus::Rejected,
                 "shutting_down",
                 "the host is shutting down",
+            ))
+        } else if h.audit_health.store_unavailable() {
+            // Durability: a run admitted now could not be recorded.
+            Some(Ending::failed(
+                RunStatus::Rejected,
+                "store_unavailable",
+                "neither the audit store nor its spool can take records",
             ))
         } else if let Some(cap) = h
             .config

@@ -118,7 +118,8 @@ async fn a_batch_is_written_and_read_back_in_order() {
         AuditStats {
             records: batch.len() as u64,
             terminal_records: 2,
-            batches: 1
+            batches: 1,
+            ..AuditStats::default()
         }
     );
     assert!(store.run_records(RunId::new()).await.unwrap().is_empty());

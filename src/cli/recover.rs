@@ -68,7 +68,8 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
     for r in &results {
         *summary.by_status.entry(r.status.to_string()).or_default() += 1;
     }
-    host.shutdown().await;
+    let stats = host.shutdown().await;
+    let lost = super::report_unwritten(&host, &stats);
     if a.json {
         println!("{}", serde_json::to_string(&summary).unwrap_or_default());
     } else {
@@ -84,5 +85,9 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
             println!("  {status}: {n}");
         }
     }
-    ExitCode::SUCCESS
+    if lost {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

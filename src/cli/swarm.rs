@@ -172,8 +172,9 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             s.audit_terminal_records
         );
     }
+    let lost = super::report_unwritten(&host, &stats);
     let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;
-    if all_ok {
+    if all_ok && !lost {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -67,7 +67,7 @@ pub(crate) mod spool;
 mod writer;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,6 +135,40 @@ pub enum AuditMsg {
     Drain(RpcReplyPort<AuditStats>),
 }
 
+/// What the audit actor reports while it runs, read without a message:
+/// the host's admission reads [`AuditHealth::store_unavailable`] for every
+/// run, so it is an atomic load.
+#[derive(Debug, Default)]
+pub struct AuditHealth {
+    /// Records are held in memory: neither the store nor the spool takes them.
+    unavailable: AtomicBool,
+    /// Records dropped past [`HELD_MAX`].
+    dropped: AtomicU64,
+    /// Records held in memory now.
+    held: AtomicU64,
+    /// Records in the spool, not yet in the store.
+    spooled: AtomicU64,
+}
+
+impl AuditHealth {
+    /// Whether neither the store nor the spool takes records now (they are
+    /// held in memory, bounded): the host admits no run while it is so.
+    pub fn store_unavailable(&self) -> bool {
+        self.unavailable.load(Ordering::Relaxed)
+    }
+
+    /// Records lost so far or held in memory now: what would be lost if
+    /// the process ended now.
+    pub fn unwritten(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed) + self.held.load(Ordering::Relaxed)
+    }
+
+    /// Records in the spool not yet replayed into the store.
+    pub fn spooled(&self) -> u64 {
+        self.spooled.load(Ordering::Relaxed)
+    }
+}
+
 /// The audit actor.
 pub struct Audit {
     pub(crate) store: Arc<dyn AuditStore>,
@@ -144,6 +178,8 @@ pub struct Audit {
     pub(crate) spool: Option<PathBuf>,
     /// Where durable runs' checkpoints go.
     pub(crate) checkpointer: Arc<dyn Checkpointer>,
+    /// Shared with the host (admission) and the writer (which sets it).
+    pub(crate) health: Arc<AuditHealth>,
 }
 
 type Waiter = (oneshot::Sender<Arc<RunResult>>, Arc<RunResult>);
@@ -248,7 +284,9 @@ impl Actor for Audit {
             AuditMsg::Drain(reply) => {
                 self.flush(st).await;
                 drain_writer(st).await;
-                let stats = self.store.stats().await.unwrap_or_default();
+                let mut stats = self.store.stats().await.unwrap_or_default();
+                stats.unwritten = self.health.unwritten();
+                stats.spooled = self.health.spooled();
                 let _ = reply.send(stats);
                 return Ok(());
             }

@@ -31,19 +31,19 @@ async fn blocking<T: Send + 'static>(
 
 /// Whether the spool holds records; ends a line cut by a crash so the
 /// next append starts on a line of its own.
-pub(super) fn prepare(path: &Path) -> std::io::Result<bool> {
+pub(super) fn prepare(path: &Path) -> std::io::Result<u64> {
     let mut f = match std::fs::OpenOptions::new()
         .read(true)
         .append(true)
         .open(path)
     {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
     let len = f.metadata()?.len();
     if len == 0 {
-        return Ok(false);
+        return Ok(0);
     }
     f.seek(std::io::SeekFrom::Start(len - 1))?;
     let mut last = [0u8; 1];
@@ -51,7 +51,15 @@ pub(super) fn prepare(path: &Path) -> std::io::Result<bool> {
     if last[0] != b'\n' {
         f.write_all(b"\n")?;
     }
-    Ok(true)
+    // How many records it holds (lines that are not empty).
+    f.seek(std::io::SeekFrom::Start(0))?;
+    let mut lines = 0;
+    for line in std::io::BufReader::new(f).split(b'\n') {
+        if !line?.is_empty() {
+            lines += 1;
+        }
+    }
+    Ok(lines)
 }
 
 /// Appends `records` as JSON lines (one write).
@@ -70,7 +78,16 @@ pub(super) async fn append(path: &Path, records: &[AuditRecord]) -> std::io::Res
             .create(true)
             .append(true)
             .open(&path)?;
-        f.write_all(&buf)
+        // A write cut short (a full disk) is taken back, so the next
+        // append starts on a line of its own and no record is half in.
+        let before = f.metadata()?.len();
+        match f.write_all(&buf) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = f.set_len(before);
+                Err(e)
+            }
+        }
     })
     .await
 }
@@ -151,7 +168,7 @@ mod tests {
         let rest = read(&path, next, 100).await.ok();
         assert_eq!(rest.map(|c| c.records), Some(recs[2..].to_vec()));
         assert!(truncate(&path).await.is_ok());
-        assert_eq!(prepare(&path).ok(), Some(false));
+        assert_eq!(prepare(&path).ok(), Some(0));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

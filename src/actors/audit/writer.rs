@@ -26,8 +26,8 @@ use tokio::time::Instant;
 use super::checkpoints::Checkpoints;
 use super::spool;
 use super::{
-    deliver, Audit, AuditMsg, Demand, Job, Waiter, BACKOFF_MAX, BACKOFF_MIN, COALESCE_BATCHES,
-    HELD_MAX, REPLAY_CHUNKS_PER_WRITE,
+    deliver, Audit, AuditHealth, AuditMsg, Demand, Job, Waiter, BACKOFF_MAX, BACKOFF_MIN,
+    COALESCE_BATCHES, HELD_MAX, REPLAY_CHUNKS_PER_WRITE,
 };
 use crate::ports::audit::{AuditRecord, AuditStore, AuditStoreError};
 use crate::ports::run::RunId;
@@ -56,6 +56,8 @@ pub(super) struct Writer {
     dropped: u64,
     /// Where checkpoint clears go.
     checkpoints: Checkpoints,
+    /// Reported to the host (see [`AuditHealth`]).
+    health: Arc<AuditHealth>,
     /// Durable runs whose terminal record is not in the store yet (held,
     /// spooled, or in a batch being written): their checkpoints are
     /// cleared once it is.
@@ -96,7 +98,10 @@ impl Writer {
         if let Some(path) = &audit.spool {
             let p = path.clone();
             match tokio::task::spawn_blocking(move || super::spool::prepare(&p)).await {
-                Ok(Ok(pending)) => spool_pending = pending,
+                Ok(Ok(records)) => {
+                    spool_pending = records > 0;
+                    audit.health.spooled.store(records, Ordering::Relaxed);
+                }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, path = %path.display(), "cannot read the audit spool")
                 }
@@ -122,6 +127,7 @@ impl Writer {
             spool_broken: false,
             dropped: 0,
             checkpoints,
+            health: audit.health.clone(),
             unsettled: HashSet::new(),
             in_flight: None,
             demand,
@@ -396,6 +402,7 @@ impl Writer {
             }
         }
         if self.held.is_empty() {
+            self.report();
             return;
         }
         if let Some(path) = &self.spool {
@@ -403,6 +410,9 @@ impl Writer {
                 Ok(()) => {
                     self.spool_pending = true;
                     self.spool_broken = false;
+                    self.health
+                        .spooled
+                        .fetch_add(self.held.len() as u64, Ordering::Relaxed);
                     self.held.clear();
                 }
                 Err(e) => {
@@ -414,6 +424,22 @@ impl Writer {
             }
         }
         self.bound();
+        self.report();
+    }
+
+    /// Tells the host what is held (see [`AuditHealth`]).
+    fn report(&self) {
+        let h = &self.health;
+        h.held.store(self.held.len() as u64, Ordering::Relaxed);
+        h.dropped.store(self.dropped, Ordering::Relaxed);
+        let unavailable = !self.held.is_empty();
+        if h.unavailable.swap(unavailable, Ordering::Relaxed) != unavailable {
+            if unavailable {
+                tracing::error!(records = self.held.len(), spool = ?self.spool, "the audit store and the spool both fail: records are held in memory (bounded) and no run is admitted until one works again");
+            } else {
+                tracing::info!("audit records are written again; runs are admitted");
+            }
+        }
     }
 
     /// Replays up to `chunks` chunks of the spool into the store, in order.
@@ -446,6 +472,7 @@ impl Writer {
                 }
                 self.spool_pending = false;
                 self.spool_offset = 0;
+                self.health.spooled.store(0, Ordering::Relaxed);
                 tracing::info!(path = %path.display(), "audit spool replayed into the store");
                 return true;
             }
@@ -456,6 +483,13 @@ impl Writer {
                 }
                 let settles = self.settled_by(&chunk.records);
                 self.settle_runs(settles);
+                let n = chunk.records.len() as u64;
+                let _ =
+                    self.health
+                        .spooled
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                            Some(v.saturating_sub(n))
+                        });
             }
             self.spool_offset = chunk.next_offset;
         }
