@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore, RunInfo};
-use agentvisor::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
+use agentvisor::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Claim, Lease};
 use agentvisor::ports::model::Role;
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer};
 use agentvisor::{Invocation, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES};
@@ -246,7 +246,7 @@ async fn a_run_interrupted_too_often_ends_crash_loop_once() {
     stores.audit.append(&[started(looping, 0)]).await.unwrap();
     stores
         .checkpoints
-        .save(&[checkpoint(looping, MAX_RESUMES)])
+        .save(&[checkpoint(looping, MAX_RESUMES)], &earlier_process())
         .await
         .unwrap();
     let (host, model) = stores.host(SLOW_THIRD).await;
@@ -289,7 +289,10 @@ async fn recover_counts_resumes_and_only_clears_runs_already_on_record() {
     host.shutdown().await;
     stores
         .checkpoints
-        .save(&[checkpoint(finished, 0), checkpoint(pending, 1)])
+        .save(
+            &[checkpoint(finished, 0), checkpoint(pending, 1)],
+            &earlier_process(),
+        )
         .await
         .unwrap();
     stores
@@ -342,7 +345,7 @@ struct BrokenCheckpointer;
 
 #[async_trait]
 impl Checkpointer for BrokenCheckpointer {
-    async fn save(&self, _: &[Checkpoint]) -> Result<(), CheckpointError> {
+    async fn save(&self, _: &[Checkpoint], _: &Lease) -> Result<(), CheckpointError> {
         Err(CheckpointError::Unavailable("disk full".into()))
     }
     async fn clear(&self, _: &[RunId]) -> Result<(), CheckpointError> {
@@ -350,6 +353,23 @@ impl Checkpointer for BrokenCheckpointer {
     }
     async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
         Ok(Vec::new())
+    }
+    async fn claim(&self, _: RunId, _: &Lease) -> Result<Claim, CheckpointError> {
+        Ok(Claim::Missing)
+    }
+    async fn renew(&self, _: &Lease) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+    async fn release(&self, _: &str) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+}
+
+/// The lease of a process that ended (it expires as it is taken).
+fn earlier_process() -> Lease {
+    Lease {
+        owner: "an-earlier-process".into(),
+        ttl: Duration::ZERO,
     }
 }
 

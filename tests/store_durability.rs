@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use agentvisor::ports::audit::{AuditRecord, AuditStats, AuditStore, AuditStoreError};
 use agentvisor::ports::budget::{BudgetLedger, Spend};
-use agentvisor::ports::checkpoint::Checkpointer;
+use agentvisor::ports::checkpoint::{Checkpointer, Lease};
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer, SqliteStore};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId, RunStatus};
 use async_trait::async_trait;
@@ -135,7 +135,10 @@ async fn the_sqlite_writer_recovers_after_a_failed_write_of_every_kind() {
     set_fault(&faults, true);
     assert!(store.commit(&spend(5)).await.is_err());
     let checkpoint = durable_checkpoint(RunId::new());
-    assert!(store.save(std::slice::from_ref(&checkpoint)).await.is_err());
+    assert!(store
+        .save(std::slice::from_ref(&checkpoint), &lease())
+        .await
+        .is_err());
     let run = hello_records().await;
     assert!(store.append(&run).await.is_err());
     assert!(store.commit(&spend(5)).await.is_err());
@@ -143,7 +146,10 @@ async fn the_sqlite_writer_recovers_after_a_failed_write_of_every_kind() {
     // left behind a half-open transaction.
     set_fault(&faults, false);
     store.commit(&spend(7)).await.unwrap();
-    store.save(std::slice::from_ref(&checkpoint)).await.unwrap();
+    store
+        .save(std::slice::from_ref(&checkpoint), &lease())
+        .await
+        .unwrap();
     store.append(&run).await.unwrap();
     assert_eq!(
         store
@@ -156,6 +162,14 @@ async fn the_sqlite_writer_recovers_after_a_failed_write_of_every_kind() {
     );
     assert_eq!(store.load_all().await.unwrap().len(), 1);
     assert_eq!(store.run_records(run[0].run_id).await.unwrap(), run);
+}
+
+/// A lease for saves made by the test itself.
+fn lease() -> Lease {
+    Lease {
+        owner: "test".into(),
+        ttl: Duration::from_secs(60),
+    }
 }
 
 /// A hello run's records, under a new run id.

@@ -682,10 +682,14 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
         saved_at: 20 + u64::from(iteration),
     };
     let (a, b) = (RunId::new(), RunId::new());
+    let lease = agentvisor::ports::checkpoint::Lease {
+        owner: "test".into(),
+        ttl: Duration::from_secs(60),
+    };
     {
         let store = SqliteStore::open(&path).await.unwrap();
-        store.save(&[at(a, 1), at(b, 1)]).await.unwrap();
-        store.save(&[at(a, 2)]).await.unwrap();
+        store.save(&[at(a, 1), at(b, 1)], &lease).await.unwrap();
+        store.save(&[at(a, 2)], &lease).await.unwrap();
         store.clear(&[b]).await.unwrap();
         store.close().await;
     }
@@ -762,7 +766,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 5] = [
+const MIGRATIONS: [(i64, &str); 6] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -771,6 +775,7 @@ const MIGRATIONS: [(i64, &str); 5] = [
         5,
         include_str!("../migrations/0005_partial_status_index.sql"),
     ),
+    (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`
@@ -800,7 +805,7 @@ fn insert_version_1_records(conn: &rusqlite::Connection, id: RunId, run: &[Audit
 #[tokio::test]
 async fn a_file_of_every_earlier_schema_version_opens_and_reads() {
     let (_, records) = real_run().await;
-    for version in 1..=agentvisor::stores::sqlite::SCHEMA_VERSION {
+    for version in 1..agentvisor::stores::sqlite::SCHEMA_VERSION {
         let dir = Scratch::new("every-version");
         let path = dir.path("a.db");
         let (id, run) = rekey(&records, |_| {});

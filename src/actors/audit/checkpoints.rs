@@ -18,6 +18,10 @@
 //!   order, so a clear is never overtaken by an older save.
 //! - **A save that waits is answered.** A run being admitted (its first
 //!   checkpoint) gets `Ok` once the save is written, or the error.
+//! - **Leases.** Every save holds the run under the host's lease (see
+//!   [`Lease`]); while it has saved any, the task renews the host's
+//!   leases every third of their length, so a live host's runs are never
+//!   claimed by a `recover` elsewhere.
 //! - **Failures are retried**, every [`RETRY_EVERY`] and with the next
 //!   job, until the work is done or the host stops. Lost on a crash:
 //!   saves and clears not yet written (a resumed run repeats at most the
@@ -32,7 +36,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
+use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Lease};
 use crate::ports::run::RunId;
 
 /// How soon failed checkpoint work is tried again.
@@ -61,10 +65,14 @@ impl Checkpoints {
     /// Starts the task.
     pub(super) fn start(
         checkpointer: Arc<dyn Checkpointer>,
+        lease: Lease,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = Saver {
             checkpointer,
+            renew_every: (lease.ttl / 3).max(Duration::from_millis(10)),
+            lease,
+            renew_at: None,
             rx,
             unsaved: HashMap::new(),
             acks: Vec::new(),
@@ -103,6 +111,11 @@ impl Checkpoints {
 /// The task's state.
 struct Saver {
     checkpointer: Arc<dyn Checkpointer>,
+    /// The host's lease.
+    lease: Lease,
+    renew_every: Duration,
+    /// When to renew the host's leases next (`None`: it holds none yet).
+    renew_at: Option<tokio::time::Instant>,
     rx: mpsc::UnboundedReceiver<CheckpointJob>,
     /// The latest unsaved checkpoint per run.
     unsaved: HashMap<RunId, Box<Checkpoint>>,
@@ -116,16 +129,23 @@ impl Saver {
     async fn run(mut self) {
         loop {
             let pending = !(self.unsaved.is_empty() && self.uncleared.is_empty());
-            let job = if pending {
-                match tokio::time::timeout(RETRY_EVERY, self.rx.recv()).await {
+            let retry_at = pending.then(|| tokio::time::Instant::now() + RETRY_EVERY);
+            let wake = match (retry_at, self.renew_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let job = match wake {
+                Some(at) => match tokio::time::timeout_at(at, self.rx.recv()).await {
                     Ok(job) => job,
                     Err(_) => {
-                        self.write().await;
+                        self.renew().await;
+                        if pending {
+                            self.write().await;
+                        }
                         continue;
                     }
-                }
-            } else {
-                self.rx.recv().await
+                },
+                None => self.rx.recv().await,
             };
             let Some(job) = job else {
                 // The audit actor stopped: a last try, then end.
@@ -161,6 +181,18 @@ impl Saver {
         }
     }
 
+    /// Renews the host's leases when it is time.
+    async fn renew(&mut self) {
+        let Some(at) = self.renew_at else { return };
+        if tokio::time::Instant::now() < at {
+            return;
+        }
+        if let Err(e) = self.checkpointer.renew(&self.lease).await {
+            tracing::warn!(error = %e, "cannot renew the leases on durable runs; retrying");
+        }
+        self.renew_at = Some(tokio::time::Instant::now() + self.renew_every);
+    }
+
     /// Saves what is unsaved (answering who waits), then clears. What
     /// fails stays pending.
     async fn write(&mut self) {
@@ -170,8 +202,11 @@ impl Saver {
                 .values()
                 .map(|c| Checkpoint::clone(c))
                 .collect();
-            match self.checkpointer.save(&batch).await {
+            match self.checkpointer.save(&batch, &self.lease).await {
                 Ok(()) => {
+                    if self.renew_at.is_none() {
+                        self.renew_at = Some(tokio::time::Instant::now() + self.renew_every);
+                    }
                     self.unsaved.clear();
                     for ack in self.acks.drain(..) {
                         let _ = ack.send(Ok(()));
@@ -195,4 +230,40 @@ impl Saver {
             }
         }
     }
+}
+
+/// A lease owner id for this host: `HOSTNAME/PID/NONCE`, unique per host
+/// and process (the nonce tells two hosts of one process apart).
+pub(crate) fn lease_owner() -> String {
+    // A whole run id: its leading digits are a time, its rest random.
+    let nonce = crate::ports::run::RunId::new();
+    format!("{}/{}/{nonce}", hostname(), std::process::id())
+}
+
+/// Whether the owner of a lease is provably gone: a process of this
+/// machine (same host name) that no longer runs (`/proc` has no entry for
+/// its pid). Anything else (another machine, no `/proc`, this very
+/// process) cannot be told apart from a live owner: its lease must expire.
+pub(crate) fn owner_is_gone(owner: &str) -> bool {
+    let mut parts = owner.split('/');
+    let (Some(host), Some(pid)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    host == hostname()
+        && pid != std::process::id()
+        && std::path::Path::new("/proc/self").exists()
+        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The machine's name (`localhost` when it cannot be read).
+fn hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|h| h.trim().replace('/', "_"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

@@ -62,7 +62,7 @@
 //! Rate: one cast per handled run message that produced records (a few per
 //! model iteration).
 
-mod checkpoints;
+pub(crate) mod checkpoints;
 pub(crate) mod spool;
 mod writer;
 
@@ -76,7 +76,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore};
-use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
+use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Lease};
 use crate::ports::run::{RunId, RunResult};
 use checkpoints::Checkpoints;
 
@@ -180,6 +180,8 @@ pub struct Audit {
     pub(crate) checkpointer: Arc<dyn Checkpointer>,
     /// Shared with the host (admission) and the writer (which sets it).
     pub(crate) health: Arc<AuditHealth>,
+    /// The host's lease on the durable runs it runs.
+    pub(crate) lease: Lease,
 }
 
 type Waiter = (oneshot::Sender<Arc<RunResult>>, Arc<RunResult>);
@@ -233,7 +235,8 @@ impl Actor for Audit {
     ) -> Result<AuditState, ActorProcessingErr> {
         let (tx, rx) = mpsc::channel(WRITER_QUEUE);
         let demand = Arc::new(Demand::default());
-        let (checkpoints, checkpoints_task) = Checkpoints::start(self.checkpointer.clone());
+        let (checkpoints, checkpoints_task) =
+            Checkpoints::start(self.checkpointer.clone(), self.lease.clone());
         let writer =
             writer::Writer::new(self, rx, demand.clone(), myself, checkpoints.clone()).await;
         Ok(AuditState {

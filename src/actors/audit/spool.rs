@@ -138,6 +138,40 @@ pub(super) async fn truncate(path: &Path) -> std::io::Result<()> {
     .await
 }
 
+/// What a spool holds, by run: the runs whose terminal record is in it,
+/// and the seq after each run's last record in it (what `recover` must not
+/// reuse).
+#[derive(Debug, Default)]
+pub(crate) struct SpoolIndex {
+    /// Runs with a terminal record in the spool.
+    pub(crate) finished: std::collections::HashSet<crate::ports::run::RunId>,
+    /// The seq after each run's last record in the spool.
+    pub(crate) next_seq: std::collections::HashMap<crate::ports::run::RunId, u32>,
+}
+
+/// Reads a whole spool (a missing file holds nothing). Blocking: call it on
+/// the blocking pool.
+pub(crate) fn scan(path: &Path) -> std::io::Result<SpoolIndex> {
+    let mut index = SpoolIndex::default();
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(index),
+        Err(e) => return Err(e),
+    };
+    for line in std::io::BufReader::new(f).split(b'\n') {
+        let line = line?;
+        let Ok(r) = serde_json::from_slice::<AuditRecord>(&line) else {
+            continue;
+        };
+        if r.is_terminal() {
+            index.finished.insert(r.run_id);
+        }
+        let next = index.next_seq.entry(r.run_id).or_insert(0);
+        *next = (*next).max(r.seq.saturating_add(1));
+    }
+    Ok(index)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -219,17 +219,22 @@ impl Writer {
     }
 
     /// Runs `write` in one `BEGIN IMMEDIATE` transaction on the writer's
-    /// connection (committed if it returns `Ok`, rolled back otherwise).
-    pub(super) async fn write(
+    /// connection (committed if it returns `Ok`, rolled back otherwise);
+    /// answers what it returned.
+    pub(super) async fn write<T: Send + 'static>(
         &self,
-        write: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()> + Send + 'static,
-    ) -> Result<(), WriteError> {
+        write: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, WriteError> {
+        let (done, value) = oneshot::channel();
         let write: WriteFn = Box::new(move |conn: &mut Connection| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            write(&tx)?;
-            tx.commit()
+            let v = write(&tx)?;
+            tx.commit()?;
+            let _ = done.send(v);
+            Ok(())
         });
-        self.ask(|reply| Job::Write { write, reply }).await
+        self.ask(|reply| Job::Write { write, reply }).await?;
+        value.await.map_err(|_| WriteError::Gone)
     }
 
     /// Adds spend (one row per caller) in one transaction. One statement
@@ -282,20 +287,28 @@ impl Writer {
         .await
     }
 
-    /// Saves and clears checkpoints in one transaction.
+    /// Saves checkpoints under a lease (`owner` until `until`; a run
+    /// another owner holds at `now` is not written) and clears others', in
+    /// one transaction.
     pub(super) async fn checkpoints(
         &self,
         save: Vec<CheckpointRow>,
         clear: Vec<String>,
+        owner: String,
+        until: i64,
+        now: i64,
     ) -> Result<(), WriteError> {
         self.write(move |tx| {
             if !save.is_empty() {
                 let mut upsert = tx.prepare_cached(
-                    "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                    "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at, \
+                     owner, lease_until) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
                      ON CONFLICT (run_id) DO UPDATE SET agent = excluded.agent, \
                      iteration = excluded.iteration, attempts = excluded.attempts, \
-                     state = excluded.state, updated_at = excluded.updated_at",
+                     state = excluded.state, updated_at = excluded.updated_at, \
+                     owner = excluded.owner, lease_until = excluded.lease_until \
+                     WHERE checkpoints.owner IS NULL OR checkpoints.owner = excluded.owner \
+                     OR checkpoints.lease_until <= ?9",
                 )?;
                 for c in &save {
                     upsert.execute(params![
@@ -304,7 +317,10 @@ impl Writer {
                         c.iteration,
                         c.attempts,
                         c.state,
-                        c.updated_at
+                        c.updated_at,
+                        owner,
+                        until,
+                        now
                     ])?;
                 }
             }
