@@ -51,7 +51,7 @@
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
 
-pub mod actors;
+pub(crate) mod actors;
 pub mod agent;
 pub mod compaction;
 pub mod handle;
@@ -61,21 +61,25 @@ pub mod policy;
 pub mod ports;
 pub mod pricing;
 pub mod providers;
+mod record;
 pub mod replay;
 pub mod spec;
 pub mod stores;
 pub mod tools;
 pub mod workload;
 
+#[doc(hidden)]
+pub use actors::critic::Fault;
 pub use agent::Agent;
-pub use handle::{Ending, LiveState, RunEvents, RunHandle};
+pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::run::{
-    CriticAction, CriticDecision, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
-    Usage,
+    CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,
+    StepRecord, Usage,
 };
+pub use record::{Ending, SUBSCRIBER_BUFFER};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

@@ -249,10 +249,7 @@ impl Floor {
             for call in calls {
                 let content = match self.tools.prepare(&call) {
                     Ok(prepared) => {
-                        let ctx = ToolContext {
-                            run_id: RunId(0),
-                            call_id: call.id.clone(),
-                        };
+                        let ctx = ToolContext::new(RunId(0), call.id.clone());
                         let cap = self.limits.max_tool_result_bytes as usize;
                         prepared
                             .execute(ctx, self.limits.tool_timeout, cap)

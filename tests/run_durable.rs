@@ -276,7 +276,7 @@ async fn recover_counts_resumes_and_only_clears_runs_already_on_record() {
     // `finished` ended on record but its checkpoint was not cleared yet.
     let (host, _) = stores.host(SLOW_THIRD).await;
     let done = host
-        .run(
+        .execute(
             spec(SLOW_THIRD),
             Invocation {
                 run_id: Some(finished),
@@ -385,7 +385,7 @@ async fn a_durable_run_whose_first_checkpoint_fails_is_rejected_on_record() {
         .await
         .unwrap();
     let result = host
-        .run(spec(SLOW_THIRD), Invocation::default())
+        .execute(spec(SLOW_THIRD), Invocation::default())
         .await
         .unwrap();
     assert_eq!(result.status, RunStatus::Rejected);

@@ -181,7 +181,7 @@ async fn hello_records() -> Vec<AuditRecord> {
         .await
         .unwrap();
     let result = host
-        .run(
+        .execute(
             manifest("examples/agents/hello.yaml"),
             Invocation::default(),
         )
@@ -248,11 +248,11 @@ async fn with_neither_store_nor_spool_runs_are_refused_until_the_store_works_aga
         .unwrap();
     let agent = host.agent(manifest("examples/agents/hello.yaml")).unwrap();
     // The first run ends: its result is delivered, its records are held.
-    let first = host.run(&agent, Invocation::default()).await.unwrap();
+    let first = host.execute(&agent, Invocation::default()).await.unwrap();
     assert_eq!(first.status, RunStatus::Ok);
     assert!(store.failed.load(Ordering::SeqCst) > 0);
     // Then nothing is admitted: it could not be recorded.
-    let refused = host.run(&agent, Invocation::default()).await.unwrap();
+    let refused = host.execute(&agent, Invocation::default()).await.unwrap();
     assert_eq!(refused.status, RunStatus::Rejected);
     assert_eq!(refused.error_kind.as_deref(), Some("store_unavailable"));
 
@@ -260,7 +260,7 @@ async fn with_neither_store_nor_spool_runs_are_refused_until_the_store_works_aga
     // runs are admitted again.
     store.set_failing(false);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let again = host.run(&agent, Invocation::default()).await.unwrap();
+    let again = host.execute(&agent, Invocation::default()).await.unwrap();
     assert_eq!(again.status, RunStatus::Ok, "{again:?}");
     let stats = host.shutdown().await;
     assert_eq!(stats.unwritten, 0);
@@ -290,7 +290,7 @@ async fn records_that_nothing_takes_are_counted_at_shutdown() {
         .await
         .unwrap();
     let r = host
-        .run(
+        .execute(
             manifest("examples/agents/hello.yaml"),
             Invocation::default(),
         )
@@ -319,7 +319,7 @@ async fn a_durable_runs_checkpoint_stays_until_its_terminal_record_is_in_the_sto
         .await
         .unwrap();
     let r = host
-        .run(
+        .execute(
             manifest("examples/agents/durable.yaml"),
             Invocation::default(),
         )

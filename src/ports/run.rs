@@ -474,6 +474,60 @@ pub enum RunEvent {
         /// Message (never a secret).
         message: String,
     },
+    /// The run ended: the last event of every stream. It carries the
+    /// terminal record's `seq`; the whole result is the run's
+    /// [`RunResult`].
+    #[serde(rename = "run.end")]
+    RunEnd {
+        /// How it ended.
+        status: RunStatus,
+        /// Why it was killed, when it was.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kill_reason: Option<KillReason>,
+        /// The error kind, when not ok.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_kind: Option<String>,
+        /// The answer, or the partial output.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
+        /// Token usage.
+        usage: Usage,
+        /// Cost in integer micro-dollars.
+        cost_micros: u64,
+        /// Wall time from start to end.
+        duration_ms: u64,
+    },
+    /// This subscriber fell behind the run and missed live events: what
+    /// follows is re-read from the audit log from `resume_from` on (a
+    /// stream event only; never recorded).
+    #[serde(rename = "lagged")]
+    Lagged {
+        /// The `seq` the stream resumes from.
+        resume_from: u32,
+    },
+}
+
+/// One event of a run as subscribers get it: the event, the run it belongs
+/// to, and its audit record's `seq` (a consumer resumes from any `seq`;
+/// a streamed `text.delta` is not a record and carries the `seq` of the
+/// record before it). On the wire the fields sit beside the event's own:
+/// `{"type": "tool.call", "run_id": "…", "seq": 4, …}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The run.
+    pub run_id: RunId,
+    /// Its audit record's sequence number.
+    pub seq: u32,
+    /// What happened.
+    #[serde(flatten)]
+    pub event: RunEvent,
+}
+
+impl std::ops::Deref for Event {
+    type Target = RunEvent;
+    fn deref(&self) -> &RunEvent {
+        &self.event
+    }
 }
 
 impl RunEvent {

@@ -329,10 +329,7 @@ mod tests {
     }
 
     fn ctx() -> ToolContext {
-        ToolContext {
-            run_id: RunId::new(),
-            call_id: "c1".into(),
-        }
+        ToolContext::new(RunId::new(), "c1".into())
     }
 
     async fn run(set: &ToolSet, name: &str, arguments: &str) -> Result<String, ToolError> {

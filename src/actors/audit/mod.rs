@@ -78,6 +78,7 @@ use tokio::task::JoinHandle;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore};
 use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Lease};
 use crate::ports::run::{RunId, RunResult};
+use crate::record::{Delivery, Finished, Terminal};
 use checkpoints::Checkpoints;
 
 /// Records held in memory at most while the store fails and no spool takes them.
@@ -113,8 +114,8 @@ pub enum AuditMsg {
         preceding: Vec<AuditRecord>,
         /// The terminal record.
         record: AuditRecord,
-        /// The run's result channel.
-        deliver: oneshot::Sender<Arc<RunResult>>,
+        /// Where the result goes once the record is written.
+        deliver: Delivery,
         /// The run is durable: clear its checkpoint once the record is written.
         durable: bool,
     },
@@ -133,6 +134,44 @@ pub enum AuditMsg {
     Demand,
     /// Write the buffer and answer with the store's counts (shutdown).
     Drain(RpcReplyPort<AuditStats>),
+}
+
+/// Hands what finalizing a run produced to the audit actor: the terminal
+/// package (records, then the terminal record; the result is delivered
+/// once written), or the records alone. If the audit actor is gone (a host
+/// torn down hard), the result is delivered anyway.
+pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
+    match finished {
+        Finished::Already(records) | Finished::Suspended(records) => {
+            if !records.is_empty() {
+                let _ = audit.cast(AuditMsg::Records(records));
+            }
+        }
+        Finished::Terminal(t) => {
+            let Terminal {
+                preceding,
+                record,
+                deliver,
+                durable,
+            } = *t;
+            let result = match &record.entry {
+                AuditEntry::Terminal(r) => Some(r.clone()),
+                _ => None,
+            };
+            if let Err(ractor::MessagingErr::SendErr(AuditMsg::Terminal { deliver, .. })) = audit
+                .cast(AuditMsg::Terminal {
+                    preceding,
+                    record,
+                    deliver,
+                    durable,
+                })
+            {
+                if let Some(r) = result {
+                    let _ = deliver.send(r);
+                }
+            }
+        }
+    }
 }
 
 /// What the audit actor reports while it runs, read without a message:
@@ -184,7 +223,7 @@ pub struct Audit {
     pub(crate) lease: Lease,
 }
 
-type Waiter = (oneshot::Sender<Arc<RunResult>>, Arc<RunResult>);
+type Waiter = (Delivery, Arc<RunResult>);
 
 /// Work for the writer.
 enum Job {
