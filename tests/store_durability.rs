@@ -348,3 +348,115 @@ async fn a_durable_runs_checkpoint_stays_until_its_terminal_record_is_in_the_sto
     );
     assert!(checkpoints.load_all().await.unwrap().is_empty());
 }
+
+/// A small real filesystem (tmpfs, as root), unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    /// `None` (and the reason printed) where a test cannot mount one.
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        let at = dir.join("small");
+        std::fs::create_dir_all(&at).ok()?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(SmallDisk(at)),
+            Ok(o) => {
+                println!(
+                    "skipped: cannot mount a small tmpfs (needs root): {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                println!("skipped: no `mount` here: {e}");
+                None
+            }
+        }
+    }
+
+    /// Fills what is left of it; returns the filler.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let block = vec![0u8; 64 << 10];
+        while f.write_all(&block).is_ok() {}
+        // The last bytes, to the very end.
+        while f.write_all(&[0u8; 512]).is_ok() {}
+        while f.write_all(&[0u8; 1]).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_full_disk_records_go_to_the_spool_and_everything_works_once_space_returns() {
+    let dir = Scratch::new("full-disk");
+    let Some(disk) = SmallDisk::mount(&dir.0, "8m") else {
+        return;
+    };
+    let path = disk.0.join("a.db");
+    let spool = dir.path("audit.spool");
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    // Room for the empty file's first writes, then none.
+    store.append(&hello_records().await).await.unwrap();
+    let filler = disk.fill();
+    let host = Host::builder()
+        .config(HostConfig {
+            audit_spool: Some(spool.clone()),
+            ..HostConfig::default()
+        })
+        .audit_store(store.clone())
+        .checkpointer(store.clone())
+        .budget_ledger(store.clone())
+        .build()
+        .await
+        .unwrap();
+    let agent = host.agent(manifest("examples/agents/hello.yaml")).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        let r = host.execute(&agent, Invocation::default()).await.unwrap();
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+        ids.push(r.run_id);
+    }
+    // The disk is full: the store refuses (SQLITE_FULL), the spool takes them.
+    assert!(std::fs::metadata(&spool).unwrap().len() > 0);
+    let e = store
+        .commit(&[("c".to_string(), Spend::default())])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("full"), "{e}");
+
+    // Space returns: the spool drains, and every write works again.
+    std::fs::remove_file(&filler).unwrap();
+    let stats = host.shutdown().await;
+    assert_eq!((stats.unwritten, stats.spooled), (0, 0), "{stats:?}");
+    assert_eq!(std::fs::metadata(&spool).unwrap().len(), 0);
+    for id in &ids {
+        let records = store.run_records(*id).await.unwrap();
+        assert_eq!(records.iter().filter(|x| x.is_terminal()).count(), 1);
+    }
+    store
+        .commit(&[(
+            "c".to_string(),
+            Spend {
+                tokens: 3,
+                ..Spend::default()
+            },
+        )])
+        .await
+        .unwrap();
+    store
+        .save(&[durable_checkpoint(RunId::new())], &lease())
+        .await
+        .unwrap();
+    store.close().await;
+}
