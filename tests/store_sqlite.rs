@@ -473,11 +473,13 @@ async fn an_in_memory_database_works_like_a_file() {
     );
 }
 
-/// Fails its first `failures` appends, then passes everything to `inner`.
+/// Fails its first `failures` appends, then passes everything to `inner`;
+/// says when an append was written (`written`).
 struct FlakyStore {
     inner: Arc<SqliteStore>,
     failures: usize,
     calls: AtomicUsize,
+    written: tokio::sync::Notify,
 }
 
 #[async_trait]
@@ -486,7 +488,11 @@ impl AuditStore for FlakyStore {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
             return Err(AuditStoreError::Unavailable("injected fault".into()));
         }
-        self.inner.append(batch).await
+        let done = self.inner.append(batch).await;
+        if done.is_ok() {
+            self.written.notify_waiters();
+        }
+        done
     }
 
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
@@ -512,6 +518,7 @@ async fn swarm_over_flaky_store(
         inner: inner.clone(),
         failures,
         calls: AtomicUsize::new(0),
+        written: tokio::sync::Notify::new(),
     });
     let host = Host::builder()
         .config(HostConfig {
@@ -545,16 +552,22 @@ async fn swarm_over_flaky_store(
         .and_then(|p| std::fs::metadata(p).ok())
         .map(|m| m.len())
         .unwrap_or(0);
-    // The writer retries with a backoff (100 ms, doubling): wait until the
-    // store works again and has taken everything.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while inner.totals().await.unwrap().terminal_records < n as u64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the records never reached the store"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The writer retries with a backoff (100 ms, doubling): wait, append
+    // by append (the store says when one is written), until the store
+    // works again and has taken everything. The bound only turns a hang
+    // into a failure.
+    let all_in = async {
+        loop {
+            let written = flaky.written.notified();
+            if inner.totals().await.unwrap().terminal_records >= n as u64 {
+                return;
+            }
+            written.await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all_in)
+        .await
+        .expect("the records never reached the store");
     assert!(flaky.calls.load(Ordering::SeqCst) > failures);
     host.shutdown().await;
     (results, spooled, inner)
@@ -1140,7 +1153,9 @@ async fn committed_rows_reach_the_database_file_before_the_wal_is_full() {
     }
     let wal = std::fs::metadata(dir.path("a.db-wal")).unwrap().len();
     assert!(wal < 60 << 20, "the writer's own checkpoint ran: WAL {wal}");
-    // The checkpoint runs on its own thread: wait for it, a bounded while.
+    // The checkpoint runs on its own thread, which says nothing when it is
+    // done (a store has no hook for it): poll the file's size, a bounded
+    // while — the one wall-clock wait here, with its reason.
     let mut grown = 0;
     for _ in 0..200 {
         grown = std::fs::metadata(&path)
