@@ -242,6 +242,16 @@ pub(crate) async fn open_db(path: &Path) -> Result<SqliteStore, ExitCode> {
     Ok(store)
 }
 
+/// Opens an existing database (readers: `runs`, `replay`), or refuses with
+/// exit 2; with `--check`, a damaged file is refused too.
+pub(crate) async fn open_existing_db(path: &Path) -> Result<SqliteStore, ExitCode> {
+    let store = SqliteStore::open_existing(path).await.map_err(refuse)?;
+    if store_options().check {
+        check_db(&store).await?;
+    }
+    Ok(store)
+}
+
 /// `PRAGMA quick_check` of the whole file: damage is refused with exit 2
 /// and a message naming the path.
 pub(crate) async fn check_db(store: &SqliteStore) -> Result<(), ExitCode> {
