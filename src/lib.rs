@@ -34,10 +34,10 @@
 //! go through the shard's mailbox and the shard runs its handler, with the
 //! critic's record of the run in the run's state. That makes a run cost its
 //! state (a few KB less than an actor of its own) and its heartbeats field
-//! updates; see [`actors::run`] and [`actors::critic`].
+//! updates; see `actors::run` and `actors::critic` (private).
 //!
 //! - [`ports`]: the traits actors depend on and the data they speak.
-//! - [`actors`]: host, critic, run, budget, audit — one per file.
+//! - `actors` (private): host, critic, run, budget, audit — one per file.
 //! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
 //!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
 //! - [`pricing`]: the price table (costs in micro-dollars, context windows).
@@ -47,7 +47,8 @@
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
-//! - [`workload`]: the W1 benchmark workload and its bare-tokio floor.
+//! - [`soak`]: the soak engine: keep runs in flight, sample the process,
+//!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
 
@@ -63,10 +64,10 @@ pub mod pricing;
 pub mod providers;
 mod record;
 pub mod replay;
+pub mod soak;
 pub mod spec;
 pub mod stores;
 pub mod tools;
-pub mod workload;
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

@@ -86,18 +86,15 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::actors::audit::AuditMsg;
-use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState};
+use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState, ShardLink};
+use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
-use crate::spec::{Limits, ABSOLUTE_DEADLINE};
 
 /// Steps a run takes in one handler at most when its calls answer at once.
 pub const INLINE_STEPS: u32 = 8;
-
-/// A handler (or a call polled in place) that takes longer is reported.
-pub const SLOW_HANDLER: Duration = Duration::from_millis(50);
 
 /// How long a policy that answers later may take; then the rules decide.
 pub const POLICY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -111,27 +108,6 @@ pub const PULSE: Duration = Duration::from_millis(500);
 
 /// A gap between pulses longer than this (beyond the pulse) is a pause.
 pub const PAUSE_GAP: Duration = Duration::from_secs(1);
-
-/// A heartbeat from a run.
-#[derive(Debug, Clone, Copy)]
-pub enum Beat {
-    /// A model call started (1-based iteration).
-    StepStarted,
-    /// A model call finished.
-    StepFinished {
-        /// Tokens this call used.
-        tokens: u64,
-    },
-    /// A tool call started (hash of tool name and arguments).
-    ToolStarted {
-        /// Hash of the tool name and its canonical arguments.
-        hash: u64,
-    },
-    /// A tool call finished.
-    ToolFinished,
-    /// Still alive (a retry, a streamed chunk).
-    Alive,
-}
 
 /// Messages to a critic shard.
 pub enum CriticMsg {
@@ -193,6 +169,16 @@ pub enum Fault {
     Wedge,
 }
 
+impl ShardLink for ActorRef<CriticMsg> {
+    fn run_msg(&self, key: u64, msg: RunMsg) {
+        let _ = self.cast(CriticMsg::Run { key, msg });
+    }
+
+    fn beat(&self, key: u64, beat: Beat) {
+        let _ = self.cast(CriticMsg::Beat { key, beat });
+    }
+}
+
 impl Mailbox for ActorRef<CriticMsg> {
     fn command(&self, key: u64, cmd: Command) {
         if let Err(ractor::MessagingErr::SendErr(CriticMsg::Command {
@@ -226,101 +212,6 @@ impl Critic {
     }
 }
 
-/// The critic's record of one run (C8: small; it lives in the run's state).
-pub(crate) struct Watched {
-    hard_deadline: Instant,
-    next_soft: Instant,
-    last_beat: Instant,
-    armed: Option<Instant>,
-    steps: u32,
-    /// Model calls that came back: a call that hangs is no progress.
-    steps_done: u32,
-    tool_calls: u32,
-    tokens: u64,
-    progress_at_decision: u32,
-    extensions: u32,
-    steers: u32,
-    last_call: u64,
-    repeats: u32,
-    runaway_steered: bool,
-    /// A repeat reached the limit: decide before the next step.
-    repeat_due: bool,
-    /// A question is pending with a policy that answers later.
-    pending: bool,
-}
-
-impl Watched {
-    pub(crate) fn new(limits: &Limits, started: Instant) -> Self {
-        let cap = started + ABSOLUTE_DEADLINE;
-        Watched {
-            hard_deadline: (started + limits.hard_timeout).min(cap),
-            next_soft: started + limits.soft_timeout,
-            last_beat: started,
-            armed: None,
-            steps: 0,
-            steps_done: 0,
-            tool_calls: 0,
-            tokens: 0,
-            progress_at_decision: 0,
-            extensions: 0,
-            steers: 0,
-            last_call: 0,
-            repeats: 0,
-            runaway_steered: false,
-            repeat_due: false,
-            pending: false,
-        }
-    }
-
-    /// Counts a heartbeat (O(1)).
-    pub(crate) fn beat(&mut self, now: Instant, beat: Beat, repeat_limit: u32) {
-        self.last_beat = now;
-        match beat {
-            Beat::StepStarted => self.steps += 1,
-            Beat::StepFinished { tokens } => {
-                self.steps_done += 1;
-                self.tokens += tokens;
-            }
-            Beat::ToolFinished => self.tool_calls += 1,
-            Beat::Alive => {}
-            Beat::ToolStarted { hash } => {
-                if hash == self.last_call {
-                    self.repeats += 1;
-                } else {
-                    self.last_call = hash;
-                    self.repeats = 1;
-                }
-                if self.repeats >= repeat_limit {
-                    self.repeat_due = true;
-                }
-            }
-        }
-    }
-
-    fn progress(&self) -> u32 {
-        self.steps_done + self.tool_calls
-    }
-
-    fn next_due(&self, limits: &Limits) -> Instant {
-        let stall = self.last_beat + limits.stall_timeout;
-        self.hard_deadline.min(stall).min(self.next_soft)
-    }
-
-    fn extend(&mut self, started: Instant, by: Duration) {
-        let cap = started + ABSOLUTE_DEADLINE;
-        // `by` is bounded by the manifest's ranges, but an operator's may
-        // not be: never overflow the clock.
-        let by = by.min(ABSOLUTE_DEADLINE);
-        self.hard_deadline = (self.hard_deadline + by).min(cap);
-    }
-
-    /// The process was paused for `gap`: the stall window moves by it (the
-    /// run could not beat while nothing ran), never past `now`.
-    fn shift(&mut self, gap: Duration, now: Instant) {
-        self.last_beat = (self.last_beat + gap).min(now);
-    }
-}
-
 /// The shard's state.
 pub struct CriticState {
     /// Boxed: the table then costs a pointer a slot (it grows by doubling).
@@ -330,6 +221,8 @@ pub struct CriticState {
     wake_tx: watch::Sender<Option<Instant>>,
     /// Test hook: the shard ignores its messages.
     wedged: bool,
+    /// The shard as its runs' tasks reach it (one, shared by its runs).
+    link: Arc<dyn ShardLink>,
 }
 
 impl Actor for Critic {
@@ -343,8 +236,10 @@ impl Actor for Critic {
         _: (),
     ) -> Result<CriticState, ActorProcessingErr> {
         let (wake_tx, wake_rx) = watch::channel(None);
+        let link: Arc<dyn ShardLink> = Arc::new(myself.clone());
         tokio::spawn(sleeper(myself, wake_rx));
         Ok(CriticState {
+            link,
             runs: HashMap::new(),
             timers: BTreeSet::new(),
             wake_at: None,
@@ -366,7 +261,7 @@ impl Actor for Critic {
             CriticMsg::Start(args) => {
                 let key = args.key;
                 let addr = RunAddr {
-                    shard: myself.clone(),
+                    shard: st.link.clone(),
                     key,
                 };
                 let run = RunState::start(*args, addr);
@@ -453,9 +348,7 @@ impl Critic {
                 self.with_run(myself, st, key, now, |_, run| run.steer(text));
             }
             Command::Beat => {
-                self.with_run(myself, st, key, now, |_, run| {
-                    run.beat(crate::actors::critic::Beat::Alive)
-                });
+                self.with_run(myself, st, key, now, |_, run| run.beat(Beat::Alive));
             }
             Command::Extend(by) => {
                 self.with_run(myself, st, key, now, |critic, run| {
@@ -877,6 +770,8 @@ mod tests {
 
     #[test]
     fn a_pause_moves_the_stall_window_but_not_past_now() {
+        use crate::actors::watch::Watched;
+        use crate::spec::Limits;
         let t0 = Instant::now();
         let mut w = Watched::new(&Limits::default(), t0);
         let hard = w.hard_deadline;

@@ -14,3 +14,4 @@ pub mod budget;
 pub mod critic;
 pub mod host;
 pub mod run;
+pub mod watch;

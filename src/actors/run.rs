@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::audit::{send_finished, AuditMsg};
 use crate::actors::budget::{BudgetMsg, Ticket};
-use crate::actors::critic::{Beat, CriticMsg, Watched, SLOW_HANDLER};
+use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
 use crate::output::OutputSchema;
@@ -106,7 +106,7 @@ impl Inflight {
     }
 }
 
-/// Messages to a run (through its shard: `CriticMsg::Run { key, msg }`).
+/// Messages to a run (through its shard, addressed by its key).
 pub enum RunMsg {
     /// Make the next model call (or end the run).
     NextStep,
@@ -152,10 +152,19 @@ pub enum RunMsg {
     },
 }
 
+/// How a run's tasks reach the critic shard that hosts it (the shard
+/// implements it; one is shared by all the shard's runs).
+pub trait ShardLink: Send + Sync + 'static {
+    /// Sends run `key` a message (dropped if the shard is gone).
+    fn run_msg(&self, key: u64, msg: RunMsg);
+    /// Tells the shard run `key` is alive.
+    fn beat(&self, key: u64, beat: Beat);
+}
+
 /// Where a run's messages go: the shard that hosts it, and its key there.
 #[derive(Clone)]
 pub struct RunAddr {
-    pub(crate) shard: ActorRef<CriticMsg>,
+    pub(crate) shard: Arc<dyn ShardLink>,
     pub(crate) key: u64,
 }
 
@@ -163,19 +172,16 @@ impl RunAddr {
     /// Sends the run a message (dropped if its shard is gone: the run is
     /// then finalized by the host's shutdown or was never started).
     pub(crate) fn send(&self, msg: RunMsg) {
-        let _ = self.shard.cast(CriticMsg::Run { key: self.key, msg });
+        self.shard.run_msg(self.key, msg);
     }
 
     /// Tells the run's critic it is alive (from a task of the run's).
     pub(crate) fn beat(&self, beat: Beat) {
-        let _ = self.shard.cast(CriticMsg::Beat {
-            key: self.key,
-            beat,
-        });
+        self.shard.beat(self.key, beat);
     }
 }
 
-/// What a run is started with (`CriticMsg::Start`).
+/// What a run is started with (the shard's `Start` message).
 pub struct RunArgs {
     /// Its key on the shard (the host gives every run one).
     pub(crate) key: u64,

@@ -144,6 +144,32 @@ impl fmt::Display for RunStatus {
     }
 }
 
+impl std::str::FromStr for RunStatus {
+    type Err = UnknownStatus;
+
+    /// The status whose [`as_str`](RunStatus::as_str) is `s`.
+    fn from_str(s: &str) -> Result<Self, UnknownStatus> {
+        const ALL: [RunStatus; 8] = [
+            RunStatus::Ok,
+            RunStatus::Error,
+            RunStatus::Timeout,
+            RunStatus::Killed,
+            RunStatus::BudgetExceeded,
+            RunStatus::Cancelled,
+            RunStatus::Rejected,
+            RunStatus::DryRun,
+        ];
+        ALL.into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.to_string()))
+    }
+}
+
+/// A name that is no [`RunStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown status `{0}` (ok, error, timeout, killed, budget_exceeded, cancelled, rejected, dry_run)")]
+pub struct UnknownStatus(pub String);
+
 /// Why a run was killed. Recorded with the status, in the result and in the
 /// audit log; the first kill wins (kills are sticky).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -567,6 +593,31 @@ pub fn cap_text(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses_parse_from_their_names_and_serde_agrees() {
+        for name in [
+            "ok",
+            "error",
+            "timeout",
+            "killed",
+            "budget_exceeded",
+            "cancelled",
+            "rejected",
+            "dry_run",
+        ] {
+            let status: RunStatus = name.parse().unwrap_or(RunStatus::Error);
+            assert_eq!(status.as_str(), name);
+            assert_eq!(
+                serde_json::to_string(&status).unwrap_or_default(),
+                format!("\"{name}\"")
+            );
+        }
+        let e = "done".parse::<RunStatus>().err().map(|e| e.to_string());
+        assert!(e
+            .unwrap_or_default()
+            .starts_with("unknown status `done` (ok, error"));
+    }
 
     #[test]
     fn run_ids_are_unique_and_round_trip() {
