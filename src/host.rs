@@ -21,7 +21,9 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::actors::audit::{send_finished, Audit, AuditMsg};
+use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone};
+use crate::actors::audit::spool::SpoolIndex;
+use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
 use crate::actors::critic::{CriticMsg, Fault};
 use crate::actors::host::{HostActor, HostMsg, ShardSet};
@@ -31,7 +33,7 @@ use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer};
+use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, Lease};
 use crate::ports::critic::CriticPolicy;
 use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
@@ -90,6 +92,11 @@ pub struct HostConfig {
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
     pub shutdown_timeout: Duration,
+    /// How long this host's lease on a durable run holds without renewal
+    /// (renewed every third of it while the host lives): a host that dies
+    /// leaves its runs to `recover` elsewhere after this long (at once on
+    /// the same machine, where a dead process is known to be dead).
+    pub lease_ttl: Duration,
 }
 
 impl Default for HostConfig {
@@ -114,6 +121,7 @@ impl Default for HostConfig {
             max_depth: 3,
             max_children: 8,
             max_descendants: 64,
+            lease_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -136,6 +144,8 @@ pub struct Recovery {
     pub unrecoverable: Vec<RunId>,
     /// Runs that were not durable, ended `error`/`interrupted`.
     pub interrupted: Vec<RunId>,
+    /// Durable runs another live host holds (its lease is live): left to it.
+    pub leased: Vec<RunId>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -146,6 +156,7 @@ impl std::fmt::Debug for Recovery {
             .field("crash_loops", &self.crash_loops.len())
             .field("unrecoverable", &self.unrecoverable.len())
             .field("interrupted", &self.interrupted.len())
+            .field("leased", &self.leased.len())
             .finish()
     }
 }
@@ -398,12 +409,22 @@ impl HostBuilder {
         let (root, _) = Actor::spawn(None, root_actor, ())
             .await
             .map_err(spawn_err("host"))?;
+        // Durability: the audit actor reports whether records can be
+        // written; admission reads it (see `open`).
+        let audit_health = Arc::new(AuditHealth::default());
+        // Exactly-once recovery: this host's lease on its durable runs.
+        let lease = Lease {
+            owner: lease_owner(),
+            ttl: c.lease_ttl,
+        };
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
             spool: c.audit_spool.clone(),
             checkpointer: checkpointer.clone(),
+            health: audit_health.clone(),
+            lease: lease.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -436,6 +457,8 @@ impl HostBuilder {
                 audit,
                 budget,
                 audit_store,
+                audit_health,
+                lease,
                 checkpointer,
                 booted: AtomicBool::new(false),
                 accounts: DashMap::new(),
@@ -458,6 +481,10 @@ pub(crate) struct HostInner {
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
+    /// Durability: whether the audit actor can write records (admission).
+    audit_health: Arc<AuditHealth>,
+    /// Exactly-once recovery: this host's lease on its durable runs.
+    lease: Lease,
     checkpointer: Arc<dyn Checkpointer>,
     /// A run was submitted or `recover` ran: from then on `recover` would
     /// take this host's own runs for interrupted ones, so it refuses.
@@ -771,6 +798,13 @@ impl Host {
                 "shutting_down",
                 "the host is shutting down",
             ))
+        } else if h.audit_health.store_unavailable() {
+            // Durability: a run admitted now could not be recorded.
+            Some(Ending::failed(
+                RunStatus::Rejected,
+                "store_unavailable",
+                "neither the audit store nor its spool can take records",
+            ))
         } else if let Some(cap) = h
             .config
             .max_concurrent_runs
@@ -995,9 +1029,18 @@ impl Host {
     /// Each of these gets exactly one terminal record. Call it once, at
     /// boot, before any run is submitted (afterwards it refuses with
     /// [`RecoverError::NotAtBoot`]: it would take this host's own runs for
-    /// interrupted ones), with the stores the earlier process used; one host
-    /// per store. A killed run is never resumed: its kill wrote its terminal
-    /// record and cleared its checkpoint.
+    /// interrupted ones), with the stores the earlier process used. A
+    /// killed run is never resumed: its kill wrote its terminal record and
+    /// cleared its checkpoint.
+    ///
+    /// Exactly once: a durable run is resumed only after this host claims
+    /// its lease ([`Checkpointer::claim`]); a run whose lease another live
+    /// host holds (a host still running it, or another `recover`) is left
+    /// to it and listed in [`Recovery::leased`]. A lease whose owner is a
+    /// process of this machine that no longer runs is taken at once;
+    /// otherwise it must expire first ([`HostConfig::lease_ttl`]). A
+    /// terminal record still in the spool (`HostConfig::audit_spool`)
+    /// counts as finished.
     pub async fn recover(&self) -> Result<Recovery, RecoverError> {
         let h = &self.inner;
         if h.booted.swap(true, Ordering::AcqRel) {
@@ -1006,16 +1049,43 @@ impl Host {
         let mut out = Recovery::default();
         let mut checkpointed = std::collections::HashSet::new();
         let mut cleared = Vec::new();
+        // Durability: a spool left by an earlier process is replayed into
+        // the store first; what stays in it (the store still fails) counts
+        // too — a terminal record there means the run finished.
+        let spooled = self.spooled_records().await;
         let saved = h.checkpointer.load_all().await?;
-        for mut c in saved {
+        for c in &saved {
             checkpointed.insert(c.run_id);
+        }
+        for mut c in saved {
+            // Exactly once: resume a run only once it is ours.
+            match h.checkpointer.claim(c.run_id, &h.lease).await? {
+                Claim::Claimed => {}
+                Claim::Missing => continue,
+                Claim::HeldBy { owner, .. } => {
+                    let retaken = owner_is_gone(&owner)
+                        && h.checkpointer.release(&owner).await.is_ok()
+                        && h.checkpointer.claim(c.run_id, &h.lease).await? == Claim::Claimed;
+                    if !retaken {
+                        out.leased.push(c.run_id);
+                        continue;
+                    }
+                }
+            }
             let records = h.audit_store.run_records(c.run_id).await?;
-            if records.iter().any(AuditRecord::is_terminal) {
-                cleared.push(c.run_id);
+            let in_store = records.iter().any(AuditRecord::is_terminal);
+            if in_store || spooled.finished.contains(&c.run_id) {
+                // Cleared once its terminal record is in the store.
+                if in_store {
+                    cleared.push(c.run_id);
+                }
                 out.already_finished.push(c.run_id);
                 continue;
             }
-            let next_seq = records.last().map_or(0, |r| r.seq + 1);
+            let next_seq = records
+                .last()
+                .map_or(0, |r| r.seq + 1)
+                .max(spooled.next_seq.get(&c.run_id).copied().unwrap_or(0));
             if c.resumes >= MAX_RESUMES {
                 let error = format!(
                     "resumed {} times and interrupted again; not resumed",
@@ -1054,7 +1124,7 @@ impl Host {
             let Some(first) = records.first() else {
                 continue;
             };
-            if records.iter().any(AuditRecord::is_terminal) {
+            if records.iter().any(AuditRecord::is_terminal) || spooled.finished.contains(&run_id) {
                 continue;
             }
             let AuditEntry::RunStarted(info) = &first.entry else {
@@ -1088,7 +1158,10 @@ impl Host {
                 started_at: first.at_ms,
                 finished_at: now.max(first.at_ms),
             };
-            let seq = records.last().map_or(0, |r| r.seq + 1);
+            let seq = records
+                .last()
+                .map_or(0, |r| r.seq + 1)
+                .max(spooled.next_seq.get(&run_id).copied().unwrap_or(0));
             let _ = h.audit.cast(AuditMsg::Records(vec![AuditRecord {
                 run_id,
                 seq,
@@ -1098,6 +1171,28 @@ impl Host {
             out.interrupted.push(run_id);
         }
         Ok(out)
+    }
+
+    /// Durability: replays a spool left by an earlier process into the
+    /// store (a drain of the audit actor), then reads what stays in it.
+    async fn spooled_records(&self) -> SpoolIndex {
+        let h = &self.inner;
+        let Some(path) = h.config.audit_spool.clone() else {
+            return SpoolIndex::default();
+        };
+        let _ = h
+            .audit
+            .call(AuditMsg::Drain, Some(Duration::from_secs(60)))
+            .await;
+        let read = tokio::task::spawn_blocking(move || crate::actors::audit::spool::scan(&path));
+        match read.await {
+            Ok(Ok(index)) => index,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot read the audit spool; recovering from the store alone");
+                SpoolIndex::default()
+            }
+            Err(_) => SpoolIndex::default(),
+        }
     }
 
     /// Ends a checkpointed run without running it: its terminal record
@@ -1327,6 +1422,11 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
+        // Exactly once: the durable runs this host keeps (cancelled by the
+        // shutdown) may be recovered at once, by any host.
+        if let Err(e) = h.checkpointer.release(&h.lease.owner).await {
+            tracing::warn!(error = %e, "cannot release this host's leases; they expire on their own");
+        }
         let _ = h
             .root
             .stop_children_and_wait(None, Some(Duration::from_secs(10)))

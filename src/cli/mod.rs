@@ -8,8 +8,10 @@
 //! audit log (read back by `agentvisor runs`) and the budget ledger, so a
 //! caller's token budget holds across invocations, and durable runs'
 //! checkpoints, which `agentvisor recover` resumes after a crash. While it cannot be
-//! written, audit batches go to `PATH.spool` and are replayed later. A
-//! database that cannot be opened is refused with exit code 2.
+//! written, audit batches go to `PATH.spool` (or `--spool`) and are
+//! replayed later; records that neither takes are counted, and the command
+//! says so and exits non-zero. A database that cannot be opened (or, with
+//! `--check`, is damaged) is refused with exit code 2.
 
 /// Prints a line to stdout. Once stdout is gone (the reader of a pipe, such
 /// as `head -1`, went away) nothing more is printed, and the command goes on
@@ -56,6 +58,14 @@ pub(crate) struct Cli {
     /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Where audit records go while the database cannot be written (put it
+    /// on another disk); default: `PATH.spool` beside the database.
+    #[arg(long, global = true, env = "AGENTVISOR_SPOOL", value_name = "PATH")]
+    spool: Option<PathBuf>,
+    /// Check the whole database file when it is opened (`PRAGMA
+    /// quick_check`): a damaged file is refused with exit code 2.
+    #[arg(long, global = true)]
+    check: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -102,8 +112,26 @@ enum Command {
     Budget(budget::BudgetArgs),
 }
 
+/// Store options every command that opens a database follows (`--spool`,
+/// `--check`), set once from the command line.
+#[derive(Debug, Default)]
+struct StoreOptions {
+    spool: Option<PathBuf>,
+    check: bool,
+}
+
+static STORE_OPTIONS: std::sync::OnceLock<StoreOptions> = std::sync::OnceLock::new();
+
+fn store_options() -> &'static StoreOptions {
+    STORE_OPTIONS.get_or_init(StoreOptions::default)
+}
+
 /// Runs the chosen command.
 pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
+    let _ = STORE_OPTIONS.set(StoreOptions {
+        spool: cli.spool.clone(),
+        check: cli.check,
+    });
     let db = Db::from_flag(cli.db);
     match cli.command {
         Command::Run(a) => run::run(a, &db).await,
@@ -289,9 +317,55 @@ pub(crate) fn providers(model: Option<String>) -> Result<ProviderConfig, ExitCod
 }
 
 /// Opens (or creates) the database, or refuses with exit 2 and a message
-/// naming the path.
+/// naming the path; with `--check`, a damaged file is refused too.
 pub(crate) async fn open_db(path: &Path) -> Result<SqliteStore, ExitCode> {
-    SqliteStore::open(path).await.map_err(refuse)
+    let store = SqliteStore::open(path).await.map_err(refuse)?;
+    if store_options().check {
+        check_db(&store).await?;
+    }
+    Ok(store)
+}
+
+/// Opens an existing database (readers: `runs`, `replay`), or refuses with
+/// exit 2; with `--check`, a damaged file is refused too.
+pub(crate) async fn open_existing_db(path: &Path) -> Result<SqliteStore, ExitCode> {
+    let store = SqliteStore::open_existing(path).await.map_err(refuse)?;
+    if store_options().check {
+        check_db(&store).await?;
+    }
+    Ok(store)
+}
+
+/// `PRAGMA quick_check` of the whole file: damage is refused with exit 2
+/// and a message naming the path.
+pub(crate) async fn check_db(store: &SqliteStore) -> Result<(), ExitCode> {
+    store.check().await.map_err(refuse)
+}
+
+/// After a host's shutdown: says on stderr how many audit records could not
+/// be written (neither the database nor the spool took them) and where the
+/// spool is, and how many wait in the spool. Returns whether records were
+/// lost (the command then exits non-zero).
+pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::AuditStats) -> bool {
+    let spool = host
+        .config()
+        .audit_spool
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |p| p.display().to_string());
+    if stats.spooled > 0 {
+        eprintln!(
+            "warning: {} audit record(s) are in the spool {spool}, not yet in the database; the next command on this database replays them",
+            stats.spooled
+        );
+    }
+    if stats.unwritten > 0 {
+        eprintln!(
+            "error: {} audit record(s) could not be written: neither the database nor the spool ({spool}) took them",
+            stats.unwritten
+        );
+        return true;
+    }
+    false
 }
 
 /// A host on the SQLite store at `path` (audit, ledger, checkpoints).
@@ -311,12 +385,15 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
 /// (a transaction costs the same for 1 or 4096 records), and a spool beside
 /// the database.
 fn sqlite_config(path: &Path) -> HostConfig {
-    let mut spool = path.as_os_str().to_owned();
-    spool.push(".spool");
+    let spool = store_options().spool.clone().unwrap_or_else(|| {
+        let mut spool = path.as_os_str().to_owned();
+        spool.push(".spool");
+        PathBuf::from(spool)
+    });
     HostConfig {
         audit_batch: 4096,
         audit_max_age: Duration::from_millis(5),
-        audit_spool: Some(PathBuf::from(spool)),
+        audit_spool: Some(spool),
         ..HostConfig::default()
     }
 }

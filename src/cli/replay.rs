@@ -9,7 +9,6 @@ use clap::Args;
 
 use agentvisor::ports::audit::AuditStore;
 use agentvisor::replay::replay;
-use agentvisor::stores::SqliteStore;
 use agentvisor::tools::ToolRegistry;
 use agentvisor::RunId;
 
@@ -36,9 +35,9 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
         Ok(id) if a.run_id.len() == 32 => id,
         _ => return super::refuse(format!("`{}` is not a run id (32 hex digits)", a.run_id)),
     };
-    let store = match SqliteStore::open_existing(path).await {
+    let store = match super::open_existing_db(path).await {
         Ok(s) => s,
-        Err(e) => return super::refuse(e),
+        Err(code) => return code,
     };
     let records = store.run_records(run_id).await;
     store.close().await;

@@ -107,11 +107,16 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
         }
         Err(e) => return super::refuse(e),
     };
-    host.shutdown().await;
+    // The result is on record (in the database or its spool) once it is
+    // delivered: print it now, before the shutdown drains the rest.
     if a.json {
         outln!("{}", serde_json::to_string(&result).unwrap_or_default());
     } else {
         print_human(&result);
+    }
+    let stats = host.shutdown().await;
+    if super::report_unwritten(&host, &stats) {
+        return ExitCode::from(1);
     }
     if let Some(s) = caught {
         ExitCode::from(s.exit_code())

@@ -83,9 +83,9 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
         }
         Db::File(p) => p,
     };
-    let store = match SqliteStore::open_existing(path).await {
+    let store = match super::open_existing_db(path).await {
         Ok(s) => s,
-        Err(e) => return super::refuse(e),
+        Err(code) => return code,
     };
     let code = match a.command {
         RunsCommand::List(l) => list(&store, l).await,

@@ -240,10 +240,11 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
             s.audit_terminal_records
         );
     }
+    let lost = super::report_unwritten(&host, &stats);
     let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;
     if let Some(s) = caught {
         ExitCode::from(s.exit_code())
-    } else if all_ok {
+    } else if all_ok && !lost {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
