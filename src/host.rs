@@ -199,16 +199,32 @@ impl Opening {
     }
 }
 
-/// The transcript a new run starts from: the system prompt, then the input.
-fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
+/// The transcript a new run starts from: the system prompt, then the input
+/// (with the invocation's attachments).
+fn initial_transcript(
+    spec: &AgentSpec,
+    prompt: &str,
+    attachments: Vec<crate::spec::Attachment>,
+) -> Vec<Message> {
     // Room for the first tool turn; a run that waits on its first call
     // holds no more than that.
     let mut t = Vec::with_capacity(4);
     if !spec.system.is_empty() {
         t.push(Message::text(Role::System, spec.system.clone()));
     }
-    t.push(Message::text(Role::User, prompt));
+    let mut input = Message::text(Role::User, prompt);
+    input.attachments = attachments;
+    t.push(input);
     t
+}
+
+/// Checks an invocation's attachments (size cap, image type and content)
+/// before anything runs.
+fn check_attachments(inv: &Invocation) -> Result<(), SubmitError> {
+    for a in &inv.attachments {
+        a.check()?;
+    }
+    Ok(())
 }
 
 /// Why a host could not be built.
@@ -246,6 +262,13 @@ pub enum SubmitError {
         /// What the host knows.
         known: String,
     },
+    /// The manifest names no model and nothing configures the default
+    /// tier (the message says how to set one).
+    #[error("{0}")]
+    NoModel(String),
+    /// An attachment is too large or not usable.
+    #[error(transparent)]
+    Attachment(#[from] crate::ports::model::AttachmentError),
 }
 
 /// Builds a [`Host`].
@@ -566,6 +589,9 @@ impl Host {
             }
         }
         resolver.resolve(spec).map_err(|e| {
+            if let ResolveError::NoModel { .. } = e {
+                return SubmitError::NoModel(e.to_string());
+            }
             let mut known: Vec<String> = self.inner.models.keys().cloned().collect();
             known.extend(resolver.known());
             known.sort_unstable();
@@ -586,6 +612,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve(agent.into())?;
         Ok(self
             .start(agent, invocation, false, None)
@@ -600,6 +627,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve(agent.into())?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
@@ -751,7 +779,8 @@ impl Host {
             shared.finish(ending, &h.audit);
             return Err((handle, events));
         }
-        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
+        let own_prompt =
+            inv.prompt.is_empty() && agent.spec().prompt.is_some() && inv.attachments.is_empty();
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
             std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
@@ -767,9 +796,13 @@ impl Host {
             Some(c) => c.transcript.clone(),
             // Runs of the manifest's own prompt share one starting transcript.
             None if own_prompt => {
-                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt))
+                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt, Vec::new()))
             }
-            None => Arc::new(initial_transcript(agent.spec(), &prompt)),
+            None => Arc::new(initial_transcript(
+                agent.spec(),
+                &prompt,
+                inv.attachments.clone(),
+            )),
         };
         let mut first_checkpoint = None;
         let durable = if durable {

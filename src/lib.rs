@@ -50,6 +50,8 @@
 //! - [`workload`]: the W1 benchmark workload and its bare-tokio floor.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
+//! - [`secrets`]: the known secret values, redacted from everything a run
+//!   stores, streams or prints.
 
 pub mod actors;
 pub mod agent;
@@ -62,6 +64,7 @@ pub mod ports;
 pub mod pricing;
 pub mod providers;
 pub mod replay;
+pub mod secrets;
 pub mod spec;
 pub mod stores;
 pub mod tools;

@@ -72,6 +72,10 @@ use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
 use crate::spec::{Limits, ABSOLUTE_DEADLINE};
 
+/// The `error_kind` of a run killed while its streaming model call still
+/// waited for its first token (see `Limits::first_token_timeout`).
+pub const FIRST_TOKEN_TIMEOUT: &str = "first_token_timeout";
+
 /// Steps a run takes in one handler at most when its calls answer at once.
 pub const INLINE_STEPS: u32 = 8;
 
@@ -92,8 +96,11 @@ pub enum Beat {
     },
     /// A tool call finished.
     ToolFinished,
-    /// Still alive (a retry, a streamed chunk).
+    /// Still alive (a retry, a caller's heartbeat).
     Alive,
+    /// A model call streamed something (text, tool-call arguments,
+    /// reasoning): alive, and past its wait for the first token.
+    Streaming,
 }
 
 /// Messages to a critic shard.
@@ -175,6 +182,10 @@ pub(crate) struct Watched {
     runaway_steered: bool,
     /// A repeat reached the limit: decide before the next step.
     repeat_due: bool,
+    /// A streaming model call waits for its first token: the stall bound
+    /// is `first_token_timeout` until it comes (a queueing server is not a
+    /// stalled one), and a kill then says `first_token_timeout`.
+    awaiting_first: bool,
 }
 
 impl Watched {
@@ -196,6 +207,21 @@ impl Watched {
             repeats: 0,
             runaway_steered: false,
             repeat_due: false,
+            awaiting_first: false,
+        }
+    }
+
+    /// The model call just started streams: it waits for its first token.
+    pub(crate) fn await_first_token(&mut self) {
+        self.awaiting_first = true;
+    }
+
+    /// The stall bound in force (see `awaiting_first`).
+    fn stall_bound(&self, limits: &Limits) -> Duration {
+        if self.awaiting_first {
+            limits.first_token()
+        } else {
+            limits.stall_timeout
         }
     }
 
@@ -207,7 +233,9 @@ impl Watched {
             Beat::StepFinished { tokens } => {
                 self.steps_done += 1;
                 self.tokens += tokens;
+                self.awaiting_first = false;
             }
+            Beat::Streaming => self.awaiting_first = false,
             Beat::ToolFinished => self.tool_calls += 1,
             Beat::Alive => {}
             Beat::ToolStarted { hash } => {
@@ -229,7 +257,7 @@ impl Watched {
     }
 
     fn next_due(&self, limits: &Limits) -> Instant {
-        let stall = self.last_beat + limits.stall_timeout;
+        let stall = self.last_beat + self.stall_bound(limits);
         self.hard_deadline.min(stall).min(self.next_soft)
     }
 
@@ -437,7 +465,7 @@ impl Critic {
         let w = &mut run.watch;
         let trigger = if now >= w.hard_deadline {
             Trigger::HardDeadline
-        } else if now >= w.last_beat + run.limits.stall_timeout {
+        } else if now >= w.last_beat + w.stall_bound(&run.limits) {
             Trigger::Stall
         } else if now >= w.next_soft {
             w.next_soft = now + run.limits.extension.max(Duration::from_millis(1));
@@ -518,8 +546,20 @@ impl Critic {
                 run.raise_iterations(by);
             }
             Decision::Kill(kill) => {
-                let dec = decision(run, CriticAction::Kill, kill.as_str(), None);
-                self.stop(run, Ending::killed(kill), Some(dec));
+                let mut ending = Ending::killed(kill);
+                let mut detail = None;
+                if matches!(trigger, Trigger::Stall) && run.watch.awaiting_first {
+                    // Told apart from a stall: the server never started answering.
+                    let waited = run.limits.first_token();
+                    ending.error_kind = Some(FIRST_TOKEN_TIMEOUT.to_string());
+                    ending.error = Some(format!(
+                        "killed: no first token within {} (a server that queues requests, or one that does not answer; see `limits.first_token_timeout`)",
+                        crate::spec::format_duration(waited)
+                    ));
+                    detail = Some(FIRST_TOKEN_TIMEOUT.to_string());
+                }
+                let dec = decision(run, CriticAction::Kill, kill.as_str(), detail);
+                self.stop(run, ending, Some(dec));
             }
         }
         run.watch.progress_at_decision = run.watch.progress();

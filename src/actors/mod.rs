@@ -8,3 +8,4 @@ pub mod budget;
 pub mod critic;
 pub mod host;
 pub mod run;
+pub mod run_observer;

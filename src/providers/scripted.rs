@@ -383,6 +383,8 @@ mod tests {
             on_delta: None,
             deadline: None,
             on_retry: None,
+            options: None,
+            observer: None,
         }
     }
 

@@ -261,8 +261,11 @@ impl PreparedCall {
             Ok(Err(payload)) => Err(ToolError::Panicked(panic_text(payload.as_ref()))),
             Ok(Ok(result)) => result,
         };
+        // Known secrets (API keys) never leave a tool: a tool that prints
+        // its environment or echoes its arguments is redacted here, before
+        // its result reaches the model, an event or the audit log.
         match outcome {
-            Ok(text) => Ok(cap_text(&text, max_result_bytes)),
+            Ok(text) => Ok(cap_text(&crate::secrets::redact(&text), max_result_bytes)),
             Err(error) => Err(cap_error(error)),
         }
     }
@@ -292,7 +295,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Caps the message an error carries, so a tool cannot flood the transcript
 /// through its errors.
 fn cap_error(error: ToolError) -> ToolError {
-    let cap = |s: String| cap_text(&s, MAX_ERROR_BYTES);
+    let cap = |s: String| cap_text(&crate::secrets::redact(&s), MAX_ERROR_BYTES);
     match error {
         ToolError::UnknownTool(s) => ToolError::UnknownTool(cap(s)),
         ToolError::InvalidArguments(s) => ToolError::InvalidArguments(cap(s)),

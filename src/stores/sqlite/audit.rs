@@ -633,6 +633,9 @@ fn push_usage(out: &mut Vec<u8>, usage: &Usage) {
             push_int(out, n);
         }
     }
+    if usage.estimated {
+        out.extend_from_slice(b",\"estimated\":true");
+    }
     out.push(b'}');
 }
 
@@ -1184,6 +1187,7 @@ mod tests {
                     cache_read_tokens: 5,
                     cache_write_tokens: 0,
                     reasoning_tokens: 9,
+                    estimated: false,
                 },
                 calls: Vec::new(),
             },
@@ -1277,6 +1281,7 @@ mod tests {
                     cache_read_tokens: 3,
                     cache_write_tokens: 0,
                     reasoning_tokens: 5,
+                    estimated: true,
                 },
                 cost_micros: u64::MAX,
                 critic: vec![crate::ports::run::CriticDecision {
