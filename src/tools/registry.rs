@@ -316,6 +316,61 @@ mod tests {
         ToolRegistry::with_builtins()
     }
 
+    /// A tool that prints a secret in its result, or in its error.
+    struct Leaky(ToolSpec, bool);
+
+    #[async_trait]
+    impl Tool for Leaky {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        async fn call(&self, _: Value, _: ToolContext) -> Result<String, ToolError> {
+            let text = "env: API_KEY=SK-REGISTRY-LEAK-0042".to_string();
+            if self.1 {
+                Err(ToolError::Failed(text))
+            } else {
+                Ok(text)
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn known_secrets_never_leave_a_tool() {
+        crate::secrets::register("sk-registry-leak-0042");
+        for fails in [false, true] {
+            let leaky = Arc::new(Leaky(
+                ToolSpec {
+                    name: "leaky".into(),
+                    description: "prints its environment".into(),
+                    parameters: json!({"type": "object"}),
+                },
+                fails,
+            ));
+            let mut r = ToolRegistry::new();
+            r.register(leaky).unwrap();
+            let set = r.select(&["leaky".to_string()]).unwrap();
+            let call = crate::ports::model::ToolCallRequest {
+                id: "c".into(),
+                name: "leaky".into(),
+                arguments: "{}".into(),
+            };
+            let ctx = ToolContext {
+                run_id: RunId(1),
+                call_id: "c".into(),
+            };
+            let out = set
+                .prepare(&call)
+                .unwrap()
+                .execute(ctx, Duration::from_secs(1), 1000)
+                .await;
+            let text = match out {
+                Ok(t) => t,
+                Err(e) => e.to_string(),
+            };
+            assert_eq!(text, "env: API_KEY=[REDACTED]", "fails: {fails}");
+        }
+    }
+
     fn all(registry: &ToolRegistry) -> ToolSet {
         match registry.select(&registry.names()) {
             Ok(set) => set,
