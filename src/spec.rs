@@ -493,7 +493,9 @@ pub struct AgentSpec {
     pub name: String,
     /// Model spec (`scripted`, `openai:MODEL`, `anthropic:MODEL`,
     /// `ollama:MODEL`, a tier name such as `fast`). Left out: `scripted`
-    /// when the manifest has a `script`, else the default tier `fast`.
+    /// when the manifest has a `script`, else (kept empty) the default tier
+    /// `fast`, if something configures it (see
+    /// `providers::ResolveError::NoModel`).
     #[serde(default)]
     pub model: String,
     /// What the agent is for (shown to parents that delegate to it).

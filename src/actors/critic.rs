@@ -20,6 +20,12 @@
 //! The records the handler made go to the audit actor as one message.
 //!
 //! # Timing
+//! A streaming model call waits for its first token under its own bound
+//! (`first_token_timeout`, default `stall_timeout`) instead of the stall
+//! timeout; its streamed chunks are heartbeats (`Beat::Streaming`, which
+//! also ends the wait). A stall kill during that wait is told apart:
+//! `error_kind` [`FIRST_TOKEN_TIMEOUT`].
+//!
 //! Deadlines sit in one ordered timer set per shard (`BTreeSet<(Instant,
 //! key)>`) and one sleeper task per shard wakes the critic at the earliest
 //! one: no task per timer, no scan of every run per tick. Timers are lazy:

@@ -27,6 +27,12 @@
 //! the summary, or keeps the transcript whole if the call fails (see
 //! `crate::compaction`).
 //!
+//! A run on a model that streams hands each call an observer
+//! (`crate::actors::run_observer`): streamed chunks are heartbeats, the
+//! call's wait for its first token is bounded by `first_token_timeout`
+//! instead of the stall timeout, streamed text is kept as partial output,
+//! and a provider's fallbacks and estimates become `warning` events.
+//!
 //! Audit records are collected while a message is handled and sent to the
 //! audit actor as one batch at the end of it. The partial result lives in
 //! the shared record (`RunShared`) that the run's handle reads.

@@ -335,6 +335,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::unwrap_used)]
     async fn known_secrets_never_leave_a_tool() {
         crate::secrets::register("sk-registry-leak-0042");
         for fails in [false, true] {
