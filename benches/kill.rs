@@ -20,7 +20,7 @@
 //! the critic's decision, the run's stop, and the terminal record. The
 //! floor is the same population as plain tokio tasks, each running the
 //! floor's loop hung in the same scripted model call
-//! (`agentvisor::workload::Floor`), killed by `JoinHandle::abort` and timed
+//! (`support::workload::Floor`), killed by `JoinHandle::abort` and timed
 //! until awaiting its `JoinHandle` returns.
 //!
 //! - *one at a time*: the sample is killed one run after another, each
@@ -44,8 +44,9 @@ mod support;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use agentvisor::workload::{rss_bytes, Floor};
+use agentvisor::soak::sampler::rss_bytes;
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunHandle, RunStatus};
+use support::workload::Floor;
 use support::{ratio, setting, us, Summary};
 
 #[global_allocator]

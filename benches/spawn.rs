@@ -18,7 +18,7 @@
 //!
 //! One run at a time, from a task on a runtime worker: agentvisor times
 //! `host.submit(..).await` then awaiting the handle; the floor times
-//! `tokio::spawn` of its run (`agentvisor::workload::Floor`) and awaiting the
+//! `tokio::spawn` of its run (`support::workload::Floor`) and awaiting the
 //! `JoinHandle`. Printed: mean, p50, p99, max per run, and the ratios
 //! agentvisor / floor of the mean and the p50.
 //!
@@ -33,8 +33,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use agentvisor::workload::{w1_spec, Floor};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunStatus};
+use support::workload::{w1_spec, Floor};
 use support::{ratio, setting, us, Summary};
 
 #[global_allocator]

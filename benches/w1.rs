@@ -13,7 +13,7 @@
 //! allocator: mimalloc, as the CLI.
 //!
 //! Each round runs the floor, then agentvisor, on the same runtime
-//! (`agentvisor::workload::run_engine`); printed per round: runs/s, CPU
+//! (`support::workload::run_engine`); printed per round: runs/s, CPU
 //! seconds per 1000 runs, and the ratios agentvisor / floor; then the median
 //! over the rounds. Issue 5's target: throughput ratio ≥ 0.3 (aim 0.5).
 //!
@@ -30,9 +30,9 @@ mod support;
 
 use std::time::Duration;
 
-use agentvisor::workload::{run_engine, Engine, Figures, Ratios, Settings};
 use agentvisor::{Host, HostConfig};
 use support::setting;
+use support::workload::{run_engine, Engine, Figures, Ratios, Settings};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

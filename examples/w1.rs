@@ -3,7 +3,7 @@
 //! Workload W1 — one run = 3 model calls and 2 tool executions against the
 //! scripted model (`add(2,3)`, `upper("done")`, then the text `final: 5
 //! DONE`), each model call first sleeping L ms — through two engines (both
-//! in `agentvisor::workload`):
+//! in `benches/support/workload.rs`, shared with the benches):
 //!
 //! - `floor`: the same loop as plain tokio tasks with a trait-object model
 //!   and the same tool set (argument validation included), nothing else: no
@@ -21,8 +21,11 @@
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use agentvisor::workload::{run_engine, Engine, Figures, Ratios, Settings};
 use agentvisor::Host;
+use workload::{run_engine, Engine, Figures, Ratios, Settings};
+
+#[path = "../benches/support/workload.rs"]
+mod workload;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -13,22 +13,21 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
-use tokio::sync::Notify;
 
-use crate::actors::audit::{Audit, AuditMsg};
+use crate::actors::audit::{send_finished, Audit, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
-use crate::actors::critic::{Critic, CriticMsg};
-use crate::actors::host::{HostActor, HostMsg};
-use crate::actors::run::{DurableRun, RunAddr, RunArgs};
+use crate::actors::critic::{CriticMsg, Fault};
+use crate::actors::host::{HostActor, HostMsg, ShardSet};
+use crate::actors::run::{DurableRun, RunArgs};
 use crate::agent::Agent;
-use crate::handle::{Ending, RunEvents, RunHandle, RunShared};
+use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
@@ -38,6 +37,7 @@ use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
 use crate::ports::tool::Tool;
 use crate::providers::{ModelResolver, ProviderConfig, ResolveError};
+use crate::record::{self, Delivery, Ending, HostRuns, RunIdentity, RunShared, SUBSCRIBER_BUFFER};
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
 use crate::tools::{RegistryError, ToolRegistry};
@@ -73,6 +73,10 @@ pub struct HostConfig {
     /// Every run is durable (checkpointed after every step), whatever its
     /// manifest says (default: only manifests with `durable: true`).
     pub durable_default: bool,
+    /// How long [`Host::shutdown`] waits for cancelled runs to finalize
+    /// through their shards; after it, what is left ends `cancelled` at
+    /// once (durable runs keep their checkpoint).
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for HostConfig {
@@ -92,6 +96,7 @@ impl Default for HostConfig {
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),
             durable_default: false,
+            shutdown_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -183,6 +188,8 @@ struct Opening {
     /// Everything the shard starts it with (the ticket comes last); boxed
     /// once, handed to the shard as is.
     args: Box<RunArgs>,
+    /// The critic shard that will host it.
+    shard: ActorRef<CriticMsg>,
     caller: Arc<str>,
     handle: RunHandle,
     events: Option<RunEvents>,
@@ -194,7 +201,7 @@ impl Opening {
     /// Ends the run before it started: finalized with `ending`, its handle
     /// resolves.
     fn refuse(self, ending: Ending, audit: &ActorRef<AuditMsg>) -> (RunHandle, Option<RunEvents>) {
-        self.args.shared.finish(ending, audit);
+        send_finished(audit, self.args.shared.finish_after(ending, Vec::new()));
         (self.handle, self.events)
     }
 }
@@ -366,9 +373,6 @@ impl HostBuilder {
                 reason: e.to_string(),
             }
         };
-        let (root, _) = Actor::spawn(None, HostActor, ())
-            .await
-            .map_err(spawn_err("host"))?;
         let audit_store = self
             .audit
             .unwrap_or_else(|| Arc::new(MemoryAuditStore::new()));
@@ -378,6 +382,15 @@ impl HostBuilder {
         let checkpointer = self
             .checkpointer
             .unwrap_or_else(|| Arc::new(MemoryCheckpointer::new()));
+        let policy = self.policy.unwrap_or_else(|| Arc::new(RulesPolicy));
+        let live = Arc::new(HostRuns::new(audit_store.clone()));
+        let shards = Arc::new(ShardSet::new(live.clone(), policy));
+        let root_actor = HostActor {
+            shards: shards.clone(),
+        };
+        let (root, _) = Actor::spawn(None, root_actor, ())
+            .await
+            .map_err(spawn_err("host"))?;
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
@@ -388,6 +401,7 @@ impl HostBuilder {
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
             .map_err(spawn_err("audit"))?;
+        let _ = shards.audit.set(audit.clone());
         let budget_actor = Budget {
             ledger: ledger.clone(),
             window: c.budget_window,
@@ -397,14 +411,11 @@ impl HostBuilder {
         let (budget, _) = Actor::spawn_linked(None, budget_actor, (), root.get_cell())
             .await
             .map_err(spawn_err("budget"))?;
-        let policy = self.policy.unwrap_or_else(|| Arc::new(RulesPolicy));
-        let mut critics = Vec::with_capacity(c.critic_shards);
-        for _ in 0..c.critic_shards {
-            let critic = Critic::new(policy.clone());
-            let (r, _) = Actor::spawn_linked(None, critic, (), root.get_cell())
+        for i in 0..c.critic_shards {
+            shards
+                .spawn(&root.get_cell(), i)
                 .await
                 .map_err(spawn_err("critic"))?;
-            critics.push(r);
         }
         let default_caller = Arc::from(c.default_caller.as_str());
         Ok(Host {
@@ -414,52 +425,19 @@ impl HostBuilder {
                 models: self.models,
                 resolver: ModelResolver::new(self.providers),
                 root,
-                critics,
+                shards,
                 audit,
                 budget,
                 audit_store,
                 checkpointer,
                 booted: AtomicBool::new(false),
                 accounts: DashMap::new(),
-                live: Arc::new(LiveRuns::default()),
+                live,
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
                 default_caller,
             }),
         })
-    }
-}
-
-/// Counts runs in flight and wakes whoever waits for none.
-#[derive(Default)]
-pub(crate) struct LiveRuns {
-    count: AtomicUsize,
-    idle: Notify,
-}
-
-impl LiveRuns {
-    pub(crate) fn enter(&self) {
-        self.count.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn leave(&self) {
-        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.idle.notify_waiters();
-        }
-    }
-
-    pub(crate) fn count(&self) -> usize {
-        self.count.load(Ordering::Acquire)
-    }
-
-    async fn wait_idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if self.count() == 0 {
-                return;
-            }
-            notified.await;
-        }
     }
 }
 
@@ -469,7 +447,7 @@ struct HostInner {
     models: HashMap<String, Arc<dyn ChatModel>>,
     resolver: ModelResolver,
     root: ActorRef<HostMsg>,
-    critics: Vec<ActorRef<CriticMsg>>,
+    shards: Arc<ShardSet>,
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
@@ -478,7 +456,7 @@ struct HostInner {
     /// take this host's own runs for interrupted ones, so it refuses.
     booted: AtomicBool,
     accounts: DashMap<Arc<str>, Arc<Account>>,
-    live: Arc<LiveRuns>,
+    live: Arc<HostRuns>,
     closed: AtomicBool,
     /// The next run's key (its shard is the key modulo the shard count).
     next_key: AtomicU64,
@@ -637,7 +615,7 @@ impl Host {
     }
 
     /// Submits a run and waits for its result.
-    pub async fn run(
+    pub async fn execute(
         &self,
         agent: impl Into<AgentSource>,
         invocation: Invocation,
@@ -722,15 +700,26 @@ impl Host {
                 .resolve(&agent.spec().limits.over(&h.config.default_limits))
         };
         let caller = self.caller_arc(inv.caller_id.as_deref());
-        let (shared, result_rx, events) = RunShared::new(
-            run_id,
-            agent.name_arc(),
-            Some(caller.clone()),
-            inv.parent_run_id,
-            limits.max_iterations,
-            with_events,
+        // Runs go round the shards; a run's key is unique on its host.
+        let key = h.next_key.fetch_add(1, Ordering::Relaxed);
+        let shard = h.shards.route(key);
+        let (shared, result_rx) = RunShared::new(
+            RunIdentity {
+                run_id,
+                agent: agent.name_arc(),
+                caller_id: Some(caller.clone()),
+                parent_run_id: inv.parent_run_id,
+                max_iterations: limits.max_iterations,
+            },
+            shard.mailbox,
+            key,
             h.live.clone(),
         );
+        let shard = shard.actor;
+        // A stream asked for at submission sees every record from the first.
+        let events = with_events.then(|| RunEvents {
+            inner: record::subscribe(shared.clone(), 0, SUBSCRIBER_BUFFER),
+        });
         let durable = resumed.is_some() || agent.spec().durable || h.config.durable_default;
         if durable {
             shared.set_durable();
@@ -740,14 +729,10 @@ impl Host {
             shared.start_seq_at(next_seq);
             c
         });
-        // Runs go round the shards; a run's key is unique on its host.
-        let key = h.next_key.fetch_add(1, Ordering::Relaxed);
-        let shard = h.critics[(key % h.critics.len() as u64) as usize].clone();
         let handle = RunHandle {
             run_id,
-            shared: Some(shared.clone()),
+            shared: shared.clone(),
             result_rx,
-            addr: RunAddr { shard, key },
             done: false,
             detached: false,
         };
@@ -776,7 +761,7 @@ impl Host {
             None
         };
         if let Some(ending) = refused {
-            shared.finish(ending, &h.audit);
+            send_finished(&h.audit, shared.finish_after(ending, Vec::new()));
             return Err((handle, events));
         }
         let own_prompt =
@@ -862,6 +847,7 @@ impl Host {
                 budget: h.budget.clone(),
                 ticket: None,
             }),
+            shard,
             caller,
             handle,
             events,
@@ -873,21 +859,23 @@ impl Host {
     fn launch(&self, run: Opening, ticket: Ticket) -> (RunHandle, Option<RunEvents>) {
         let Opening {
             mut args,
+            shard,
             handle,
             events,
             ..
         } = run;
         args.ticket = Some(ticket);
         if let Err(ractor::MessagingErr::SendErr(CriticMsg::Start(args))) =
-            handle.addr.shard.cast(CriticMsg::Start(args))
+            shard.cast(CriticMsg::Start(args))
         {
-            args.shared.finish(
-                Ending::failed(
-                    RunStatus::Error,
-                    "host_stopped",
-                    "the run's critic shard is gone",
-                ),
+            let ending = Ending::failed(
+                RunStatus::Error,
+                "host_stopped",
+                "the run's critic shard is gone",
+            );
+            send_finished(
                 &self.inner.audit,
+                args.shared.finish_after(ending, Vec::new()),
             );
         }
         (handle, events)
@@ -1043,7 +1031,7 @@ impl Host {
             started_at: c.started_at,
             finished_at: now.max(c.started_at),
         });
-        let (deliver, _) = tokio::sync::oneshot::channel();
+        let deliver = Delivery::none();
         let _ = self.inner.audit.cast(AuditMsg::Terminal {
             preceding: Vec::new(),
             record: AuditRecord {
@@ -1132,15 +1120,97 @@ impl Host {
         self.inner.live.wait_idle().await;
     }
 
+    /// A run in flight, by its id: a reference to steer, extend, kill or
+    /// cancel it, read its live state, subscribe to its events or await its
+    /// result. `None` once the run has ended (its record is in the audit
+    /// store) or for an id this host never ran.
+    pub fn run(&self, run_id: &RunId) -> Option<RunRef> {
+        self.inner.live.get(run_id).map(|shared| RunRef { shared })
+    }
+
+    /// Every run in flight on this host (a snapshot; newest first).
+    pub fn runs(&self) -> Vec<LiveRun> {
+        let mut out: Vec<LiveRun> = self
+            .inner
+            .live
+            .all()
+            .into_iter()
+            .map(|shared| {
+                let live = shared.live();
+                LiveRun {
+                    run_id: shared.run_id,
+                    agent: shared.agent.to_string(),
+                    caller_id: shared.caller_id.as_deref().map(str::to_string),
+                    parent_run_id: shared.parent_run_id,
+                    status: if live.finished {
+                        LiveStatus::Finishing
+                    } else {
+                        LiveStatus::Running
+                    },
+                    age_ms: live.elapsed_ms,
+                    iteration: live.iteration,
+                    max_iterations: live.max_iterations,
+                    tokens: live.tokens,
+                    tool_calls: live.tool_calls,
+                }
+            })
+            .collect();
+        out.sort_by_key(|r| std::cmp::Reverse(r.run_id));
+        out
+    }
+
+    /// Test hook: injects a fault into critic shard `shard` (it fails
+    /// outside any run's handler, or stops handling messages).
+    #[doc(hidden)]
+    pub fn inject_shard_fault(&self, shard: usize, fault: Fault) {
+        let actors = self.inner.shards.actors();
+        if let Some(a) = actors.get(shard) {
+            let _ = a.cast(CriticMsg::InjectFault(fault));
+        }
+    }
+
+    /// Test hook: tells every shard the process was not scheduled for
+    /// `gap`, as its sleeper does when its real-clock pulses come that late
+    /// (a VM pause, SIGSTOP).
+    #[doc(hidden)]
+    pub fn inject_pause(&self, gap: Duration) {
+        for a in self.inner.shards.actors() {
+            let _ = a.cast(CriticMsg::Paused { gap });
+        }
+    }
+
     /// Stops accepting runs, cancels what still runs, waits for every
-    /// terminal record, drains the audit and budget actors, stops the actors.
+    /// terminal record (at most `HostConfig::shutdown_timeout`; then what
+    /// is left ends `cancelled` at once, durable runs keeping their
+    /// checkpoint), drains the audit and budget actors, stops the actors.
     pub async fn shutdown(&self) -> AuditStats {
+        self.shutdown_after(Duration::ZERO).await
+    }
+
+    /// Like [`shutdown`](Self::shutdown), but first lets the runs in flight
+    /// go on for up to `drain` (no new run is admitted meanwhile).
+    pub async fn shutdown_after(&self, drain: Duration) -> AuditStats {
         let h = &self.inner;
         h.closed.store(true, Ordering::Release);
-        for c in &h.critics {
+        if !drain.is_zero() {
+            let _ = tokio::time::timeout(drain, self.wait_idle()).await;
+        }
+        for c in h.shards.actors() {
             let _ = c.cast(CriticMsg::CancelAll);
         }
-        self.wait_idle().await;
+        if tokio::time::timeout(h.config.shutdown_timeout, self.wait_idle())
+            .await
+            .is_err()
+        {
+            let left = h.live.all();
+            tracing::warn!(
+                runs = left.len(),
+                "runs did not finalize within the shutdown timeout: they end cancelled now"
+            );
+            for run in left {
+                send_finished(&h.audit, run.finish_after(Ending::suspended(), Vec::new()));
+            }
+        }
         let _ = h
             .budget
             .call(BudgetMsg::Drain, Some(Duration::from_secs(30)))
@@ -1160,4 +1230,39 @@ impl Host {
         h.root.stop(None);
         stats
     }
+}
+
+/// Where a live run is ([`Host::runs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LiveStatus {
+    /// It runs.
+    Running,
+    /// It ended; its terminal record is being written.
+    Finishing,
+}
+
+/// A run in flight, as [`Host::runs`] lists it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LiveRun {
+    /// The run.
+    pub run_id: RunId,
+    /// Its agent.
+    pub agent: String,
+    /// Who submitted it.
+    pub caller_id: Option<String>,
+    /// Its parent, for a sub-agent run.
+    pub parent_run_id: Option<RunId>,
+    /// Running, or finishing.
+    pub status: LiveStatus,
+    /// Time since it started, in ms.
+    pub age_ms: u64,
+    /// Model iterations started.
+    pub iteration: u32,
+    /// The iteration ceiling.
+    pub max_iterations: u32,
+    /// Tokens used so far.
+    pub tokens: u64,
+    /// Tool calls finished so far.
+    pub tool_calls: u32,
 }

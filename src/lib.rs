@@ -34,10 +34,10 @@
 //! go through the shard's mailbox and the shard runs its handler, with the
 //! critic's record of the run in the run's state. That makes a run cost its
 //! state (a few KB less than an actor of its own) and its heartbeats field
-//! updates; see [`actors::run`] and [`actors::critic`].
+//! updates; see `actors::run` and `actors::critic` (private).
 //!
 //! - [`ports`]: the traits actors depend on and the data they speak.
-//! - [`actors`]: host, critic, run, budget, audit — one per file.
+//! - `actors` (private): host, critic, run, budget, audit — one per file.
 //! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
 //!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
 //! - [`pricing`]: the price table (costs in micro-dollars, context windows).
@@ -47,13 +47,14 @@
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
-//! - [`workload`]: the W1 benchmark workload and its bare-tokio floor.
+//! - [`soak`]: the soak engine: keep runs in flight, sample the process,
+//!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
 //! - [`secrets`]: the known secret values, redacted from everything a run
 //!   stores, streams or prints.
 
-pub mod actors;
+pub(crate) mod actors;
 pub mod agent;
 pub mod compaction;
 pub mod handle;
@@ -63,22 +64,26 @@ pub mod policy;
 pub mod ports;
 pub mod pricing;
 pub mod providers;
+mod record;
 pub mod replay;
 pub mod secrets;
+pub mod soak;
 pub mod spec;
 pub mod stores;
 pub mod tools;
-pub mod workload;
 
+#[doc(hidden)]
+pub use actors::critic::Fault;
 pub use agent::Agent;
-pub use handle::{Ending, LiveState, RunEvents, RunHandle};
+pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::run::{
-    CriticAction, CriticDecision, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
-    Usage,
+    CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,
+    StepRecord, Usage,
 };
+pub use record::{Ending, SUBSCRIBER_BUFFER};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

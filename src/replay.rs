@@ -153,6 +153,11 @@ struct RecordedModel {
 
 #[async_trait]
 impl ChatModel for RecordedModel {
+    /// A script entry answers at once (or after its latency, a timer).
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "recorded"
     }
@@ -286,7 +291,7 @@ pub async fn replay(
     let (handle, mut events) = submitted.map_err(|e| ReplayError::Failed(e.to_string()))?;
     let mut seen = Vec::new();
     while let Some(e) = events.next().await {
-        seen.push(e);
+        seen.push(e.event);
     }
     let result = handle.await;
     host.shutdown().await;

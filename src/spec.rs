@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -98,9 +97,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Formats a duration the way manifests write it.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
-    } else if ms % 60_000 != 0 || ms == 0 {
+    } else if !ms.is_multiple_of(60_000) || ms == 0 {
         format!("{}s", ms / 1000)
     } else {
         format!("{}m", ms / 60_000)
@@ -678,7 +677,7 @@ impl AgentSpec {
     }
 
     fn parse(text: &str, path: Option<String>) -> Result<Self, SpecError> {
-        let mut spec: AgentSpec = serde_yaml_ng::from_str(text).map_err(|e| SpecError::Parse {
+        let mut spec: AgentSpec = serde_norway::from_str(text).map_err(|e| SpecError::Parse {
             path: path.clone(),
             message: e.to_string(),
         })?;
@@ -762,22 +761,6 @@ impl AgentSpec {
         }
         Ok(())
     }
-
-    /// Checks the manifest's tool names against what a host offers.
-    pub fn check_tools(&self, available: &[String]) -> Result<(), SpecError> {
-        for t in &self.tools {
-            if !available.iter().any(|a| a == t) {
-                return Err(SpecError::Invalid {
-                    path: None,
-                    message: format!(
-                        "unknown tool `{t}` in `tools` (available: {})",
-                        available.join(", ")
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
 }
 
 /// " at line N" for the first line that mentions `needle`, or "".
@@ -831,9 +814,6 @@ impl Invocation {
         self
     }
 }
-
-/// A spec shared between the runs that use it.
-pub type SharedSpec = Arc<AgentSpec>;
 
 #[cfg(test)]
 mod tests {

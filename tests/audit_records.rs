@@ -68,10 +68,18 @@ script:
     }
 
     // Every event the caller saw is on record, in the same order (streamed
-    // text deltas are not recorded; the result holds the text).
+    // text deltas are not recorded; the result holds the text). The stream
+    // ends with `run.end`, the terminal record (checked above).
+    assert!(matches!(
+        events.last(),
+        Some(RunEvent::RunEnd {
+            status: RunStatus::Ok,
+            ..
+        })
+    ));
     let streamed: Vec<RunEvent> = events
         .into_iter()
-        .filter(|e| !matches!(e, RunEvent::TextDelta { .. }))
+        .filter(|e| !matches!(e, RunEvent::TextDelta { .. } | RunEvent::RunEnd { .. }))
         .collect();
     let audited = support::audited_events(&records);
     assert_eq!(audited, streamed);
@@ -162,7 +170,7 @@ async fn exactly_one_terminal_record_per_run_whatever_its_ending() {
     let mut runs: Vec<(RunId, RunStatus, Option<String>)> = Vec::new();
     for (yaml, status, kind) in cases {
         let r = host
-            .run(support::spec(yaml), Invocation::prompt("x"))
+            .execute(support::spec(yaml), Invocation::prompt("x"))
             .await
             .unwrap();
         assert_eq!(

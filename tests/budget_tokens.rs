@@ -59,7 +59,7 @@ async fn a_run_that_crosses_its_budget_ends_before_its_next_model_call() {
     let (host, spec, model) = budget_host(ledger.clone()).await;
 
     let r = host
-        .run(&spec, Invocation::prompt("x").caller("alice"))
+        .execute(&spec, Invocation::prompt("x").caller("alice"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::BudgetExceeded, "{r:?}");
@@ -78,7 +78,7 @@ async fn a_run_that_crosses_its_budget_ends_before_its_next_model_call() {
 
     // The next run of the same caller is refused before any model call.
     let again = host
-        .run(&spec, Invocation::prompt("x").caller("alice"))
+        .execute(&spec, Invocation::prompt("x").caller("alice"))
         .await
         .unwrap();
     assert_eq!(again.status, RunStatus::BudgetExceeded, "{again:?}");
@@ -89,7 +89,7 @@ async fn a_run_that_crosses_its_budget_ends_before_its_next_model_call() {
 
     // Another caller has its own account.
     let bob = host
-        .run(&spec, Invocation::prompt("x").caller("bob"))
+        .execute(&spec, Invocation::prompt("x").caller("bob"))
         .await
         .unwrap();
     assert_eq!(bob.status, RunStatus::Ok, "{bob:?}");
@@ -110,7 +110,7 @@ async fn a_run_under_its_budget_finishes() {
     ledger.set_limits("dave", limit(10_000));
     let (host, spec, _model) = budget_host(ledger).await;
     let r = host
-        .run(&spec, Invocation::prompt("x").caller("dave"))
+        .execute(&spec, Invocation::prompt("x").caller("dave"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok);
@@ -161,7 +161,7 @@ async fn a_caller_at_its_concurrency_cap_is_rejected() {
         .await
         .unwrap();
     let second = host
-        .run(&hangs, Invocation::prompt("x").caller("frank"))
+        .execute(&hangs, Invocation::prompt("x").caller("frank"))
         .await
         .unwrap();
     assert_eq!(second.status, RunStatus::Rejected);
@@ -170,7 +170,7 @@ async fn a_caller_at_its_concurrency_cap_is_rejected() {
     assert_eq!(first.await.status, RunStatus::Cancelled);
     let ok = support::spec("name: o\nscript:\n  - { text: hi }\n");
     let third = host
-        .run(&ok, Invocation::prompt("x").caller("frank"))
+        .execute(&ok, Invocation::prompt("x").caller("frank"))
         .await
         .unwrap();
     assert_eq!(third.status, RunStatus::Ok, "the slot came back");

@@ -1,9 +1,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! `agentvisor soak`: a short soak with chaos writes a report whose figures
-//! add up (every run has one terminal record, every status is explained by
-//! an injected fault) and an SVG plot; a soak without chaos sees only `ok`,
-//! on the in-memory stores and on SQLite; a chaos rate outside 0..=1 is
-//! refused with exit 2.
+//! `agentvisor soak`, the command over the soak engine: a short soak with
+//! chaos writes a report whose figures add up (every run has one terminal
+//! record, every status is explained by an injected fault), says a soak
+//! this short is too short for an RSS verdict, and draws an SVG plot; a
+//! soak without chaos sees only `ok`, on the in-memory stores and on
+//! SQLite; a chaos rate outside 0..=1 is refused with exit 2.
+//!
+//! These run the real binary on the wall clock, so they assert nothing
+//! that depends on how many runs fit in the time: counts that must add up,
+//! whatever they are. Exact counts and timings are asserted on paused time
+//! in `soak_engine.rs`.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -71,7 +77,7 @@ fn a_chaos_soak_reports_consistent_figures_and_a_plot() {
         "soak",
         "examples/agents/soak.yaml",
         "--duration",
-        "3s",
+        "1s",
         "--concurrency",
         "20",
         "--chaos",
@@ -89,17 +95,29 @@ fn a_chaos_soak_reports_consistent_figures_and_a_plot() {
 
     // Settings as asked.
     let s = &r["settings"];
-    assert_eq!(s["duration_s"], 3.0);
+    assert_eq!(s["duration_s"], 1.0);
     assert_eq!(s["concurrency"], 20);
     assert_eq!(s["chaos_rate"], 0.2);
     assert_eq!(s["db"], ":memory:");
 
-    // One sample a second while runs start, then the drain (a hung call
-    // takes the manifest's 2 s stall timeout to be reaped).
+    // Samples while runs start, then the drain: time moves forward and
+    // no `run` sample follows a `drain` one.
     let series = r["series"].as_array().unwrap();
-    let run_phase = series.iter().filter(|x| x["phase"] == "run").count();
-    assert!((2..=4).contains(&run_phase), "{run_phase} run samples");
-    assert!(series.len() <= 12, "{} samples", series.len());
+    assert!(!series.is_empty());
+    let phases: Vec<&str> = series
+        .iter()
+        .map(|x| x["phase"].as_str().unwrap())
+        .collect();
+    let first_drain = phases
+        .iter()
+        .position(|p| *p == "drain")
+        .unwrap_or(phases.len());
+    assert!(
+        phases[first_drain..].iter().all(|p| *p == "drain"),
+        "{phases:?}"
+    );
+    let times: Vec<f64> = series.iter().map(|x| x["t_s"].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
     for (i, x) in series.iter().enumerate() {
         for key in ["runs_per_sec", "p50_ms", "p99_ms", "rss_bytes", "open_fds"] {
             assert!(x[key].is_number(), "sample {i} lacks {key}");
@@ -139,9 +157,22 @@ fn a_chaos_soak_reports_consistent_figures_and_a_plot() {
     assert_eq!(u(&v["terminal"]["terminal_records"]), submitted);
     assert_eq!(v["statuses"]["pass"], true, "{v}");
     assert!(v["statuses"]["unexplained"].as_object().unwrap().is_empty());
-    for key in ["slope_pct_per_min", "warmup_s", "samples", "pass"] {
+    for key in [
+        "slope_pct_per_min",
+        "warmup_s",
+        "samples",
+        "pass",
+        "slope_low_pct_per_min",
+        "slope_high_pct_per_min",
+        "confidence",
+        "reason",
+    ] {
         assert!(!v["rss"][key].is_null(), "verdict.rss lacks {key}");
     }
+    // A one-second soak is too short to judge RSS, and that is no failure.
+    assert_eq!(v["rss"]["outcome"], "too_short", "{}", v["rss"]);
+    assert_eq!(v["rss"]["pass"], true);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("too short to judge"));
     assert_eq!(
         v["pass"],
         v["rss"]["pass"].as_bool().unwrap()
@@ -160,7 +191,7 @@ fn assert_clean_soak(db: &str) {
         "soak",
         "examples/agents/soak.yaml",
         "--duration",
-        "2s",
+        "1s",
         "--concurrency",
         "10",
         "--json",

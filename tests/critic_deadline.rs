@@ -99,7 +99,7 @@ async fn no_progress_gets_one_steer_then_the_deadline() {
         "name: stuck\nlimits: { max_runtime: 10s, stall_timeout: 1h }\nscript:\n  - { hang: true }\n",
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     let elapsed = t0.elapsed();
     assert!(
         elapsed >= Duration::from_secs(20) && elapsed < Duration::from_millis(20_100),
@@ -129,7 +129,7 @@ script:
   - { hang: true }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.kill_reason, Some(KillReason::Deadline));
     assert_eq!(
         decisions(&r),
@@ -159,7 +159,7 @@ script:
   - { text: "all five steps done" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert_eq!(r.output.as_deref(), Some("all five steps done"));
     assert_eq!(
@@ -183,7 +183,7 @@ script:
   - { tool: sleep, args: { ms: 1000 }, forever: true }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Timeout);
     assert_eq!(
         decisions(&r),
@@ -201,7 +201,7 @@ async fn an_explicit_hard_timeout_wins_over_the_default() {
         "name: h\nlimits: { max_runtime: 10s, hard_timeout: 3s, stall_timeout: 1h }\nscript:\n  - { hang: true }\n",
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert!(
         t0.elapsed() < Duration::from_millis(3100),
         "{:?}",

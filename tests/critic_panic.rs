@@ -68,7 +68,7 @@ async fn a_model_that_panics_at_once_makes_the_run_end_error_panic() {
     let error = r.error.clone().unwrap_or_default();
     assert!(error.contains("boom: the model exploded"), "{error}");
     assert_eq!(r.iterations, 1);
-    assert_eq!(support::kinds(&events), ["step.start", "error"]);
+    assert_eq!(support::kinds(&events), ["step.start", "error", "run.end"]);
     assert_eq!(host.live_runs(), 0);
 
     // The terminal record is on file (the result is delivered only after it
@@ -135,7 +135,7 @@ async fn the_host_keeps_running_other_runs_around_panics() {
     }
     // And afterwards, on the same critic shards.
     for _ in 0..4 {
-        let r = host.run(&ok, Invocation::prompt("x")).await.unwrap();
+        let r = host.execute(&ok, Invocation::prompt("x")).await.unwrap();
         assert_eq!(r.status, RunStatus::Ok);
     }
     let stats = host.shutdown().await;
@@ -162,7 +162,7 @@ async fn a_panicked_run_gives_back_its_callers_concurrency_slot() {
     )
     .await;
     let r = host
-        .run(
+        .execute(
             support::spec("name: b\nmodel: boom\n"),
             Invocation::prompt("x").caller("carol"),
         )
@@ -170,7 +170,7 @@ async fn a_panicked_run_gives_back_its_callers_concurrency_slot() {
         .unwrap();
     assert_eq!(r.error_kind.as_deref(), Some("panic"));
     let r = host
-        .run(support::spec(OK), Invocation::prompt("x").caller("carol"))
+        .execute(support::spec(OK), Invocation::prompt("x").caller("carol"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");

@@ -90,7 +90,7 @@ script:
   - { text: "fine, it is 2" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert_eq!(r.critic.len(), 1);
     assert_eq!(r.critic[0].action, CriticAction::Steer);
@@ -117,7 +117,7 @@ script:
   - { text: "done" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert!(r.critic.is_empty(), "{:?}", r.critic);
 }
@@ -134,7 +134,7 @@ script:
   - { tool: echo, args: { text: again }, forever: true }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.kill_reason, Some(KillReason::Runaway));
     assert_eq!(r.iterations, 3);
 }

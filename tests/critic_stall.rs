@@ -68,7 +68,7 @@ async fn a_tool_call_that_hangs_is_killed_stalled_and_dropped() {
         "name: t\ntools: [wait]\nlimits: { stall_timeout: 3s, tool_timeout: 1h, max_runtime: 1h }\nscript:\n  - { tool: wait }\n  - { text: never }\n",
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert!(
         t0.elapsed() < Duration::from_millis(3100),
         "{:?}",
@@ -97,7 +97,7 @@ script:
 "#,
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert!(t0.elapsed() >= Duration::from_secs(6));
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert!(r.critic.is_empty(), "{:?}", r.critic);
@@ -124,4 +124,29 @@ async fn a_stalled_run_does_not_disturb_its_neighbours() {
             assert_eq!(r.status, RunStatus::Ok);
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_of_the_process_moves_stall_windows_instead_of_killing() {
+    let wait = HangingTool::new();
+    let (host, _store) = support::host_from(support::builder().tool(wait.clone())).await;
+    let spec = support::spec(
+        "name: t\ntools: [wait]\nlimits: { stall_timeout: 2s, tool_timeout: 1h, max_runtime: 1h }\nscript:\n  - { tool: wait }\n  - { text: never }\n",
+    );
+    let t0 = Instant::now();
+    let handle = host.submit(spec, Invocation::prompt("x")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The process "sleeps" 5 s: the clock jumps, and the shards learn of
+    // it before any timer is judged (as their sleepers tell them).
+    host.inject_pause(Duration::from_secs(5));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let r = handle.await;
+    assert_eq!(r.kill_reason, Some(KillReason::Stalled));
+    // Without the shift the call would be stalled at 2 s; the window moved
+    // by the 5 s the process was away.
+    assert!(
+        t0.elapsed() >= Duration::from_secs(7),
+        "killed after {:?}",
+        t0.elapsed()
+    );
 }

@@ -224,7 +224,10 @@ async fn a_run_on_anthropic_sends_tool_results_back_and_is_priced() {
         wire.base_url
     ))
     .unwrap();
-    let r = host.run(spec, Invocation::prompt("2+3?")).await.unwrap();
+    let r = host
+        .execute(spec, Invocation::prompt("2+3?"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{:?}", r.error);
     assert_eq!(r.output.as_deref(), Some("2+3=5"));
     assert_eq!(r.steps.len(), 1);

@@ -71,7 +71,7 @@ async fn streamed(host: &Host, spec: AgentSpec) -> (agentvisor::RunResult, Vec<R
         .unwrap();
     let mut seen = Vec::new();
     while let Some(e) = events.next().await {
-        seen.push(e);
+        seen.push(e.event);
     }
     (handle.await, seen)
 }
@@ -240,7 +240,7 @@ async fn a_swarm_of_50_at_concurrency_8_on_a_single_slot_server_ends_ok_with_usa
         let (host, agent, gate) = (host.clone(), agent.clone(), gate.clone());
         runs.spawn(async move {
             let _slot = gate.acquire_owned().await.unwrap();
-            host.run(&agent, Invocation::default()).await.unwrap()
+            host.execute(&agent, Invocation::default()).await.unwrap()
         });
     }
     let mut n = 0;
@@ -379,7 +379,7 @@ async fn manifest_sampling_keys_and_tool_choice_reach_both_providers() {
     let wire = serve(vec![text_reply("5")]).await;
     let host = host().await;
     let r = host
-        .run(hello(&wire.base_url, extra), Invocation::default())
+        .execute(hello(&wire.base_url, extra), Invocation::default())
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
@@ -401,7 +401,7 @@ async fn manifest_sampling_keys_and_tool_choice_reach_both_providers() {
             &wire.base_url,
             &format!("tool_choice: {choice}\nstop: END\n"),
         );
-        host.run(spec, Invocation::default()).await.unwrap();
+        host.execute(spec, Invocation::default()).await.unwrap();
         let b = &wire.seen()[0].body;
         assert_eq!(b["tool_choice"], wire_choice);
         assert_eq!(b["stop"], json!(["END"]));
@@ -417,7 +417,10 @@ async fn manifest_sampling_keys_and_tool_choice_reach_both_providers() {
     let base = wire.base_url.trim_end_matches("/v1").to_string();
     let mut spec = hello(&base, extra);
     spec.model = "anthropic:claude-x".into();
-    let r = host.run(spec.clone(), Invocation::default()).await.unwrap();
+    let r = host
+        .execute(spec.clone(), Invocation::default())
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     let seen = &wire.seen()[0];
     assert_eq!(seen.path, "/v1/messages", "the host without /v1 works");
@@ -439,7 +442,7 @@ async fn manifest_sampling_keys_and_tool_choice_reach_both_providers() {
         // With `/v1`, as before: both spellings reach /v1/messages.
         let mut spec = hello(&wire.base_url, &format!("tool_choice: {choice}\n"));
         spec.model = "anthropic:claude-x".into();
-        host.run(spec, Invocation::default()).await.unwrap();
+        host.execute(spec, Invocation::default()).await.unwrap();
         assert_eq!(wire.seen()[0].path, "/v1/messages");
         assert_eq!(wire.seen()[0].body["tool_choice"], wire_choice);
     }
@@ -491,7 +494,7 @@ async fn anthropic_base_url_from_the_environment_works_with_or_without_v1() {
             .unwrap();
         let spec =
             AgentSpec::from_yaml("name: a\nmodel: anthropic:claude-x\nprompt: hi\n").unwrap();
-        let r = host.run(spec, Invocation::default()).await.unwrap();
+        let r = host.execute(spec, Invocation::default()).await.unwrap();
         assert_eq!(r.status, RunStatus::Ok, "with /v1: {with_v1}: {r:?}");
         assert_eq!(wire.seen()[0].path, "/v1/messages");
         host.shutdown().await;
@@ -505,7 +508,7 @@ async fn a_404_names_the_url_that_was_called() {
     let base = wire.base_url.trim_end_matches("/v1").to_string();
     let host = host().await;
     let r = host
-        .run(hello(&base, ""), Invocation::default())
+        .execute(hello(&base, ""), Invocation::default())
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Error);
@@ -535,7 +538,7 @@ async fn a_stream_cut_after_content_keeps_the_text_as_partial_output() {
     // Nobody listens: the run still streams (for its heartbeats) and keeps
     // what arrived.
     let r = host
-        .run(hello(&wire.base_url, ""), Invocation::default())
+        .execute(hello(&wire.base_url, ""), Invocation::default())
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Error);

@@ -465,14 +465,14 @@ async fn a_run_on_openai_keeps_the_scripted_models_result_contract() {
     let wire = serve(hello_replies()).await;
     let host = host().await;
     let r = host
-        .run(
+        .execute(
             hello("openai:loopback-model", &wire.base_url),
             Invocation::default(),
         )
         .await
         .unwrap();
     let scripted = host
-        .run(
+        .execute(
             AgentSpec::from_file(concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/examples/agents/hello.yaml"
@@ -537,7 +537,7 @@ async fn a_streamed_run_emits_text_deltas_a_price_warning_and_its_cost() {
     let mut events = events;
     let mut seen = Vec::new();
     while let Some(e) = events.next().await {
-        seen.push(e);
+        seen.push(e.event);
     }
     let r = handle.await;
     assert_eq!(r.status, RunStatus::Ok);
@@ -557,7 +557,7 @@ async fn a_streamed_run_emits_text_deltas_a_price_warning_and_its_cost() {
     // A model the price table knows is priced: 120 × $0.15 + 8 × $0.60 per Mtok.
     let wire = serve(vec![text_reply("2+3=5", 120, 8)]).await;
     let r = host
-        .run(
+        .execute(
             hello("openai:gpt-4o-mini", &wire.base_url),
             Invocation::default(),
         )
@@ -576,7 +576,7 @@ async fn tool_arguments_that_are_not_json_are_a_tool_error_not_a_crash() {
     .await;
     let host = host().await;
     let r = host
-        .run(
+        .execute(
             hello("openai:loopback-model", &wire.base_url),
             Invocation::default(),
         )
@@ -617,11 +617,14 @@ async fn an_open_circuit_rejects_new_runs_at_once() {
         .await
         .unwrap();
     let spec = hello("openai:loopback-model", &wire.base_url);
-    let first = host.run(spec.clone(), Invocation::default()).await.unwrap();
+    let first = host
+        .execute(spec.clone(), Invocation::default())
+        .await
+        .unwrap();
     assert_eq!(first.status, RunStatus::Error);
     assert_eq!(first.error_kind.as_deref(), Some("server_error"));
     assert_eq!(wire.count(), 2);
-    let second = host.run(spec, Invocation::default()).await.unwrap();
+    let second = host.execute(spec, Invocation::default()).await.unwrap();
     assert_eq!(second.status, RunStatus::Rejected);
     assert_eq!(second.error_kind.as_deref(), Some("circuit_open"));
     assert_eq!(second.iterations, 0);

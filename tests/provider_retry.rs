@@ -192,7 +192,7 @@ async fn each_retry_is_a_heartbeat_so_a_retrying_run_is_not_stalled() {
         .await
         .unwrap();
     let mut retries = Vec::new();
-    while let Some(e) = events.next().await {
+    while let Some(e) = events.next().await.map(|e| e.event) {
         if let RunEvent::ModelRetry {
             iteration,
             kind,
@@ -225,7 +225,7 @@ async fn each_retry_is_a_heartbeat_so_a_retrying_run_is_not_stalled() {
     });
     let host2 = host_with("silent", silent).await;
     let r = host2
-        .run(
+        .execute(
             spec("silent", "stall_timeout: 2s, max_runtime: 60s"),
             Invocation::prompt("hi"),
         )
@@ -246,7 +246,7 @@ async fn a_hint_past_the_runs_deadline_ends_the_run_with_the_error_not_a_timeout
     .await;
     let t0 = Instant::now();
     let r = host
-        .run(spec("flaky", "max_runtime: 5s"), Invocation::prompt("hi"))
+        .execute(spec("flaky", "max_runtime: 5s"), Invocation::prompt("hi"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Error);
@@ -269,17 +269,26 @@ async fn an_open_circuit_rejects_runs_until_a_trial_succeeds() {
     let host = host_with("flaky", guarded).await;
     let s = spec("flaky", "max_runtime: 60s");
     for _ in 0..2 {
-        let r = host.run(s.clone(), Invocation::prompt("hi")).await.unwrap();
+        let r = host
+            .execute(s.clone(), Invocation::prompt("hi"))
+            .await
+            .unwrap();
         assert_eq!(r.error_kind.as_deref(), Some("server_error"));
     }
-    let r = host.run(s.clone(), Invocation::prompt("hi")).await.unwrap();
+    let r = host
+        .execute(s.clone(), Invocation::prompt("hi"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Rejected);
     assert_eq!(r.error_kind.as_deref(), Some("circuit_open"));
     assert_eq!(flaky.calls(), 2, "rejected before any model call");
     tokio::time::advance(Duration::from_secs(30)).await;
-    let r = host.run(s.clone(), Invocation::prompt("hi")).await.unwrap();
+    let r = host
+        .execute(s.clone(), Invocation::prompt("hi"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "the half-open trial goes through");
-    let r = host.run(s, Invocation::prompt("hi")).await.unwrap();
+    let r = host.execute(s, Invocation::prompt("hi")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "and closes the circuit");
     assert_eq!(flaky.calls(), 4);
     host.shutdown().await;

@@ -27,7 +27,7 @@ async fn a_mismatch_gets_one_repair_turn() {
         .await
         .unwrap();
     let mut repair = None;
-    while let Some(e) = events.next().await {
+    while let Some(e) = events.next().await.map(|e| e.event) {
         if let RunEvent::MessageCreate { role, text } = e {
             if role == "user" {
                 repair = Some(text);
@@ -50,7 +50,7 @@ async fn a_mismatch_gets_one_repair_turn() {
 async fn a_second_mismatch_ends_invalid_output_with_the_answer_kept() {
     let host = Host::builder().build().await.unwrap();
     let r = host
-        .run(
+        .execute(
             spec("  - { text: \"five\" }\n  - { text: '{\"sum\": \"5\"}' }\n  - { text: '{\"sum\": 5}' }\n"),
             Invocation::prompt("2+3?"),
         )
@@ -63,7 +63,7 @@ async fn a_second_mismatch_ends_invalid_output_with_the_answer_kept() {
     assert!(r.error.unwrap().contains("sum"));
     // A valid first answer needs no repair.
     let r = host
-        .run(
+        .execute(
             spec("  - { text: '{\"sum\": 5}' }\n"),
             Invocation::prompt("2+3?"),
         )
@@ -95,7 +95,10 @@ async fn the_schema_goes_to_an_openai_server_as_response_format() {
         wire.base_url
     ))
     .unwrap();
-    let r = host.run(spec, Invocation::prompt("2+3?")).await.unwrap();
+    let r = host
+        .execute(spec, Invocation::prompt("2+3?"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{:?}", r.error);
     let body = &wire.seen()[0].body;
     assert_eq!(body["response_format"]["type"], "json_schema");

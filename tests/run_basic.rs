@@ -25,7 +25,7 @@ script:
 async fn a_run_calls_its_tools_then_answers() {
     let (host, _store) = support::host().await;
     let r = host
-        .run(support::spec(HELLO), Invocation::prompt("add 2 and 3"))
+        .execute(support::spec(HELLO), Invocation::prompt("add 2 and 3"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
@@ -149,6 +149,7 @@ async fn events_stream_in_order_and_end_with_the_run() {
             "step.start",
             "step.finish",
             "message.create",
+            "run.end",
         ]
     );
     // A tool result answers the call before it, in the same iteration.
@@ -191,12 +192,15 @@ async fn events_stream_in_order_and_end_with_the_run() {
         })
         .collect();
     assert_eq!(streamed, "2+3=5, DONE");
-    match events.last() {
-        Some(RunEvent::MessageCreate { role, text }) => {
+    // The answer, then `run.end` with the result's gist.
+    match &events[events.len() - 2..] {
+        [RunEvent::MessageCreate { role, text }, RunEvent::RunEnd { status, output, .. }] => {
             assert_eq!(role, "assistant");
             assert_eq!(text, "2+3=5, DONE");
+            assert_eq!(*status, RunStatus::Ok);
+            assert_eq!(output.as_deref(), Some("2+3=5, DONE"));
         }
-        other => panic!("the last event is the answer, got {other:?}"),
+        other => panic!("the stream ends with the answer and run.end, got {other:?}"),
     }
 }
 
@@ -211,12 +215,16 @@ async fn a_failed_run_ends_its_stream_with_an_error_event() {
     let events = support::collect(events).await;
     let r = handle.await;
     assert_eq!(r.status, RunStatus::Error);
-    match events.last() {
-        Some(RunEvent::Error { kind, message }) => {
+    match &events[events.len() - 2..] {
+        [RunEvent::Error { kind, message }, RunEvent::RunEnd {
+            status, error_kind, ..
+        }] => {
             assert_eq!(kind, "server_error");
             assert!(message.contains("500"), "{message}");
+            assert_eq!(*status, RunStatus::Error);
+            assert_eq!(error_kind.as_deref(), Some("server_error"));
         }
-        other => panic!("expected an error event last, got {other:?}"),
+        other => panic!("expected an error event, then run.end, got {other:?}"),
     }
 }
 
@@ -231,7 +239,7 @@ async fn provider_errors_end_the_run_with_their_kind() {
         let spec = support::spec(&format!(
             "name: e\ntools: [echo]\nscript:\n  - {{ tool: echo, args: {{ text: hi }} }}\n  - {{ fail: {fail} }}\n"
         ));
-        let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+        let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
         assert_eq!(r.status, RunStatus::Error, "{fail}");
         assert_eq!(r.error_kind.as_deref(), Some(kind), "{fail}");
         assert_eq!(r.kill_reason, None);
@@ -246,7 +254,7 @@ async fn a_script_that_runs_out_is_an_error_not_a_panic() {
     let spec = support::spec(
         "name: short\ntools: [echo]\nscript:\n  - { tool: echo, args: { text: a } }\n",
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Error);
     assert_eq!(r.error_kind.as_deref(), Some("bad_request"));
     assert!(r.error.unwrap_or_default().contains("no entry for call 2"));
@@ -267,7 +275,7 @@ script:
   - { text: "never reached" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Error);
     assert_eq!(r.error_kind.as_deref(), Some("max_iterations"));
     assert_eq!(r.kill_reason, None);
@@ -282,7 +290,7 @@ async fn an_invocation_can_lower_the_manifests_limits() {
     let spec = support::spec(HELLO);
     let mut inv = Invocation::prompt("x");
     inv.limits.max_iterations = Some(1);
-    let r = host.run(spec, inv).await.unwrap();
+    let r = host.execute(spec, inv).await.unwrap();
     assert_eq!(r.error_kind.as_deref(), Some("max_iterations"));
     assert_eq!(r.iterations, 1);
 }
@@ -338,7 +346,7 @@ async fn after_shutdown_runs_are_rejected_not_lost() {
     let (host, _store) = support::host().await;
     host.shutdown().await;
     let r = host
-        .run(support::spec(HELLO), Invocation::prompt("x"))
+        .execute(support::spec(HELLO), Invocation::prompt("x"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Rejected);

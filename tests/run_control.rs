@@ -122,11 +122,11 @@ async fn kill_ends_the_run_killed_by_the_operator_and_says_so_everywhere() {
 
     let kinds = support::kinds(&events);
     assert_eq!(
-        kinds[kinds.len() - 2..],
-        ["critic.kill", "error"],
+        kinds[kinds.len() - 3..],
+        ["critic.kill", "error", "run.end"],
         "{kinds:?}"
     );
-    match events.last() {
+    match events.iter().rev().nth(1) {
         Some(RunEvent::Error { kind, .. }) => assert_eq!(kind, "operator"),
         other => panic!("{other:?}"),
     }
@@ -261,7 +261,7 @@ async fn without_extend_the_same_run_times_out_at_its_hard_timeout() {
         "name: e\nlimits: { max_runtime: 1h, hard_timeout: 10s, stall_timeout: 1h }\nscript:\n  - { hang: true }\n",
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert!(
         t0.elapsed() < Duration::from_millis(10_100),
         "{:?}",

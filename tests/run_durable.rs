@@ -16,6 +16,7 @@ use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer};
 use agentvisor::{Invocation, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES};
 use async_trait::async_trait;
 use support::{audited_events, builder, records, spec, terminal_count, RecordingModel};
+use tokio::sync::Notify;
 
 /// Two tool steps, then a slow answer (so a test can stop the host while
 /// the third model call is in flight).
@@ -32,17 +33,62 @@ script:
   - { text: "5 DONE", latency: 30s }
 "#;
 
+/// The in-memory checkpointer, telling a test each time it has saved.
+struct SignallingCheckpointer {
+    inner: MemoryCheckpointer,
+    saved: Notify,
+}
+
+#[async_trait]
+impl Checkpointer for SignallingCheckpointer {
+    async fn save(&self, checkpoints: &[Checkpoint]) -> Result<(), CheckpointError> {
+        let saved = self.inner.save(checkpoints).await;
+        self.saved.notify_waiters();
+        saved
+    }
+    async fn clear(&self, runs: &[RunId]) -> Result<(), CheckpointError> {
+        self.inner.clear(runs).await
+    }
+    async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
+        self.inner.load_all().await
+    }
+}
+
 struct Stores {
     audit: Arc<MemoryAuditStore>,
-    checkpoints: Arc<MemoryCheckpointer>,
+    checkpoints: Arc<SignallingCheckpointer>,
 }
 
 impl Stores {
     fn new() -> Self {
         Stores {
             audit: Arc::new(MemoryAuditStore::new()),
-            checkpoints: Arc::new(MemoryCheckpointer::new()),
+            checkpoints: Arc::new(SignallingCheckpointer {
+                inner: MemoryCheckpointer::new(),
+                saved: Notify::new(),
+            }),
         }
+    }
+
+    /// The checkpoints once `done` holds of them: checked now and after
+    /// every save. Bounded by a minute of (paused) time, so a save that
+    /// never comes fails the test instead of hanging it.
+    async fn saved_when(&self, done: impl Fn(&[Checkpoint]) -> bool) -> Vec<Checkpoint> {
+        let wait = async {
+            loop {
+                let saved = self.checkpoints.saved.notified();
+                tokio::pin!(saved);
+                saved.as_mut().enable();
+                let all = self.saved().await;
+                if done(&all) {
+                    return all;
+                }
+                saved.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .expect("the checkpoint was saved")
     }
 
     /// A host on these stores, with a recording scripted model for `yaml`.
@@ -63,14 +109,6 @@ impl Stores {
     }
 }
 
-/// Lets the runtime run everything that is ready (paused time advances
-/// only when every task waits on a timer).
-async fn settle() {
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_durable_run_is_checkpointed_after_each_step_and_cleared_when_it_ends() {
     let stores = Stores::new();
@@ -85,9 +123,13 @@ async fn a_durable_run_is_checkpointed_after_each_step_and_cleared_when_it_ends(
     assert_eq!(first[0].run_id, handle.run_id());
     assert_eq!(first[0].iteration, 0);
 
+    // The third call is in flight once time has moved (paused time moves
+    // only when every task waits); its checkpoint, after the second step,
+    // is saved by the audit actor, which the checkpointer says.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    settle().await;
-    let mid = stores.saved().await;
+    let mid = stores
+        .saved_when(|all| all.iter().any(|c| c.iteration == 2))
+        .await;
     assert_eq!(
         mid.len(),
         1,
@@ -122,7 +164,9 @@ async fn shutdown_keeps_a_durable_run_and_recover_resumes_it_where_it_stopped() 
         .unwrap();
     let run_id = handle.run_id();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    settle().await;
+    stores
+        .saved_when(|all| all.iter().any(|c| c.iteration == 2))
+        .await;
     assert_eq!(first_model.calls(), 3, "the third call is in flight");
     first.shutdown().await;
     let suspended = handle.await;
@@ -276,7 +320,7 @@ async fn recover_counts_resumes_and_only_clears_runs_already_on_record() {
     // `finished` ended on record but its checkpoint was not cleared yet.
     let (host, _) = stores.host(SLOW_THIRD).await;
     let done = host
-        .run(
+        .execute(
             spec(SLOW_THIRD),
             Invocation {
                 run_id: Some(finished),
@@ -365,7 +409,7 @@ async fn a_durable_run_whose_first_checkpoint_fails_is_rejected_on_record() {
         .await
         .unwrap();
     let result = host
-        .run(spec(SLOW_THIRD), Invocation::default())
+        .execute(spec(SLOW_THIRD), Invocation::default())
         .await
         .unwrap();
     assert_eq!(result.status, RunStatus::Rejected);

@@ -47,7 +47,7 @@ script:
 "#,
     )
     .await;
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "the run goes on: {r:?}");
     assert_eq!(r.steps.len(), 1, "refused calls are steps too");
     let s = &r.steps[0];
@@ -77,7 +77,7 @@ script:
 "#,
     )
     .await;
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert_eq!(count.runs(), 0, "the tool never ran");
     let err = r.steps[0].error.as_deref().unwrap_or_default();
@@ -106,7 +106,7 @@ script:
 "#,
     )
     .await;
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     let oks: Vec<bool> = r.steps.iter().map(|s| s.ok).collect();
     assert_eq!(oks, [false, false, false, true]);
@@ -149,7 +149,7 @@ script:
   - { text: "done anyway" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok);
     assert_eq!(
         r.steps[0].error.as_deref(),
@@ -171,7 +171,7 @@ script:
   - { text: "still here" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert_eq!(r.output.as_deref(), Some("still here"));
     let s = &r.steps[0];
@@ -248,7 +248,7 @@ script:
 "#,
     );
     let t0 = Instant::now();
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert!(
         t0.elapsed() < Duration::from_millis(500),
@@ -281,7 +281,7 @@ script:
   - { text: "never reached" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Error);
     assert_eq!(r.error_kind.as_deref(), Some("tool_errors"));
     assert_eq!(r.kill_reason, None);
@@ -308,7 +308,7 @@ script:
   - { text: "survived" }
 "#,
     );
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     assert_eq!(r.output.as_deref(), Some("survived"));
     assert_eq!(r.steps.iter().filter(|s| !s.ok).count(), 5);
@@ -321,7 +321,7 @@ async fn long_tool_results_are_capped() {
         "name: t\nmodel: recorded\ntools: [echo]\nlimits: {{ max_tool_result_bytes: 1000 }}\nscript:\n  - {{ tool: echo, args: {{ text: \"{long}\" }} }}\n  - {{ text: ok }}\n"
     ))
     .await;
-    let r = host.run(spec, Invocation::prompt("x")).await.unwrap();
+    let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok);
     let seen = &model.tool_messages(1)[0];
     assert!(seen.len() < 1100 && seen.contains("cut"), "{}", seen.len());

@@ -64,7 +64,10 @@ async fn real_run() -> (RunResult, Vec<AuditRecord>) {
         .build()
         .await
         .unwrap();
-    let result = host.run(hello(), Invocation::prompt("add")).await.unwrap();
+    let result = host
+        .execute(hello(), Invocation::prompt("add"))
+        .await
+        .unwrap();
     host.shutdown().await;
     let records = mem.run_records(result.run_id).await.unwrap();
     (result, records)
@@ -339,7 +342,10 @@ async fn a_token_budget_holds_across_hosts_on_one_file() {
     // First process: one run spends more than the limit (admitted at 0).
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let host = host_on(store.clone()).await;
-    let first = host.run(hello(), Invocation::prompt("add")).await.unwrap();
+    let first = host
+        .execute(hello(), Invocation::prompt("add"))
+        .await
+        .unwrap();
     assert_eq!(first.status, RunStatus::Ok);
     assert!(first.usage.total() > 150, "{:?}", first.usage);
     host.shutdown().await;
@@ -350,7 +356,10 @@ async fn a_token_budget_holds_across_hosts_on_one_file() {
     // Second process: the spend is on file, so the caller is refused.
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let host = host_on(store.clone()).await;
-    let second = host.run(hello(), Invocation::prompt("add")).await.unwrap();
+    let second = host
+        .execute(hello(), Invocation::prompt("add"))
+        .await
+        .unwrap();
     assert_eq!(second.status, RunStatus::BudgetExceeded, "{second:?}");
     assert_eq!(second.iterations, 0);
     host.shutdown().await;

@@ -1,9 +1,11 @@
 //! What every bench shares: settings read from `--name value` arguments or
-//! environment variables, the runtime, and latency summaries. Each bench
-//! states its own settings in its header; this module holds no workload
-//! (that is `agentvisor::workload`).
+//! environment variables, the runtime, latency summaries, and the W1
+//! workload ([`workload`]). Each bench states its own settings in its
+//! header.
 
 #![allow(dead_code)]
+
+pub(crate) mod workload;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -73,14 +75,10 @@ impl Summary {
     pub(crate) fn of(samples: &mut [Duration]) -> Self {
         samples.sort_unstable();
         let count = samples.len();
-        let at = |q: f64| {
-            if count == 0 {
-                Duration::ZERO
-            } else {
-                // Nearest rank: the smallest sample with at least q of them at or below it.
-                let rank = ((q * count as f64).ceil() as usize).clamp(1, count);
-                samples[rank - 1]
-            }
+        // The crate's one percentile rule (the nearest rank).
+        let at = |q: f64| match agentvisor::soak::nearest_rank(count, q) {
+            0 => Duration::ZERO,
+            rank => samples[rank - 1],
         };
         let total: Duration = samples.iter().sum();
         Summary {

@@ -76,6 +76,7 @@ use tokio::time::Instant;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError};
 use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
 use crate::ports::run::{RunId, RunResult};
+use crate::record::{Delivery, Finished, Terminal};
 
 /// Records held in memory at most while the store fails and no spool takes them.
 pub const HELD_MAX: usize = 100_000;
@@ -101,8 +102,6 @@ const REPLAY_CHUNKS_PER_WRITE: usize = 8;
 
 /// Messages to the audit actor.
 pub enum AuditMsg {
-    /// One record.
-    Record(AuditRecord),
     /// Several records of one run, in order.
     Records(Vec<AuditRecord>),
     /// A run's terminal record, and where its result goes once written.
@@ -112,8 +111,8 @@ pub enum AuditMsg {
         preceding: Vec<AuditRecord>,
         /// The terminal record.
         record: AuditRecord,
-        /// The run's result channel.
-        deliver: oneshot::Sender<Arc<RunResult>>,
+        /// Where the result goes once the record is written.
+        deliver: Delivery,
         /// The run is durable: clear its checkpoint once the record is written.
         durable: bool,
     },
@@ -134,6 +133,44 @@ pub enum AuditMsg {
     Drain(RpcReplyPort<AuditStats>),
 }
 
+/// Hands what finalizing a run produced to the audit actor: the terminal
+/// package (records, then the terminal record; the result is delivered
+/// once written), or the records alone. If the audit actor is gone (a host
+/// torn down hard), the result is delivered anyway.
+pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
+    match finished {
+        Finished::Already(records) | Finished::Suspended(records) => {
+            if !records.is_empty() {
+                let _ = audit.cast(AuditMsg::Records(records));
+            }
+        }
+        Finished::Terminal(t) => {
+            let Terminal {
+                preceding,
+                record,
+                deliver,
+                durable,
+            } = *t;
+            let result = match &record.entry {
+                AuditEntry::Terminal(r) => Some(r.clone()),
+                _ => None,
+            };
+            if let Err(ractor::MessagingErr::SendErr(AuditMsg::Terminal { deliver, .. })) = audit
+                .cast(AuditMsg::Terminal {
+                    preceding,
+                    record,
+                    deliver,
+                    durable,
+                })
+            {
+                if let Some(r) = result {
+                    let _ = deliver.send(r);
+                }
+            }
+        }
+    }
+}
+
 /// The audit actor.
 pub struct Audit {
     pub(crate) store: Arc<dyn AuditStore>,
@@ -147,7 +184,7 @@ pub struct Audit {
 
 type SaveAck = oneshot::Sender<Result<(), CheckpointError>>;
 
-type Waiter = (oneshot::Sender<Arc<RunResult>>, Arc<RunResult>);
+type Waiter = (Delivery, Arc<RunResult>);
 
 /// Work for the writer.
 enum Job {
@@ -217,7 +254,6 @@ impl Actor for Audit {
         st: &mut AuditState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            AuditMsg::Record(r) => st.buffer.push(r),
             AuditMsg::Records(rs) => st.buffer.extend(rs),
             AuditMsg::Terminal {
                 preceding,

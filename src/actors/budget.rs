@@ -36,11 +36,13 @@ pub struct Account {
 
 impl Account {
     /// The caller.
+    #[allow(dead_code)]
     pub fn caller(&self) -> &str {
         &self.caller
     }
 
     /// The caller's limits.
+    #[allow(dead_code)]
     pub fn limits(&self) -> BudgetLimits {
         self.limits
     }
@@ -115,6 +117,7 @@ impl Ticket {
     }
 
     /// The caller.
+    #[allow(dead_code)]
     pub fn caller(&self) -> &str {
         &self.account.caller
     }

@@ -35,10 +35,11 @@
 //!
 //! # Kills
 //! A kill is sticky: the first reason wins. The critic records the decision
-//! (result, events, audit) and stops the run at once: its in-flight call is
-//! aborted and the run finalizes in the same handler. A run's handler never
-//! waits, so there is nothing to grant a grace period to (`kill_grace` is
-//! kept for manifests written for actors that can be slow to stop).
+//! (result, events, audit) and stops the run at once: its status is decided
+//! and it finalizes in the same handler. An in-flight model call is
+//! aborted; in-flight tool calls get a cancellation signal (their
+//! `ToolContext::cancel`) and up to `kill_grace` to clean up before they
+//! are dropped.
 //!
 //! # Supervision
 //! A panic in a run's handler (a model that panics when first polled, a
@@ -47,12 +48,30 @@
 //! the shard and its other runs go on. A model call that panics in its task
 //! comes back as `RunMsg::ModelPanicked` and ends its run the same way.
 //!
-//! # What a shard cannot do
-//! It cannot preempt a handler. A model or tool call that blocks in its
-//! first poll (synchronous work, a blocking call; wrong on any tokio
-//! runtime) holds the shard, and its other runs' messages and timers wait
-//! until it returns. A call that awaits is moved into a task and costs the
-//! shard nothing while it waits.
+//! # A shard is never frozen
+//! A shard cannot preempt a handler, so a run's model and tool calls make
+//! their first poll on the shard only when the model or tool says it
+//! answers at once without blocking (`answers_at_once`: the scripted model,
+//! the pure built-ins); every other call starts in a task of its own, so a
+//! tool that blocks its thread or a provider that encodes a long transcript
+//! holds a worker thread, not the shard. A handler or an in-place call that
+//! still takes longer than [`SLOW_HANDLER`] is reported (a `warning` event
+//! `slow_handler` and a warn log naming the run and the call).
+//!
+//! Whatever a policy answers, a shard's handler returns, and no timer is
+//! re-armed at the instant it fired: a stall that the policy lets go on
+//! opens a fresh stall window; a hard deadline ends the run unless an
+//! extension (within `max_extensions`) moved it past now; the 24 h cap
+//! ends it regardless. A policy that answers later (`Verdict::Later`) gets
+//! [`POLICY_TIMEOUT`], one pending question per run and
+//! [`MAX_PENDING_DECISIONS`] per shard; past any of these the rules decide.
+//!
+//! # Pauses are not stalls
+//! The shard's sleeper also wakes every [`PULSE`] while it has runs, and
+//! measures the real (monotonic) time between its wake-ups: a gap far
+//! longer than the pulse means the process was not scheduled (a VM pause, a
+//! laptop sleep, SIGSTOP). The shard then moves every run's stall window by
+//! the gap before any timer is judged; hard deadlines still hold.
 //!
 //! # Rate
 //! One message per run start, one per spawned call's result, one per
@@ -64,6 +83,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,12 +91,13 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState};
-use crate::handle::{Ending, SUSPENDED};
-use crate::ports::audit::AuditEntry;
+use crate::actors::audit::AuditMsg;
+use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState, ShardLink};
+use crate::actors::watch::{Beat, SLOW_HANDLER};
+use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
-use crate::spec::{Limits, ABSOLUTE_DEADLINE};
+use crate::record::{Command, Ending, Mailbox};
 
 /// The `error_kind` of a run killed while its streaming model call still
 /// waited for its first token (see `Limits::first_token_timeout`).
@@ -85,29 +106,18 @@ pub const FIRST_TOKEN_TIMEOUT: &str = "first_token_timeout";
 /// Steps a run takes in one handler at most when its calls answer at once.
 pub const INLINE_STEPS: u32 = 8;
 
-/// A heartbeat from a run.
-#[derive(Debug, Clone, Copy)]
-pub enum Beat {
-    /// A model call started (1-based iteration).
-    StepStarted,
-    /// A model call finished.
-    StepFinished {
-        /// Tokens this call used.
-        tokens: u64,
-    },
-    /// A tool call started (hash of tool name and arguments).
-    ToolStarted {
-        /// Hash of the tool name and its raw arguments.
-        hash: u64,
-    },
-    /// A tool call finished.
-    ToolFinished,
-    /// Still alive (a retry, a caller's heartbeat).
-    Alive,
-    /// A model call streamed something (text, tool-call arguments,
-    /// reasoning): alive, and past its wait for the first token.
-    Streaming,
-}
+/// How long a policy that answers later may take; then the rules decide.
+pub const POLICY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Questions a shard leaves pending with policies that answer later; past
+/// it the rules decide at once.
+pub const MAX_PENDING_DECISIONS: usize = 4096;
+
+/// How often a shard with runs checks that the process was scheduled.
+pub const PULSE: Duration = Duration::from_millis(500);
+
+/// A gap between pulses longer than this (beyond the pulse) is a pause.
+pub const PAUSE_GAP: Duration = Duration::from_secs(1);
 
 /// Messages to a critic shard.
 pub enum CriticMsg {
@@ -127,24 +137,23 @@ pub enum CriticMsg {
         /// What happened.
         beat: Beat,
     },
-    /// An operator pushes the deadline back.
-    ExtendDeadline {
+    /// A command from a run's handle or reference.
+    Command {
         /// The run's key.
         key: u64,
-        /// By how much.
-        by: Duration,
-    },
-    /// An operator kills (`Some(reason)`) or cancels (`None`) a run.
-    StopRun {
-        /// The run's key.
-        key: u64,
-        /// The kill reason, or `None` to cancel.
-        reason: Option<KillReason>,
+        /// What is asked.
+        cmd: Command,
     },
     /// Cancel every run of the shard (host shutdown).
     CancelAll,
     /// The earliest timer is due.
     Tick,
+    /// The process was not scheduled for `gap` (measured on the real
+    /// clock): stall windows move by it.
+    Paused {
+        /// How long.
+        gap: Duration,
+    },
     /// A policy that took its time has decided.
     Decided {
         /// The run's key.
@@ -154,122 +163,62 @@ pub enum CriticMsg {
         /// The answer.
         decision: Decision,
     },
+    /// Test hook: make the shard fail (outside any run's handler), or stop
+    /// handling runs' messages.
+    #[doc(hidden)]
+    InjectFault(Fault),
+}
+
+/// A fault a test injects into a shard ([`CriticMsg::InjectFault`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The shard's handler returns an error: the shard fails.
+    Fail,
+    /// The shard ignores every later message (a wedged shard).
+    Wedge,
+}
+
+impl ShardLink for ActorRef<CriticMsg> {
+    fn run_msg(&self, key: u64, msg: RunMsg) {
+        let _ = self.cast(CriticMsg::Run { key, msg });
+    }
+
+    fn beat(&self, key: u64, beat: Beat) {
+        let _ = self.cast(CriticMsg::Beat { key, beat });
+    }
+}
+
+impl Mailbox for ActorRef<CriticMsg> {
+    fn command(&self, key: u64, cmd: Command) {
+        if let Err(ractor::MessagingErr::SendErr(CriticMsg::Command {
+            cmd: Command::Barrier(tx),
+            ..
+        })) = self.cast(CriticMsg::Command { key, cmd })
+        {
+            let _ = tx.send(Default::default());
+        }
+    }
 }
 
 /// One critic shard.
 pub struct Critic {
     pub(crate) policy: Arc<dyn CriticPolicy>,
+    /// The audit actor (barriers for subscribers go through it).
+    pub(crate) audit: ActorRef<AuditMsg>,
+    /// Questions pending with policies, across the shard's runs.
+    pub(crate) pending: Arc<AtomicUsize>,
 }
 
 impl Critic {
     /// A shard that decides with `policy` (a host spawns one per shard and
     /// starts its runs on them).
-    pub fn new(policy: Arc<dyn CriticPolicy>) -> Self {
-        Critic { policy }
-    }
-}
-
-/// The critic's record of one run (C8: small; it lives in the run's state).
-pub(crate) struct Watched {
-    hard_deadline: Instant,
-    next_soft: Instant,
-    last_beat: Instant,
-    armed: Option<Instant>,
-    steps: u32,
-    /// Model calls that came back: a call that hangs is no progress.
-    steps_done: u32,
-    tool_calls: u32,
-    tokens: u64,
-    progress_at_decision: u32,
-    extensions: u32,
-    steers: u32,
-    last_call: u64,
-    repeats: u32,
-    runaway_steered: bool,
-    /// A repeat reached the limit: decide before the next step.
-    repeat_due: bool,
-    /// A streaming model call waits for its first token: the stall bound
-    /// is `first_token_timeout` until it comes (a queueing server is not a
-    /// stalled one), and a kill then says `first_token_timeout`.
-    awaiting_first: bool,
-}
-
-impl Watched {
-    pub(crate) fn new(limits: &Limits, started: Instant) -> Self {
-        let cap = started + ABSOLUTE_DEADLINE;
-        Watched {
-            hard_deadline: (started + limits.hard_timeout).min(cap),
-            next_soft: started + limits.soft_timeout,
-            last_beat: started,
-            armed: None,
-            steps: 0,
-            steps_done: 0,
-            tool_calls: 0,
-            tokens: 0,
-            progress_at_decision: 0,
-            extensions: 0,
-            steers: 0,
-            last_call: 0,
-            repeats: 0,
-            runaway_steered: false,
-            repeat_due: false,
-            awaiting_first: false,
+    pub(crate) fn new(policy: Arc<dyn CriticPolicy>, audit: ActorRef<AuditMsg>) -> Self {
+        Critic {
+            policy,
+            audit,
+            pending: Arc::new(AtomicUsize::new(0)),
         }
-    }
-
-    /// The model call just started streams: it waits for its first token.
-    pub(crate) fn await_first_token(&mut self) {
-        self.awaiting_first = true;
-    }
-
-    /// The stall bound in force (see `awaiting_first`).
-    fn stall_bound(&self, limits: &Limits) -> Duration {
-        if self.awaiting_first {
-            limits.first_token()
-        } else {
-            limits.stall_timeout
-        }
-    }
-
-    /// Counts a heartbeat (O(1)).
-    pub(crate) fn beat(&mut self, now: Instant, beat: Beat, repeat_limit: u32) {
-        self.last_beat = now;
-        match beat {
-            Beat::StepStarted => self.steps += 1,
-            Beat::StepFinished { tokens } => {
-                self.steps_done += 1;
-                self.tokens += tokens;
-                self.awaiting_first = false;
-            }
-            Beat::Streaming => self.awaiting_first = false,
-            Beat::ToolFinished => self.tool_calls += 1,
-            Beat::Alive => {}
-            Beat::ToolStarted { hash } => {
-                if hash == self.last_call {
-                    self.repeats += 1;
-                } else {
-                    self.last_call = hash;
-                    self.repeats = 1;
-                }
-                if self.repeats >= repeat_limit {
-                    self.repeat_due = true;
-                }
-            }
-        }
-    }
-
-    fn progress(&self) -> u32 {
-        self.steps_done + self.tool_calls
-    }
-
-    fn next_due(&self, limits: &Limits) -> Instant {
-        let stall = self.last_beat + self.stall_bound(limits);
-        self.hard_deadline.min(stall).min(self.next_soft)
-    }
-
-    fn extend(&mut self, started: Instant, by: Duration) {
-        let cap = started + ABSOLUTE_DEADLINE;
-        self.hard_deadline = (self.hard_deadline + by).min(cap);
     }
 }
 
@@ -280,6 +229,10 @@ pub struct CriticState {
     timers: BTreeSet<(Instant, u64)>,
     wake_at: Option<Instant>,
     wake_tx: watch::Sender<Option<Instant>>,
+    /// Test hook: the shard ignores its messages.
+    wedged: bool,
+    /// The shard as its runs' tasks reach it (one, shared by its runs).
+    link: Arc<dyn ShardLink>,
 }
 
 impl Actor for Critic {
@@ -293,12 +246,15 @@ impl Actor for Critic {
         _: (),
     ) -> Result<CriticState, ActorProcessingErr> {
         let (wake_tx, wake_rx) = watch::channel(None);
+        let link: Arc<dyn ShardLink> = Arc::new(myself.clone());
         tokio::spawn(sleeper(myself, wake_rx));
         Ok(CriticState {
+            link,
             runs: HashMap::new(),
             timers: BTreeSet::new(),
             wake_at: None,
             wake_tx,
+            wedged: false,
         })
     }
 
@@ -308,11 +264,14 @@ impl Actor for Critic {
         msg: CriticMsg,
         st: &mut CriticState,
     ) -> Result<(), ActorProcessingErr> {
+        if st.wedged {
+            return Ok(());
+        }
         match msg {
             CriticMsg::Start(args) => {
                 let key = args.key;
                 let addr = RunAddr {
-                    shard: myself.clone(),
+                    shard: st.link.clone(),
                     key,
                 };
                 let run = RunState::start(*args, addr);
@@ -328,63 +287,106 @@ impl Actor for Critic {
             CriticMsg::Beat { key, beat } => {
                 self.with_run(&myself, st, key, Instant::now(), |_, run| run.beat(beat));
             }
-            CriticMsg::ExtendDeadline { key, by } => {
-                self.with_run(&myself, st, key, Instant::now(), |critic, run| {
-                    run.watch.extend(run.started, by);
-                    let detail = Some(format!("{}ms", by.as_millis()));
-                    let d = decision(run, CriticAction::Extend, "operator", detail);
-                    critic.record(run, d);
-                });
-            }
-            CriticMsg::StopRun { key, reason } => {
-                self.with_run(
-                    &myself,
-                    st,
-                    key,
-                    Instant::now(),
-                    |critic, run| match reason {
-                        Some(r) => {
-                            let d = decision(run, CriticAction::Kill, "operator", None);
-                            critic.stop(run, Ending::killed(r), Some(d));
-                        }
-                        None => {
-                            let e = Ending::failed(
-                                RunStatus::Cancelled,
-                                "cancelled",
-                                "cancelled by the caller",
-                            );
-                            critic.stop(run, e, None);
-                        }
-                    },
-                );
-            }
+            CriticMsg::Command { key, cmd } => self.command(&myself, st, key, cmd),
             CriticMsg::CancelAll => {
                 let keys: Vec<u64> = st.runs.keys().copied().collect();
                 for key in keys {
                     self.with_run(&myself, st, key, Instant::now(), |critic, run| {
-                        let e =
-                            Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down");
-                        critic.stop(run, e, None);
+                        critic.stop(run, Ending::suspended(), None);
                     });
                 }
             }
             CriticMsg::Tick => self.tick(&myself, st),
+            CriticMsg::Paused { gap } => {
+                let now = Instant::now();
+                tracing::warn!(
+                    gap_ms = gap.as_millis() as u64,
+                    runs = st.runs.len(),
+                    "the process was not scheduled for a while: stall windows move by the gap"
+                );
+                for run in st.runs.values_mut() {
+                    run.watch.shift(gap, now);
+                }
+            }
             CriticMsg::Decided {
                 key,
                 trigger,
                 decision,
             } => {
                 self.with_run(&myself, st, key, Instant::now(), |critic, run| {
+                    run.watch.pending = false;
                     critic.apply(run, trigger, decision);
                 });
+            }
+            CriticMsg::InjectFault(Fault::Fail) => {
+                return Err("a fault injected into the critic shard".into());
+            }
+            CriticMsg::InjectFault(Fault::Wedge) => {
+                st.wedged = true;
+                return Ok(());
             }
         }
         rewake(st);
         Ok(())
     }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<CriticMsg>,
+        st: &mut CriticState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The host finalizes the runs of a shard that stopped or failed
+        // (`shard_failed`); their calls in flight go with them.
+        for run in st.runs.values_mut() {
+            run.abandon();
+        }
+        Ok(())
+    }
 }
 
 impl Critic {
+    /// A command from a run's handle or reference.
+    fn command(&self, myself: &ActorRef<CriticMsg>, st: &mut CriticState, key: u64, cmd: Command) {
+        let now = Instant::now();
+        match cmd {
+            Command::Barrier(tx) => {
+                // The run's records of its last handler went to the audit
+                // actor before this message: a drain covers them.
+                let _ = self.audit.cast(AuditMsg::Drain(tx.into()));
+            }
+            Command::Steer(text) => {
+                self.with_run(myself, st, key, now, |_, run| run.steer(text));
+            }
+            Command::Beat => {
+                self.with_run(myself, st, key, now, |_, run| run.beat(Beat::Alive));
+            }
+            Command::Extend(by) => {
+                self.with_run(myself, st, key, now, |critic, run| {
+                    run.watch.extend(run.started, by);
+                    let detail = Some(format!("{}ms", by.as_millis()));
+                    let d = decision(run, CriticAction::Extend, "operator", detail);
+                    critic.record(run, d);
+                });
+            }
+            Command::Stop(reason) => {
+                self.with_run(myself, st, key, now, |critic, run| match reason {
+                    Some(r) => {
+                        let d = decision(run, CriticAction::Kill, "operator", None);
+                        critic.stop(run, Ending::killed(r), Some(d));
+                    }
+                    None => {
+                        let e = Ending::failed(
+                            RunStatus::Cancelled,
+                            "cancelled",
+                            "cancelled by the caller",
+                        );
+                        critic.stop(run, e, None);
+                    }
+                });
+            }
+        }
+    }
+
     /// Runs `f` on the run `key` as one handler of that run: `now` its
     /// clock (read once, by the caller), the run's span entered, panics caught (the run ends
     /// `error`/`panic`), a due repeat decided, due steps taken (at most
@@ -423,6 +425,10 @@ impl Critic {
             let text = panic_text(&panic);
             tracing::error!(run_id = %run.shared.run_id, "run panicked: {text}");
             run.panicked(&text);
+        }
+        let took = Instant::now().saturating_duration_since(now);
+        if took > SLOW_HANDLER {
+            run.slow("the handler", took);
         }
         run.end();
         if run.done {
@@ -472,37 +478,92 @@ impl Critic {
         let trigger = if now >= w.hard_deadline {
             Trigger::HardDeadline
         } else if now >= w.last_beat + w.stall_bound(&run.limits) {
+            // Whatever is decided, the next stall is judged a whole stall
+            // window from now: the timer never fires again at this instant.
+            w.last_beat = now;
+            if w.pending {
+                return;
+            }
             Trigger::Stall
         } else if now >= w.next_soft {
             w.next_soft = now + run.limits.extension.max(Duration::from_millis(1));
+            if w.pending {
+                return;
+            }
             Trigger::SoftTimeout
         } else {
             return;
         };
+        if trigger == Trigger::HardDeadline {
+            return self.hard_deadline(run);
+        }
         self.ask(myself, run, trigger);
     }
 
-    fn ask(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState, trigger: Trigger) {
-        let w = &run.watch;
-        let view = RunView {
-            agent: run.shared.agent.to_string(),
-            elapsed: run.now.saturating_duration_since(run.started),
-            steps: w.steps,
-            steps_since_decision: w.progress().saturating_sub(w.progress_at_decision),
-            tool_calls: w.tool_calls,
-            tokens: w.tokens,
-            extensions: w.extensions,
-            steers: w.steers,
-            runaway_steered: w.runaway_steered,
-            limits: run.limits,
+    /// The hard deadline: the policy may extend it once more (within
+    /// `max_extensions` and the 24 h cap) or name another kill; anything
+    /// else — continue, steer, an answer it would give later — ends the run
+    /// `timeout`/`deadline`.
+    fn hard_deadline(&self, run: &mut RunState) {
+        let view = view_of(run);
+        let asked = std::time::Instant::now();
+        let verdict = self.policy.decide(Trigger::HardDeadline, &view);
+        let took = asked.elapsed();
+        if took > SLOW_HANDLER {
+            run.slow("the critic policy", took);
+        }
+        let d = match verdict {
+            Verdict::Now(d @ Decision::Extend(_))
+                if run.watch.extensions < run.limits.max_extensions =>
+            {
+                d
+            }
+            Verdict::Now(d @ Decision::Kill(_)) => d,
+            _ => Decision::Kill(KillReason::Deadline),
         };
-        match self.policy.decide(trigger, &view) {
+        self.apply(run, Trigger::HardDeadline, d);
+        if !run.done && run.now >= run.watch.hard_deadline {
+            // The extension did not move it (the 24 h cap).
+            let dec = decision(run, CriticAction::Kill, "deadline", None);
+            self.stop(run, Ending::killed(KillReason::Deadline), Some(dec));
+        }
+    }
+
+    fn ask(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState, trigger: Trigger) {
+        let view = view_of(run);
+        let asked = std::time::Instant::now();
+        let verdict = self.policy.decide(trigger, &view);
+        let took = asked.elapsed();
+        if took > SLOW_HANDLER {
+            run.slow("the critic policy", took);
+        }
+        match verdict {
             Verdict::Now(d) => self.apply(run, trigger, d),
             Verdict::Later(fut) => {
+                if run.watch.pending
+                    || self.pending.load(Ordering::Relaxed) >= MAX_PENDING_DECISIONS
+                {
+                    // One question per run, a bounded number per shard:
+                    // beyond that the rules decide now.
+                    return self.apply(run, trigger, rules(trigger, &view));
+                }
+                run.watch.pending = true;
+                self.pending.fetch_add(1, Ordering::Relaxed);
+                let pending = self.pending.clone();
                 let me = myself.clone();
                 let key = run.addr.key;
                 tokio::spawn(async move {
-                    let decision = fut.await;
+                    let decision = match tokio::time::timeout(POLICY_TIMEOUT, fut).await {
+                        Ok(d) => d,
+                        Err(_) => {
+                            tracing::warn!(
+                                ?trigger,
+                                "the critic policy did not answer in time: the rules decide"
+                            );
+                            rules(trigger, &view)
+                        }
+                    };
+                    pending.fetch_sub(1, Ordering::Relaxed);
                     let _ = me.cast(CriticMsg::Decided {
                         key,
                         trigger,
@@ -535,6 +596,10 @@ impl Critic {
                 run.steer(text);
             }
             Decision::Extend(by) => {
+                if run.watch.extensions >= run.limits.max_extensions {
+                    // C2: extensions are bounded, whatever a policy asks.
+                    return;
+                }
                 run.watch.extensions += 1;
                 run.watch.extend(run.started, by);
                 let detail = Some(format!("{}ms", by.as_millis()));
@@ -576,12 +641,11 @@ impl Critic {
     fn record(&self, run: &mut RunState, d: CriticDecision) {
         let event = RunEvent::from_decision(d.clone());
         run.shared.partial().critic.push(d);
-        run.shared.emit(&event);
-        run.audit_entry(AuditEntry::Event(event));
+        run.event(event);
     }
 
     /// Sticky stop: the first ending wins (a run that ended ignores it);
-    /// the run aborts its in-flight call and finalizes now.
+    /// the run stops its in-flight calls and finalizes now.
     fn stop(&self, run: &mut RunState, ending: Ending, d: Option<CriticDecision>) {
         if run.done {
             return;
@@ -590,6 +654,23 @@ impl Critic {
             self.record(run, d);
         }
         run.finish(ending);
+    }
+}
+
+/// What a policy sees of a run.
+fn view_of(run: &RunState) -> RunView {
+    let w = &run.watch;
+    RunView {
+        agent: run.shared.agent.to_string(),
+        elapsed: run.now.saturating_duration_since(run.started),
+        steps: w.steps,
+        steps_since_decision: w.progress().saturating_sub(w.progress_at_decision),
+        tool_calls: w.tool_calls,
+        tokens: w.tokens,
+        extensions: w.extensions,
+        steers: w.steers,
+        runaway_steered: w.runaway_steered,
+        limits: run.limits,
     }
 }
 
@@ -629,8 +710,15 @@ fn rewake(st: &mut CriticState) {
 }
 
 /// The shard's one timer task: sleeps until the earliest deadline, then
-/// casts `Tick`. Ends when the critic is gone.
+/// casts `Tick`. While the shard has runs it also wakes every [`PULSE`] and
+/// measures the real time between wake-ups: a gap far past the pulse (the
+/// process was not scheduled) is cast as `Paused` before the `Tick`, so the
+/// shard moves stall windows before it judges them. (The real clock, not
+/// tokio's: under a paused test clock, time that jumps is not a pause.)
+/// Ends when the critic is gone.
 async fn sleeper(critic: ActorRef<CriticMsg>, mut rx: watch::Receiver<Option<Instant>>) {
+    let mut last_wake = std::time::Instant::now();
+    let mut last_wake_at = Instant::now();
     loop {
         let next = *rx.borrow_and_update();
         match next {
@@ -638,10 +726,27 @@ async fn sleeper(critic: ActorRef<CriticMsg>, mut rx: watch::Receiver<Option<Ins
                 if rx.changed().await.is_err() {
                     return;
                 }
+                last_wake = std::time::Instant::now();
+                last_wake_at = Instant::now();
             }
             Some(at) => {
+                // From the last wake-up, not from now: timer changes that
+                // keep coming must not hold the pulse off.
+                let pulse = last_wake_at + PULSE;
                 tokio::select! {
-                    _ = tokio::time::sleep_until(at) => {
+                    _ = tokio::time::sleep_until(at.min(pulse)) => {
+                        let real = std::time::Instant::now();
+                        let paused = pause_gap(last_wake, real);
+                        last_wake = real;
+                        last_wake_at = Instant::now();
+                        if let Some(gap) = paused {
+                            if critic.cast(CriticMsg::Paused { gap }).is_err() {
+                                return;
+                            }
+                        }
+                        if Instant::now() < at {
+                            continue;
+                        }
                         if critic.cast(CriticMsg::Tick).is_err() {
                             return;
                         }
@@ -657,5 +762,45 @@ async fn sleeper(critic: ActorRef<CriticMsg>, mut rx: watch::Receiver<Option<Ins
                 }
             }
         }
+    }
+}
+
+/// How long the process was not scheduled between two pulses that the
+/// real clock read at `last` and `now`: `None` for a gap within the pulse
+/// and its slack.
+fn pause_gap(last: std::time::Instant, now: std::time::Instant) -> Option<Duration> {
+    let gap = now.saturating_duration_since(last);
+    (gap > PULSE + PAUSE_GAP).then(|| gap - PULSE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_far_past_the_pulse_is_a_pause() {
+        let t0 = std::time::Instant::now();
+        assert_eq!(pause_gap(t0, t0 + PULSE), None);
+        assert_eq!(pause_gap(t0, t0 + PULSE + PAUSE_GAP), None);
+        assert_eq!(
+            pause_gap(t0, t0 + Duration::from_secs(12)),
+            Some(Duration::from_secs(12) - PULSE)
+        );
+        // A clock read out of order is no pause.
+        assert_eq!(pause_gap(t0 + Duration::from_secs(5), t0), None);
+    }
+
+    #[test]
+    fn a_pause_moves_the_stall_window_but_not_past_now() {
+        use crate::actors::watch::Watched;
+        use crate::spec::Limits;
+        let t0 = Instant::now();
+        let mut w = Watched::new(&Limits::default(), t0);
+        let hard = w.hard_deadline;
+        w.shift(Duration::from_secs(10), t0 + Duration::from_secs(30));
+        assert_eq!(w.last_beat, t0 + Duration::from_secs(10));
+        assert_eq!(w.hard_deadline, hard, "hard deadlines still hold");
+        w.shift(Duration::from_secs(60), t0 + Duration::from_secs(30));
+        assert_eq!(w.last_beat, t0 + Duration::from_secs(30));
     }
 }

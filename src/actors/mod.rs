@@ -1,7 +1,13 @@
 //! The actors: `host` (root), `critic` (sharded supervisors and hosts of
 //! runs), `run` (one per run, hosted on a critic shard), `budget` and
-//! `audit` (asynchronous bookkeeping). Actors
-//! depend on ports, never on a concrete provider or store.
+//! `audit` (asynchronous bookkeeping). Actors depend on ports and on the
+//! run record (`crate::record`), never on a concrete provider or store, nor
+//! on the public facade (`crate::host`, `crate::handle`).
+//!
+//! The module is private to the crate: the public API is the host, its
+//! handles and references, the ports and the batteries. Items keep `pub`
+//! as their API within the crate.
+#![allow(unreachable_pub)]
 
 pub mod audit;
 pub mod budget;
@@ -9,3 +15,4 @@ pub mod critic;
 pub mod host;
 pub mod run;
 pub mod run_observer;
+pub mod watch;

@@ -52,14 +52,14 @@ use futures_util::FutureExt;
 use ractor::ActorRef;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::actors::audit::AuditMsg;
+use crate::actors::audit::{send_finished, AuditMsg};
 use crate::actors::budget::{BudgetMsg, Ticket};
-use crate::actors::critic::{Beat, CriticMsg, Watched};
 use crate::actors::run_observer::RunObserver;
+use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
-use crate::handle::{Ending, RunShared};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::Checkpoint;
@@ -71,6 +71,7 @@ use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
 use crate::ports::tool::{ToolContext, ToolError, ToolSpec};
+use crate::record::{Ending, RunShared};
 use crate::spec::{AgentSpec, Invocation, Limits};
 
 /// Audit records a handler's buffer has room for from its first record.
@@ -89,7 +90,31 @@ pub struct ToolOutcome {
     duration_ms: u64,
 }
 
-/// Messages to a run (through its shard: `CriticMsg::Run { key, msg }`).
+/// The call a run has in flight.
+enum Inflight {
+    /// A model (or summary) call: aborted when the run stops.
+    Model(AbortHandle),
+    /// A turn's tool calls: signalled when the run stops (they get
+    /// `kill_grace`), aborted when the run is dropped unfinished.
+    Tools {
+        task: AbortHandle,
+        cancel: CancellationToken,
+    },
+}
+
+impl Inflight {
+    fn abort(self) {
+        match self {
+            Inflight::Model(h) => h.abort(),
+            Inflight::Tools { task, cancel } => {
+                cancel.cancel();
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Messages to a run (through its shard, addressed by its key).
 pub enum RunMsg {
     /// Make the next model call (or end the run).
     NextStep,
@@ -122,17 +147,41 @@ pub enum RunMsg {
         /// One outcome per call, in the model's order.
         outcomes: Vec<ToolOutcome>,
     },
-    /// Inject a message before the next model call.
-    Steer {
-        /// The message.
-        text: String,
+    /// The model call in flight failed and is retried after a backoff
+    /// (sent by the retry layer, through the shard, so the run records it
+    /// in its own order).
+    Retrying {
+        /// The error's stable kind.
+        kind: &'static str,
+        /// The error.
+        message: String,
+        /// The backoff before the next attempt.
+        delay: std::time::Duration,
     },
+    /// A model call went on despite something (a provider's fallback or
+    /// estimate, through the run's call observer): a `warning` the run
+    /// records in its own order.
+    Warned {
+        /// The warning's stable kind.
+        kind: String,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// How a run's tasks reach the critic shard that hosts it (the shard
+/// implements it; one is shared by all the shard's runs).
+pub trait ShardLink: Send + Sync + 'static {
+    /// Sends run `key` a message (dropped if the shard is gone).
+    fn run_msg(&self, key: u64, msg: RunMsg);
+    /// Tells the shard run `key` is alive.
+    fn beat(&self, key: u64, beat: Beat);
 }
 
 /// Where a run's messages go: the shard that hosts it, and its key there.
 #[derive(Clone)]
 pub struct RunAddr {
-    pub(crate) shard: ActorRef<CriticMsg>,
+    pub(crate) shard: Arc<dyn ShardLink>,
     pub(crate) key: u64,
 }
 
@@ -140,19 +189,16 @@ impl RunAddr {
     /// Sends the run a message (dropped if its shard is gone: the run is
     /// then finalized by the host's shutdown or was never started).
     pub(crate) fn send(&self, msg: RunMsg) {
-        let _ = self.shard.cast(CriticMsg::Run { key: self.key, msg });
+        self.shard.run_msg(self.key, msg);
     }
 
     /// Tells the run's critic it is alive (from a task of the run's).
     pub(crate) fn beat(&self, beat: Beat) {
-        let _ = self.shard.cast(CriticMsg::Beat {
-            key: self.key,
-            beat,
-        });
+        self.shard.beat(self.key, beat);
     }
 }
 
-/// What a run is started with (`CriticMsg::Start`).
+/// What a run is started with (the shard's `Start` message).
 pub struct RunArgs {
     /// Its key on the shard (the host gives every run one).
     pub(crate) key: u64,
@@ -194,7 +240,7 @@ pub struct RunState {
     iteration: u32,
     max_iterations: u32,
     steers: Vec<String>,
-    inflight: Option<AbortHandle>,
+    inflight: Option<Inflight>,
     epoch: u32,
     error_steps: u32,
     /// When to summarize the transcript, and the summary calls made.
@@ -348,7 +394,23 @@ impl RunState {
                     self.tools_done(outcomes);
                 }
             }
-            RunMsg::Steer { text } => self.steer(text),
+            RunMsg::Retrying {
+                kind,
+                message,
+                delay,
+            } => {
+                self.beat(Beat::Alive);
+                let ev = RunEvent::ModelRetry {
+                    iteration: self.iteration,
+                    kind: kind.to_string(),
+                    message,
+                    delay_ms: delay.as_millis() as u64,
+                };
+                self.event(ev);
+            }
+            RunMsg::Warned { kind, message } => {
+                self.event(RunEvent::Warning { kind, message });
+            }
         }
     }
 
@@ -397,12 +459,10 @@ impl RunState {
             for text in std::mem::take(&mut self.steers) {
                 self.transcript_mut()
                     .push(Message::text(Role::User, text.clone()));
-                let ev = RunEvent::MessageCreate {
+                self.event(RunEvent::MessageCreate {
                     role: "user".into(),
                     text,
-                };
-                self.shared.emit(&ev);
-                self.audit_entry(AuditEntry::Event(ev));
+                });
             }
         }
         if let Some(due) = self.compaction.due(self.iteration, &self.transcript) {
@@ -422,7 +482,7 @@ impl RunState {
             let shared = self.shared.clone();
             let iteration = self.iteration;
             Some(Arc::new(move |text: &str| {
-                shared.emit(&RunEvent::TextDelta {
+                shared.emit_delta(RunEvent::TextDelta {
                     iteration,
                     text: text.to_string(),
                 });
@@ -449,36 +509,66 @@ impl RunState {
         }
     }
 
-    /// Starts a model call: polled once in place, its result is returned
-    /// when ready at once; otherwise the call moves into a task the actor
-    /// holds an abort handle for, and its result comes back as `done(epoch,
-    /// result)` (or `ModelPanicked`).
+    /// Starts a model call. A model that answers at once without blocking
+    /// (`ChatModel::answers_at_once`) is polled once in place, and its
+    /// result is returned when ready; any other call — and one that was not
+    /// ready — runs in a task the run holds an abort handle for, its result
+    /// coming back as `done(epoch, result)` (or `ModelPanicked`). So a
+    /// provider's first poll (encoding a long transcript, connecting) never
+    /// runs on the shard.
     fn start_call(
         &mut self,
         request: ChatRequest,
         done: fn(u32, Result<ChatResponse, ModelError>) -> RunMsg,
     ) -> Option<Result<ChatResponse, ModelError>> {
         let model = self.agent.model().clone();
+        let in_place = model.answers_at_once();
         let fut = Box::pin(async move { model.complete(request).await });
         self.epoch += 1;
         let epoch = self.epoch;
-        match poll_once(fut) {
-            Ok(result) => Some(result),
-            Err(fut) => {
-                let me = self.addr.clone();
-                let task = tokio::spawn(async move {
-                    let msg = match AssertUnwindSafe(fut).catch_unwind().await {
-                        Ok(result) => done(epoch, result),
-                        Err(panic) => RunMsg::ModelPanicked {
-                            epoch,
-                            text: panic_text(&panic),
-                        },
-                    };
-                    me.send(msg);
-                });
-                self.inflight = Some(task.abort_handle());
-                None
+        let fut = if in_place {
+            let polled = poll_once(fut);
+            let took = Instant::now().saturating_duration_since(self.now);
+            if took > SLOW_HANDLER {
+                let what = format!("the model call ({})", self.agent.model().name());
+                self.slow(&what, took);
             }
+            match polled {
+                Ok(result) => return Some(result),
+                Err(fut) => fut,
+            }
+        } else {
+            fut
+        };
+        let me = self.addr.clone();
+        let task = tokio::spawn(async move {
+            let msg = match AssertUnwindSafe(fut).catch_unwind().await {
+                Ok(result) => done(epoch, result),
+                Err(panic) => RunMsg::ModelPanicked {
+                    epoch,
+                    text: panic_text(&panic),
+                },
+            };
+            me.send(msg);
+        });
+        self.inflight = Some(Inflight::Model(task.abort_handle()));
+        None
+    }
+
+    /// Reports a handler, or a call polled in place, that held the shard
+    /// for `took`: a warn log and a `warning` event (`slow_handler`) naming
+    /// the run and the call.
+    pub(crate) fn slow(&mut self, what: &str, took: std::time::Duration) {
+        let ms = took.as_millis() as u64;
+        tracing::warn!(run_id = %self.shared.run_id, took_ms = ms, "{what} held the critic shard for {ms} ms");
+        if !self.done {
+            self.event(RunEvent::Warning {
+                kind: "slow_handler".into(),
+                message: format!(
+                    "{what} of run {} held its critic shard for {ms} ms (calls that can block must not answer at once)",
+                    self.shared.run_id
+                ),
+            });
         }
     }
 
@@ -658,15 +748,18 @@ impl RunState {
         }
     }
 
-    /// Starts a turn's tool calls, each polled once in place. Returns their
-    /// outcomes when all answered at once; otherwise the ones still running
-    /// move into one task (the run holds its abort handle) whose
-    /// `ToolsDone` brings every outcome back, in the model's order.
+    /// Starts a turn's tool calls. A tool that answers at once without
+    /// blocking (`Tool::answers_at_once`) is polled once in place; the
+    /// others, and those not ready, run in one task (the run holds its
+    /// abort handle and the batch's cancellation signal) whose `ToolsDone`
+    /// brings every outcome back, in the model's order. Returns the
+    /// outcomes when all answered at once.
     fn dispatch_tools(&mut self, calls: &[ToolCallRequest]) -> Option<Vec<ToolOutcome>> {
         let timeout = self.limits.tool_timeout;
         let cap = self.limits.max_tool_result_bytes as usize;
         let mut outcomes = Vec::with_capacity(calls.len());
         let mut running: Vec<(usize, PendingTool)> = Vec::new();
+        let mut cancel: Option<CancellationToken> = None;
         // One clock read per call: a call's time runs from the end of the
         // one before (its argument check included).
         let mut mark = self.now;
@@ -699,15 +792,29 @@ impl RunState {
                     continue;
                 }
             };
-            let ctx = ToolContext {
-                run_id: self.shared.run_id,
-                call_id: call.id.clone(),
-            };
+            let in_place = prepared.tool.answers_at_once();
+            let mut ctx = ToolContext::new(self.shared.run_id, call.id.clone());
+            if !in_place {
+                // Calls that run in a task get the batch's cancellation
+                // signal (a kill gives them `kill_grace` to clean up).
+                ctx = ctx.with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone());
+            }
             let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
+            if !in_place {
+                // Its first poll happens in the task, not on the shard.
+                running.push((outcomes.len(), fut));
+                outcomes.push(outcome);
+                continue;
+            }
             let polled = poll_once(fut);
             let now = Instant::now();
-            outcome.duration_ms = now.saturating_duration_since(mark).as_millis() as u64;
+            let took = now.saturating_duration_since(mark);
+            outcome.duration_ms = took.as_millis() as u64;
             mark = now;
+            if took > SLOW_HANDLER {
+                let what = format!("the tool call `{}`", call.name);
+                self.slow(&what, took);
+            }
             match polled {
                 Ok(result) => {
                     self.beat(Beat::ToolFinished);
@@ -727,6 +834,9 @@ impl RunState {
         }
         let epoch = self.epoch;
         let me = self.addr.clone();
+        let cancel = cancel.unwrap_or_default();
+        let stop = cancel.clone();
+        let grace = self.limits.kill_grace;
         let task = tokio::spawn(async move {
             let t0 = Instant::now();
             let finished = running.into_iter().map(|(i, fut)| {
@@ -738,15 +848,30 @@ impl RunState {
                     (i, result, t0.elapsed().as_millis() as u64)
                 }
             });
-            for (i, result, ms) in futures_util::future::join_all(finished).await {
-                if let Some(o) = outcomes.get_mut(i) {
-                    o.result = result;
-                    o.duration_ms += ms;
+            let all = futures_util::future::join_all(finished);
+            tokio::pin!(all);
+            tokio::select! {
+                results = &mut all => {
+                    for (i, result, ms) in results {
+                        if let Some(o) = outcomes.get_mut(i) {
+                            o.result = result;
+                            o.duration_ms += ms;
+                        }
+                    }
+                    me.send(RunMsg::ToolsDone { epoch, outcomes });
+                }
+                _ = stop.cancelled() => {
+                    // The run was killed: its status is decided; the calls
+                    // get `kill_grace` to see the signal and clean up, then
+                    // they are dropped.
+                    let _ = tokio::time::timeout(grace, all).await;
                 }
             }
-            me.send(RunMsg::ToolsDone { epoch, outcomes });
         });
-        self.inflight = Some(task.abort_handle());
+        self.inflight = Some(Inflight::Tools {
+            task: task.abort_handle(),
+            cancel,
+        });
         None
     }
 
@@ -814,11 +939,14 @@ impl RunState {
             return;
         }
         self.done = true;
-        if let Some(h) = self.inflight.take() {
-            h.abort();
+        match self.inflight.take() {
+            Some(Inflight::Model(h)) => h.abort(),
+            // The task itself gives the calls `kill_grace`, then drops them.
+            Some(Inflight::Tools { cancel, .. }) => cancel.cancel(),
+            None => {}
         }
         let records = std::mem::take(&mut self.pending_audit);
-        self.shared.finish_after(ending, &self.audit, records);
+        send_finished(&self.audit, self.shared.finish_after(ending, records));
         if let Some(t) = self.ticket.take() {
             let _ = self.budget.cast(BudgetMsg::Commit {
                 caller: t.caller_arc(),
@@ -828,9 +956,9 @@ impl RunState {
         }
     }
 
-    /// What the retry layer calls before each backoff sleep: a heartbeat
-    /// straight to the shard (the run is not in the loop while the call
-    /// is in flight) and a `model.retry` event, recorded. Made once a run,
+    /// What the retry layer calls before each backoff sleep: a `Retrying`
+    /// message to the run through its shard (a heartbeat, and a
+    /// `model.retry` event the run records). Made once a run,
     /// and only for a model that reports retries (see
     /// `ChatModel::reports_retries`): `None` otherwise.
     fn retry_sink(&mut self) -> Option<RetrySink> {
@@ -841,25 +969,14 @@ impl RunState {
             return None;
         }
         let addr = self.addr.clone();
-        let audit = self.audit.clone();
-        let shared = self.shared.clone();
         let sink: RetrySink = Arc::new(move |e: &ModelError, delay: std::time::Duration| {
-            // The step being retried is the latest one started.
-            let iteration = shared.partial().iterations;
-            addr.beat(Beat::Alive);
-            let ev = RunEvent::ModelRetry {
-                iteration,
-                kind: e.kind().to_string(),
+            // The run records it in its own handler (so its `seq` is taken
+            // in order); the message is also the heartbeat.
+            addr.send(RunMsg::Retrying {
+                kind: e.kind(),
                 message: e.to_string(),
-                delay_ms: delay.as_millis() as u64,
-            };
-            shared.emit(&ev);
-            let _ = audit.cast(AuditMsg::Records(vec![AuditRecord {
-                run_id: shared.run_id,
-                seq: shared.next_seq(),
-                at_ms: unix_ms(),
-                entry: AuditEntry::Event(ev),
-            }]));
+                delay,
+            });
         });
         self.retry = Some(sink.clone());
         Some(sink)
@@ -878,7 +995,6 @@ impl RunState {
             self.observer = Some(Arc::new(RunObserver::new(
                 self.addr.clone(),
                 self.shared.clone(),
-                self.audit.clone(),
                 throttle,
             )));
         }
@@ -934,12 +1050,20 @@ impl RunState {
         }
     }
 
+    /// Records an event: its `seq` is taken, subscribers get it, and its
+    /// audit record goes out with the handler's batch.
     pub(crate) fn event(&mut self, ev: RunEvent) {
-        self.shared.emit(&ev);
-        self.audit_entry(AuditEntry::Event(ev));
+        let seq = self.shared.next_seq();
+        self.shared.emit(seq, &ev);
+        self.push_record(seq, AuditEntry::Event(ev));
     }
 
     pub(crate) fn audit_entry(&mut self, entry: AuditEntry) {
+        let seq = self.shared.next_seq();
+        self.push_record(seq, entry);
+    }
+
+    fn push_record(&mut self, seq: u32, entry: AuditEntry) {
         let at_ms = *self.clock_ms.get_or_insert_with(unix_ms);
         if self.pending_audit.capacity() == 0 {
             // Room for a whole run that answers at once (W1 makes 13
@@ -948,10 +1072,18 @@ impl RunState {
         }
         self.pending_audit.push(AuditRecord {
             run_id: self.shared.run_id,
-            seq: self.shared.next_seq(),
+            seq,
             at_ms,
             entry,
         });
+    }
+
+    /// Stops what the run has in flight without finalizing it (its shard
+    /// is going away; the host finalizes the run).
+    pub(crate) fn abandon(&mut self) {
+        if let Some(f) = self.inflight.take() {
+            f.abort();
+        }
     }
 
     /// The transcript, to add to: copied first if it is shared (a request
@@ -973,12 +1105,19 @@ impl RunState {
     }
 }
 
+impl Drop for RunState {
+    fn drop(&mut self) {
+        // A run dropped with a call in flight (its shard failed) takes the
+        // call with it: no task outlives its run.
+        self.abandon();
+    }
+}
+
 /// Polls a future once in place: `Ok(output)` when it is ready at once,
 /// otherwise the future back, to be moved into a task (which polls it again
 /// with a real waker).
 fn poll_once<F: Future + Unpin>(mut fut: F) -> Result<F::Output, F> {
-    let waker = futures_util::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
     match Pin::new(&mut fut).poll(&mut cx) {
         Poll::Ready(v) => Ok(v),
         Poll::Pending => Err(fut),

@@ -13,25 +13,22 @@
 //!   or cut off mid-stream keeps what it received as its output.
 //! - **Warnings.** A provider's fallback (`response_format_unsupported`) or
 //!   estimate (`usage_estimated`) becomes one `warning` event per run and
-//!   kind, recorded in the audit log.
+//!   kind: a `Warned` message the run records in its own handler (so the
+//!   record takes its `seq` in order).
 //!
-//! It holds no lock across a call and never blocks: a heartbeat is a cast,
-//! a record is a cast to the audit actor.
+//! It holds no lock across a call and never blocks: a heartbeat and a
+//! warning are messages through the run's shard.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::ActorRef;
 use tokio::time::Instant;
 
-use crate::actors::audit::AuditMsg;
-use crate::actors::critic::Beat;
-use crate::actors::run::RunAddr;
-use crate::handle::RunShared;
-use crate::ports::audit::{AuditEntry, AuditRecord};
+use crate::actors::run::{RunAddr, RunMsg};
+use crate::actors::watch::Beat;
 use crate::ports::model::CallObserver;
-use crate::ports::run::{unix_ms, RunEvent};
+use crate::record::RunShared;
 
 /// No heartbeat sent yet in the current call.
 const NONE_YET: u64 = u64::MAX;
@@ -40,7 +37,6 @@ const NONE_YET: u64 = u64::MAX;
 pub(crate) struct RunObserver {
     addr: RunAddr,
     shared: Arc<RunShared>,
-    audit: ActorRef<AuditMsg>,
     /// When the run started: heartbeat times are milliseconds since.
     base: Instant,
     throttle_ms: u64,
@@ -55,16 +51,10 @@ pub(crate) struct RunObserver {
 impl RunObserver {
     /// An observer for the run at `addr`; heartbeats go out at most every
     /// `throttle` after a call's first.
-    pub(crate) fn new(
-        addr: RunAddr,
-        shared: Arc<RunShared>,
-        audit: ActorRef<AuditMsg>,
-        throttle: Duration,
-    ) -> Self {
+    pub(crate) fn new(addr: RunAddr, shared: Arc<RunShared>, throttle: Duration) -> Self {
         RunObserver {
             addr,
             shared,
-            audit,
             base: Instant::now(),
             throttle_ms: throttle.as_millis().max(1) as u64,
             last_beat_ms: AtomicU64::new(NONE_YET),
@@ -120,16 +110,9 @@ impl CallObserver for RunObserver {
             warned.push(kind.to_string());
         }
         tracing::warn!(run_id = %self.shared.run_id, kind, "{message}");
-        let ev = RunEvent::Warning {
+        self.addr.send(RunMsg::Warned {
             kind: kind.to_string(),
             message: message.to_string(),
-        };
-        self.shared.emit(&ev);
-        let _ = self.audit.cast(AuditMsg::Records(vec![AuditRecord {
-            run_id: self.shared.run_id,
-            seq: self.shared.next_seq(),
-            at_ms: unix_ms(),
-            entry: AuditEntry::Event(ev),
-        }]));
+        });
     }
 }

@@ -72,9 +72,8 @@ struct Shown<'a> {
 }
 
 fn parse_status(s: &str) -> Result<RunStatus, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
-        format!("unknown status `{s}` (ok, error, timeout, killed, budget_exceeded, cancelled, rejected, dry_run)")
-    })
+    s.parse()
+        .map_err(|e: agentvisor::ports::run::UnknownStatus| e.to_string())
 }
 
 pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {

@@ -14,6 +14,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+use agentvisor::soak::{mib, percentile_us, round3, LatencyHistogram};
 use agentvisor::{Invocation, RunStatus};
 
 /// Flags of `agentvisor swarm`.
@@ -70,12 +71,13 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let statuses: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let latency = Arc::new(LatencyHistogram::default());
     let prompt = a.input.clone().unwrap_or_default();
     let started = Instant::now();
     let workers = a.concurrency.min(a.runs);
     let mut tasks = Vec::with_capacity(workers as usize);
     for _ in 0..workers {
-        let (host, agent, next, stop, statuses, bar, prompt) = (
+        let (host, agent, next, stop, statuses, bar, prompt, latency) = (
             host.clone(),
             agent.clone(),
             next.clone(),
@@ -83,10 +85,10 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             statuses.clone(),
             bar.clone(),
             prompt.clone(),
+            latency.clone(),
         );
         let total = a.runs;
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
             let mut local: std::collections::HashMap<RunStatus, u64> =
                 std::collections::HashMap::new();
             while !stop.load(Ordering::Relaxed) && next.fetch_add(1, Ordering::Relaxed) < total {
@@ -100,7 +102,7 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
                     Ok(h) => h.shared().await.status,
                     Err(_) => RunStatus::Error,
                 };
-                latencies.push(t0.elapsed().as_micros() as u64);
+                latency.record(t0.elapsed().as_micros() as u64);
                 *local.entry(status).or_default() += 1;
                 bar.inc(1);
             }
@@ -108,7 +110,6 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             for (s, n) in local {
                 *g.entry(s.to_string()).or_default() += n;
             }
-            latencies
         }));
     }
     let ctrl_c = {
@@ -119,27 +120,18 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             }
         })
     };
-    let mut latencies = Vec::with_capacity(a.runs as usize);
     for t in tasks {
-        if let Ok(l) = t.await {
-            latencies.extend(l);
-        }
+        let _ = t.await;
     }
     let elapsed = started.elapsed().as_secs_f64();
     ctrl_c.abort();
     bar.finish_and_clear();
     let stats = host.shutdown().await;
-    latencies.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if latencies.is_empty() {
-            return 0.0;
-        }
-        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies[i] as f64 / 1000.0
-    };
+    let counts = latency.counts();
+    let pct = |p: f64| percentile_us(&counts, p) / 1000.0;
     let by_status = statuses.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let done = latencies.len() as u64;
-    let peak = agentvisor::workload::peak_rss_bytes();
+    let done = counts.iter().sum::<u64>();
+    let peak = agentvisor::soak::sampler::peak_rss_bytes();
     let s = Summary {
         runs: done,
         concurrency: a.concurrency,
@@ -148,9 +140,9 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
         runs_per_sec: round3(done as f64 / elapsed.max(1e-9)),
         p50_ms: round3(pct(0.50)),
         p99_ms: round3(pct(0.99)),
-        max_ms: round3(pct(1.0)),
+        max_ms: round3(latency.max_us() as f64 / 1000.0),
         peak_rss_bytes: peak,
-        peak_rss_mib: round3(peak as f64 / (1024.0 * 1024.0)),
+        peak_rss_mib: round3(mib(peak)),
         audit_terminal_records: stats.terminal_records,
     };
     if a.json {
@@ -178,8 +170,4 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }

@@ -519,6 +519,15 @@ pub trait ChatModel: Send + Sync + 'static {
         None
     }
 
+    /// Whether `complete`'s first poll returns at once without blocking
+    /// (a scripted or cached answer, or a timer registered): such a call is
+    /// polled in place on the run's critic shard and costs no task. Every
+    /// network provider says no (its first poll encodes the request and
+    /// connects); a wrapper answers for what it wraps. Default no.
+    fn answers_at_once(&self) -> bool {
+        false
+    }
+
     /// Whether this model reports the retries it makes through the
     /// request's `on_retry` (the retry layer does; a wrapper answers for
     /// what it wraps). A run builds that sink only for a model that does.

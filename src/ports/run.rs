@@ -144,6 +144,32 @@ impl fmt::Display for RunStatus {
     }
 }
 
+impl std::str::FromStr for RunStatus {
+    type Err = UnknownStatus;
+
+    /// The status whose [`as_str`](RunStatus::as_str) is `s`.
+    fn from_str(s: &str) -> Result<Self, UnknownStatus> {
+        const ALL: [RunStatus; 8] = [
+            RunStatus::Ok,
+            RunStatus::Error,
+            RunStatus::Timeout,
+            RunStatus::Killed,
+            RunStatus::BudgetExceeded,
+            RunStatus::Cancelled,
+            RunStatus::Rejected,
+            RunStatus::DryRun,
+        ];
+        ALL.into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.to_string()))
+    }
+}
+
+/// A name that is no [`RunStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown status `{0}` (ok, error, timeout, killed, budget_exceeded, cancelled, rejected, dry_run)")]
+pub struct UnknownStatus(pub String);
+
 /// Why a run was killed. Recorded with the status, in the result and in the
 /// audit log; the first kill wins (kills are sticky).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -484,6 +510,60 @@ pub enum RunEvent {
         /// Message (never a secret).
         message: String,
     },
+    /// The run ended: the last event of every stream. It carries the
+    /// terminal record's `seq`; the whole result is the run's
+    /// [`RunResult`].
+    #[serde(rename = "run.end")]
+    RunEnd {
+        /// How it ended.
+        status: RunStatus,
+        /// Why it was killed, when it was.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kill_reason: Option<KillReason>,
+        /// The error kind, when not ok.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_kind: Option<String>,
+        /// The answer, or the partial output.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
+        /// Token usage.
+        usage: Usage,
+        /// Cost in integer micro-dollars.
+        cost_micros: u64,
+        /// Wall time from start to end.
+        duration_ms: u64,
+    },
+    /// This subscriber fell behind the run and missed live events: what
+    /// follows is re-read from the audit log from `resume_from` on (a
+    /// stream event only; never recorded).
+    #[serde(rename = "lagged")]
+    Lagged {
+        /// The `seq` the stream resumes from.
+        resume_from: u32,
+    },
+}
+
+/// One event of a run as subscribers get it: the event, the run it belongs
+/// to, and its audit record's `seq` (a consumer resumes from any `seq`;
+/// a streamed `text.delta` is not a record and carries the `seq` of the
+/// record before it). On the wire the fields sit beside the event's own:
+/// `{"type": "tool.call", "run_id": "…", "seq": 4, …}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The run.
+    pub run_id: RunId,
+    /// Its audit record's sequence number.
+    pub seq: u32,
+    /// What happened.
+    #[serde(flatten)]
+    pub event: RunEvent,
+}
+
+impl std::ops::Deref for Event {
+    type Target = RunEvent;
+    fn deref(&self) -> &RunEvent {
+        &self.event
+    }
 }
 
 impl RunEvent {
@@ -523,6 +603,31 @@ pub fn cap_text(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses_parse_from_their_names_and_serde_agrees() {
+        for name in [
+            "ok",
+            "error",
+            "timeout",
+            "killed",
+            "budget_exceeded",
+            "cancelled",
+            "rejected",
+            "dry_run",
+        ] {
+            let status: RunStatus = name.parse().unwrap_or(RunStatus::Error);
+            assert_eq!(status.as_str(), name);
+            assert_eq!(
+                serde_json::to_string(&status).unwrap_or_default(),
+                format!("\"{name}\"")
+            );
+        }
+        let e = "done".parse::<RunStatus>().err().map(|e| e.to_string());
+        assert!(e
+            .unwrap_or_default()
+            .starts_with("unknown status `done` (ok, error"));
+    }
 
     #[test]
     fn run_ids_are_unique_and_round_trip() {

@@ -8,6 +8,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use tokio_util::sync::CancellationToken;
+
 use super::run::RunId;
 
 /// What a model is told about a tool.
@@ -28,6 +30,46 @@ pub struct ToolContext {
     pub run_id: RunId,
     /// The model's call id.
     pub call_id: Arc<str>,
+    /// Fires when the run is killed or cancelled while the call runs.
+    cancel: Option<CancellationToken>,
+}
+
+impl ToolContext {
+    /// The context of a call of run `run_id` (no cancellation signal).
+    pub fn new(run_id: RunId, call_id: Arc<str>) -> Self {
+        ToolContext {
+            run_id,
+            call_id,
+            cancel: None,
+        }
+    }
+
+    /// With the cancellation signal a stopped run fires.
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// Whether the run that made the call was stopped: the tool has the
+    /// run's `kill_grace` from then on to clean up and return, after which
+    /// its future is dropped.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.is_cancelled())
+    }
+
+    /// Resolves when the run that made the call is stopped (never, for a
+    /// call without a signal: one polled in place answers at once).
+    pub async fn cancelled(&self) {
+        match &self.cancel {
+            Some(c) => c.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The cancellation token itself (to hand to a child task or client).
+    pub fn cancel_token(&self) -> Option<&CancellationToken> {
+        self.cancel.as_ref()
+    }
 }
 
 /// A tool failure; its message goes back to the model as the tool result.
@@ -65,10 +107,14 @@ impl ToolError {
 }
 
 /// A tool. Object-safe; used as `Arc<dyn Tool>`. `call` must be cancel-safe:
-/// a killed run drops the future. It must not block: its first poll runs
-/// in the handler of the run that called it, on the critic shard that hosts
-/// the run, so a tool that blocks there holds that shard's other runs and
-/// timers too. Long synchronous work belongs in `tokio::task::spawn_blocking`.
+/// a killed run signals the call ([`ToolContext::cancelled`]), gives it the
+/// run's `kill_grace`, then drops the future.
+///
+/// A call runs in a task of its own, off the critic shard that hosts the
+/// run, unless the tool says it [answers at once](Tool::answers_at_once):
+/// then its first poll runs in the run's handler on the shard. Long
+/// synchronous work still belongs in `tokio::task::spawn_blocking` (it
+/// would hold a runtime worker thread), but it cannot freeze other runs.
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// Name, description and argument schema.
@@ -76,4 +122,12 @@ pub trait Tool: Send + Sync + 'static {
 
     /// Runs the tool on arguments that already passed validation.
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError>;
+
+    /// Whether `call`'s first poll returns at once without blocking (pure
+    /// computation on small input, or registering a timer): such a call is
+    /// polled in place on the run's critic shard and costs no task. Say yes
+    /// only if that holds for every input; default no.
+    fn answers_at_once(&self) -> bool {
+        false
+    }
 }

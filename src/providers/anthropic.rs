@@ -43,8 +43,8 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::http::StreamMode;
 use super::http::{self, Secret};
-use super::openai::StreamMode;
 use super::sse::{SseEvent, SseParser};
 use crate::ports::model::{
     ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest, ToolChoice,

@@ -240,6 +240,10 @@ impl ChatModel for ChaosModel {
         self.inner.price_id()
     }
 
+    fn answers_at_once(&self) -> bool {
+        self.inner.answers_at_once()
+    }
+
     fn reports_retries(&self) -> bool {
         self.inner.reports_retries()
     }

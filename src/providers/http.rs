@@ -73,6 +73,18 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// When to ask for a streamed response (both HTTP providers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamMode {
+    /// Stream when the request has a delta sink (someone listens).
+    #[default]
+    WhenListened,
+    /// Always stream.
+    Always,
+    /// Never stream.
+    Never,
+}
+
 /// A header value carrying a secret: marked sensitive, so HTTP layers that
 /// print headers leave it out.
 pub(crate) fn secret_header(value: &str) -> Result<reqwest::header::HeaderValue, ModelError> {
@@ -85,10 +97,30 @@ pub(crate) fn secret_header(value: &str) -> Result<reqwest::header::HeaderValue,
 /// The client both providers use: rustls, a connect timeout, no overall
 /// timeout (the run's deadline and the critic bound a call).
 pub(crate) fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap_or_default()
+    let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+    let builder = match tls_config() {
+        Some(tls) => builder.tls_backend_preconfigured(tls),
+        None => builder,
+    };
+    builder.build().unwrap_or_default()
+}
+
+/// rustls on the `ring` provider with the webpki roots, HTTP/1.1 by ALPN.
+/// Given to reqwest ready-made, so no process-wide crypto provider is
+/// needed or installed. `None` only if ring lacked every safe protocol
+/// version, which it does not.
+fn tls_config() -> Option<rustls::ClientConfig> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Some(config)
 }
 
 /// Replaces the key and anything shaped like an API key with `[redacted]`,
@@ -414,6 +446,15 @@ pub(crate) fn trim_base(url: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn tls_is_rustls_on_ring_with_the_webpki_roots() {
+        let tls = tls_config().unwrap();
+        assert_eq!(tls.alpn_protocols, [b"http/1.1".to_vec()]);
+        // The client builds on it (no process-wide provider installed).
+        assert!(rustls::crypto::CryptoProvider::get_default().is_none());
+        let _ = client();
+    }
 
     #[test]
     fn statuses_map_to_typed_errors() {

@@ -43,13 +43,17 @@
 //! actors, runs' state or budgets. Those live in `crate::actors`, which see
 //! providers only through the port.
 
+#[cfg(feature = "anthropic")]
 pub mod anthropic;
 pub mod breaker;
 pub mod chaos;
+#[cfg(any(feature = "openai", feature = "anthropic"))]
 mod http;
+#[cfg(feature = "openai")]
 pub mod openai;
 pub mod retry;
 pub mod scripted;
+#[cfg(any(feature = "openai", feature = "anthropic"))]
 mod sse;
 
 use std::collections::{BTreeMap, HashMap};
@@ -57,10 +61,13 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
+#[cfg(feature = "anthropic")]
 pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use breaker::{Breaker, BreakerPolicy, CircuitBreaking, CircuitState};
-pub use http::Secret;
-pub use openai::{OpenAiConfig, OpenAiModel, StreamMode};
+#[cfg(any(feature = "openai", feature = "anthropic"))]
+pub use http::{Secret, StreamMode};
+#[cfg(feature = "openai")]
+pub use openai::{OpenAiConfig, OpenAiModel};
 pub use retry::{RetryPolicy, Retrying};
 pub use scripted::ScriptedModel;
 
@@ -153,6 +160,14 @@ pub enum ResolveError {
     /// `api_key_env` names a variable that is not set.
     #[error("`api_key_env` names `{0}`, which is not set")]
     MissingKey(String),
+    /// The model's provider is compiled out: its cargo feature is off.
+    #[error("model `{model}` needs agentvisor built with the `{feature}` feature")]
+    FeatureOff {
+        /// The model spec, after tiers.
+        model: String,
+        /// The cargo feature that brings its provider.
+        feature: &'static str,
+    },
 }
 
 /// How a host resolves and wraps models. Every field has a default.
@@ -186,6 +201,7 @@ impl Default for ProviderConfig {
 }
 
 impl ProviderConfig {
+    #[cfg(any(feature = "openai", feature = "anthropic"))]
     fn var(&self, name: &str) -> Option<String> {
         match &self.env {
             Some(map) => map.get(name).cloned(),
@@ -303,7 +319,6 @@ impl ModelResolver {
     /// by the caller or not: it is followed again here).
     pub fn resolve(&self, spec: &AgentSpec) -> Result<Arc<dyn ChatModel>, ResolveError> {
         let named = self.model_of(spec);
-        let c = &self.config;
         if named == DEFAULT_TIER && spec.model.trim().is_empty() && !self.default_configured() {
             return Err(ResolveError::NoModel {
                 agent: spec.name.clone(),
@@ -312,8 +327,33 @@ impl ModelResolver {
         let target = self.follow_tiers(named)?;
         let parsed =
             ModelSpec::parse(&target).ok_or_else(|| ResolveError::Unknown(named.to_string()))?;
+        match parsed {
+            ModelSpec::Scripted => Ok(Arc::new(ScriptedModel::new(spec.script.clone()))),
+            #[cfg(not(feature = "openai"))]
+            ModelSpec::OpenAi(_) | ModelSpec::Ollama(_) => Err(ResolveError::FeatureOff {
+                model: target,
+                feature: "openai",
+            }),
+            #[cfg(not(feature = "anthropic"))]
+            ModelSpec::Anthropic(_) => Err(ResolveError::FeatureOff {
+                model: target,
+                feature: "anthropic",
+            }),
+            #[cfg(any(feature = "openai", feature = "anthropic"))]
+            http => self.resolve_http(spec, http),
+        }
+    }
+
+    /// An HTTP provider's model, wrapped and cached (see the module doc).
+    #[cfg(any(feature = "openai", feature = "anthropic"))]
+    fn resolve_http(
+        &self,
+        spec: &AgentSpec,
+        parsed: ModelSpec,
+    ) -> Result<Arc<dyn ChatModel>, ResolveError> {
+        let c = &self.config;
         let (provider, model, default_base, base_var, key_var) = match &parsed {
-            ModelSpec::Scripted => return Ok(Arc::new(ScriptedModel::new(spec.script.clone()))),
+            #[cfg(feature = "openai")]
             ModelSpec::OpenAi(m) => (
                 "openai",
                 m,
@@ -321,6 +361,7 @@ impl ModelResolver {
                 Some("OPENAI_BASE_URL"),
                 Some("OPENAI_API_KEY"),
             ),
+            #[cfg(feature = "anthropic")]
             ModelSpec::Anthropic(m) => (
                 "anthropic",
                 m,
@@ -328,7 +369,10 @@ impl ModelResolver {
                 Some("ANTHROPIC_BASE_URL"),
                 Some("ANTHROPIC_API_KEY"),
             ),
+            #[cfg(feature = "openai")]
             ModelSpec::Ollama(m) => ("ollama", m, OLLAMA_BASE_URL, None, None),
+            // `resolve` answers for the scripted model and the compiled-out.
+            _ => return Err(ResolveError::Unknown(spec.model.clone())),
         };
         let base_url = spec
             .base_url
@@ -357,11 +401,13 @@ impl ModelResolver {
         }
         let name = format!("{provider}:{model}");
         let inner: Arc<dyn ChatModel> = match parsed {
+            #[cfg(feature = "anthropic")]
             ModelSpec::Anthropic(_) => {
                 let mut cfg = AnthropicConfig::new(model.clone(), base_url);
                 cfg.api_key = api_key;
                 Arc::new(AnthropicModel::new(cfg))
             }
+            #[cfg(feature = "openai")]
             _ => {
                 let mut cfg = OpenAiConfig::new(model.clone(), base_url);
                 cfg.name = name.clone();
@@ -369,6 +415,8 @@ impl ModelResolver {
                 cfg.priced = provider != "ollama";
                 Arc::new(OpenAiModel::new(cfg))
             }
+            #[cfg(not(feature = "openai"))]
+            _ => return Err(ResolveError::Unknown(spec.model.clone())),
         };
         let breaker = Arc::new(Breaker::new(name, c.breaker));
         let wrapped: Arc<dyn ChatModel> = Arc::new(Retrying::new(
@@ -415,6 +463,7 @@ mod tests {
         ModelResolver::new(c)
     }
 
+    #[cfg(feature = "openai")]
     #[test]
     fn tiers_resolve_and_models_are_shared() {
         let r = resolver(&[]);
@@ -432,6 +481,35 @@ mod tests {
         assert_eq!((o.name(), o.price_id()), ("ollama:qwen2.5", None));
     }
 
+    #[cfg(not(feature = "openai"))]
+    #[test]
+    fn a_compiled_out_provider_names_its_feature() {
+        let r = resolver(&[]);
+        for model in ["cheap", "ollama:qwen2.5"] {
+            let e = r
+                .resolve(&AgentSpec::new("a", model))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("the `openai` feature"), "{e}");
+        }
+    }
+
+    #[cfg(not(feature = "anthropic"))]
+    #[test]
+    fn a_compiled_out_anthropic_names_its_feature() {
+        let e = resolver(&[])
+            .resolve(&AgentSpec::new("a", "anthropic:claude"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            e,
+            "model `anthropic:claude` needs agentvisor built with the `anthropic` feature"
+        );
+    }
+
+    #[cfg(feature = "openai")]
     #[test]
     fn a_named_key_variable_must_be_set() {
         let r = resolver(&[("MY_KEY", "k-1")]);

@@ -62,6 +62,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+pub use super::http::StreamMode;
 use super::http::{self, Secret};
 use super::sse::{SseEvent, SseParser};
 use crate::ports::model::{
@@ -72,18 +73,6 @@ use crate::secrets::StreamRedactor;
 
 /// The public OpenAI endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
-
-/// When to ask for a streamed response.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StreamMode {
-    /// Stream when the request has a delta sink (someone listens).
-    #[default]
-    WhenListened,
-    /// Always stream.
-    Always,
-    /// Never stream.
-    Never,
-}
 
 /// How to reach one model.
 #[derive(Clone, Debug)]

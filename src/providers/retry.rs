@@ -104,6 +104,10 @@ impl ChatModel for Retrying {
         self.inner.price_id()
     }
 
+    fn answers_at_once(&self) -> bool {
+        self.inner.answers_at_once()
+    }
+
     fn reports_retries(&self) -> bool {
         true
     }

@@ -270,6 +270,11 @@ impl Step {
 
 #[async_trait]
 impl ChatModel for ScriptedModel {
+    /// A script entry answers at once (or after its latency, a timer).
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         "scripted"
     }

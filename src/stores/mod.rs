@@ -6,8 +6,10 @@
 
 pub mod memory;
 pub mod memory_checkpoint;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
 pub use memory_checkpoint::MemoryCheckpointer;
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, StoreError};

@@ -106,6 +106,11 @@ fn sum_text(a: &Number, b: &Number) -> Option<String> {
 
 #[async_trait]
 impl Tool for AddTool {
+    /// Pure (or a timer): its first poll answers at once.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -153,6 +158,11 @@ impl Default for UpperTool {
 
 #[async_trait]
 impl Tool for UpperTool {
+    /// Pure (or a timer): its first poll answers at once.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -191,6 +201,11 @@ impl Default for EchoTool {
 
 #[async_trait]
 impl Tool for EchoTool {
+    /// Pure (or a timer): its first poll answers at once.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -246,6 +261,11 @@ fn whole_ms(n: &Number) -> Option<u64> {
 
 #[async_trait]
 impl Tool for SleepTool {
+    /// Pure (or a timer): its first poll answers at once.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -293,6 +313,11 @@ impl Default for FailTool {
 
 #[async_trait]
 impl Tool for FailTool {
+    /// Pure (or a timer): its first poll answers at once.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -339,6 +364,11 @@ impl Default for PanicTool {
 
 #[async_trait]
 impl Tool for PanicTool {
+    /// Pure (or a timer): its first poll answers at once.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -369,10 +399,7 @@ mod tests {
     }
 
     fn ctx() -> ToolContext {
-        ToolContext {
-            run_id: RunId::new(),
-            call_id: "c".into(),
-        }
+        ToolContext::new(RunId::new(), "c".into())
     }
 
     #[test]

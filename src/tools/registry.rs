@@ -355,10 +355,7 @@ mod tests {
                 name: "leaky".into(),
                 arguments: "{}".into(),
             };
-            let ctx = ToolContext {
-                run_id: RunId(1),
-                call_id: "c".into(),
-            };
+            let ctx = ToolContext::new(RunId(1), "c".into());
             let out = set
                 .prepare(&call)
                 .unwrap()
@@ -388,10 +385,7 @@ mod tests {
     }
 
     fn ctx() -> ToolContext {
-        ToolContext {
-            run_id: RunId::new(),
-            call_id: "c1".into(),
-        }
+        ToolContext::new(RunId::new(), "c1".into())
     }
 
     async fn run(set: &ToolSet, name: &str, arguments: &str) -> Result<String, ToolError> {

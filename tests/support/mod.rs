@@ -57,7 +57,7 @@ pub(crate) fn spec(yaml: &str) -> AgentSpec {
 pub(crate) async fn collect(mut events: RunEvents) -> Vec<RunEvent> {
     let mut out = Vec::new();
     while let Some(e) = events.next().await {
-        out.push(e);
+        out.push(e.event);
     }
     out
 }
@@ -214,6 +214,7 @@ pub(crate) struct HangingTool {
     spec: ToolSpec,
     started: AtomicUsize,
     dropped: Arc<AtomicUsize>,
+    stubborn: bool,
 }
 
 struct DropCounter(Arc<AtomicUsize>);
@@ -234,7 +235,15 @@ impl HangingTool {
             },
             started: AtomicUsize::new(0),
             dropped: Arc::new(AtomicUsize::new(0)),
+            stubborn: false,
         })
+    }
+
+    /// A `wait` tool that ignores the run's cancellation signal.
+    pub(crate) fn stubborn() -> Arc<Self> {
+        let mut t = Arc::into_inner(Self::new()).expect("a fresh tool");
+        t.stubborn = true;
+        Arc::new(t)
     }
 
     pub(crate) fn started(&self) -> usize {
@@ -252,10 +261,19 @@ impl Tool for HangingTool {
         &self.spec
     }
 
-    async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<String, ToolError> {
+    async fn call(&self, _args: Value, ctx: ToolContext) -> Result<String, ToolError> {
         self.started.fetch_add(1, Ordering::SeqCst);
         let _guard = DropCounter(self.dropped.clone());
-        std::future::pending::<()>().await;
-        Ok(String::new())
+        if self.stubborn {
+            // Ignores the run's cancellation signal: dropped after the grace.
+            std::future::pending::<()>().await;
+        }
+        // Waits until the run is stopped, then cleans up at once.
+        ctx.cancelled().await;
+        Err(ToolError::Failed("cancelled".into()))
     }
 }
+
+/// A manifest whose run calls `add` once and answers.
+pub(crate) const HELLO: &str =
+    "name: hello\ntools: [add]\nscript:\n  - { tool: add, args: { a: 2, b: 3 } }\n  - { text: \"5\" }\n";

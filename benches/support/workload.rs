@@ -1,6 +1,8 @@
 //! The W1 workload, the bare-tokio floor it is measured against, and the
-//! driver that measures both: shared by `examples/w1.rs`, the benches in
-//! `benches/` and (later) `agentvisor soak`.
+//! driver that measures both: shared by the benches in `benches/` (as
+//! `support::workload`), `examples/w1.rs` and `tests/workload_w1.rs` (by
+//! `#[path]`). It is no part of the library: it reads the library's public
+//! API like any caller.
 //!
 //! # W1
 //! One run = 3 model calls and 2 tool executions against the scripted model:
@@ -19,9 +21,9 @@
 //! # Figures
 //! [`run_engine`] runs N runs with C in flight (C worker tasks, each taking
 //! the next run until N have started) and returns [`Figures`]: runs/s, CPU
-//! seconds per 1000 runs (user + system time of this process, from
-//! `/proc/self/stat`), and peak RSS (`VmHWM` in `/proc/self/status`, reset
-//! before the runs where the kernel allows it). The process figures are
+//! seconds per 1000 runs (user + system time of this process), and peak RSS
+//! (reset before the runs where the kernel allows it), read through
+//! [`agentvisor::soak::sampler`]. The process figures are
 //! process-wide: measure one engine at a time, and in a child process of its
 //! own when the memory figure matters (as `examples/w1.rs` does). On a
 //! system without `/proc` they read as 0.
@@ -36,16 +38,17 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ports::model::{ChatModel, ChatRequest, Message, Role};
-use crate::ports::tool::ToolContext;
-use crate::providers::ScriptedModel;
-use crate::tools::{RegistryError, ToolRegistry, ToolSet};
-use crate::{
+use agentvisor::ports::model::{ChatModel, ChatRequest, Message, Role};
+use agentvisor::ports::tool::ToolContext;
+use agentvisor::providers::ScriptedModel;
+use agentvisor::soak::sampler::{cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes};
+use agentvisor::tools::{RegistryError, ToolRegistry, ToolSet};
+use agentvisor::{
     AgentSpec, HostBuilder, HostError, Invocation, RunId, RunStatus, SpecError, SubmitError,
 };
 
 /// The W1 manifest (`examples/agents/w1.yaml`), with no latency.
-pub const W1_MANIFEST: &str = include_str!("../examples/agents/w1.yaml");
+pub(crate) const W1_MANIFEST: &str = include_str!("../../examples/agents/w1.yaml");
 
 /// Model calls the floor makes at most, like a run's default `max_iterations`.
 const FLOOR_MAX_ITERATIONS: u32 = 12;
@@ -53,7 +56,7 @@ const FLOOR_MAX_ITERATIONS: u32 = 12;
 /// Why a workload could not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum WorkloadError {
+pub(crate) enum WorkloadError {
     /// The manifest does not parse.
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -69,7 +72,7 @@ pub enum WorkloadError {
 }
 
 /// The W1 manifest with every model call first sleeping `latency`.
-pub fn w1_spec(latency: Duration) -> Result<AgentSpec, WorkloadError> {
+pub(crate) fn w1_spec(latency: Duration) -> Result<AgentSpec, WorkloadError> {
     let mut spec = AgentSpec::from_yaml(W1_MANIFEST)?;
     if !latency.is_zero() {
         for entry in &mut spec.script {
@@ -82,7 +85,7 @@ pub fn w1_spec(latency: Duration) -> Result<AgentSpec, WorkloadError> {
 /// What runs the workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Engine {
+pub(crate) enum Engine {
     /// The agent loop on plain tokio tasks ([`Floor`]).
     Floor,
     /// The full runtime: runs hosted on critic shards, budget and audit (in memory).
@@ -91,7 +94,7 @@ pub enum Engine {
 
 impl Engine {
     /// Its name on the command line and in reports.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Engine::Floor => "floor",
             Engine::Agentvisor => "agentvisor",
@@ -121,62 +124,62 @@ impl std::str::FromStr for Engine {
 
 /// How much of the workload to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Runs in all (N).
-    pub runs: u64,
+    pub(crate) runs: u64,
     /// Runs in flight at once (C).
-    pub concurrency: u64,
+    pub(crate) concurrency: u64,
     /// How long each model call first sleeps (L).
-    pub latency: Duration,
+    pub(crate) latency: Duration,
 }
 
 impl Settings {
     /// Worker tasks the driver starts: C, or N when fewer.
-    pub fn workers(&self) -> u64 {
+    pub(crate) fn workers(&self) -> u64 {
         self.concurrency.min(self.runs).max(1)
     }
 }
 
 /// What one engine measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Figures {
+pub(crate) struct Figures {
     /// Which engine.
-    pub engine: Engine,
+    pub(crate) engine: Engine,
     /// Runs started.
-    pub runs: u64,
+    pub(crate) runs: u64,
     /// Runs that ended `ok`.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// Wall time from the first run's start to the last run's result.
-    pub elapsed_s: f64,
+    pub(crate) elapsed_s: f64,
     /// Runs per second of wall time.
-    pub runs_per_sec: f64,
+    pub(crate) runs_per_sec: f64,
     /// CPU seconds (user + system, the whole process) per 1000 runs, from
     /// just before the engine started to just after it stopped.
-    pub cpu_s_per_1000: f64,
+    pub(crate) cpu_s_per_1000: f64,
     /// RSS before the engine started, in bytes.
-    pub base_rss_bytes: u64,
+    pub(crate) base_rss_bytes: u64,
     /// Peak RSS while it ran, in bytes (since the process started if the
     /// kernel refused to reset the mark).
-    pub peak_rss_bytes: u64,
+    pub(crate) peak_rss_bytes: u64,
     /// Peak RSS minus base RSS, over the runs in flight: the memory of one
     /// concurrent run when L keeps all of them alive at once.
-    pub bytes_per_concurrent_run: f64,
+    pub(crate) bytes_per_concurrent_run: f64,
 }
 
 /// Figures of agentvisor over the floor's, measured in the same run.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Ratios {
+pub(crate) struct Ratios {
     /// agentvisor runs/s over the floor's (higher is better; 1.0 is the floor).
-    pub throughput: f64,
+    pub(crate) throughput: f64,
     /// agentvisor CPU per run over the floor's (lower is better).
-    pub cpu_per_run: f64,
+    pub(crate) cpu_per_run: f64,
     /// agentvisor bytes per concurrent run over the floor's (lower is better).
-    pub memory_per_run: f64,
+    pub(crate) memory_per_run: f64,
 }
 
 impl Ratios {
     /// `agentvisor` over `floor`.
-    pub fn of(agentvisor: &Figures, floor: &Figures) -> Self {
+    pub(crate) fn of(agentvisor: &Figures, floor: &Figures) -> Self {
         let over = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         Ratios {
             throughput: over(agentvisor.runs_per_sec, floor.runs_per_sec),
@@ -192,18 +195,18 @@ impl Ratios {
 /// The floor: a W1-style agent loop with nothing around it. Cheap to clone;
 /// every clone shares the model and the tools.
 #[derive(Clone)]
-pub struct Floor {
+pub(crate) struct Floor {
     model: Arc<dyn ChatModel>,
     tools: ToolSet,
     system: Arc<str>,
     prompt: Arc<str>,
-    limits: crate::Limits,
+    limits: agentvisor::Limits,
 }
 
 impl Floor {
     /// The floor of `spec`: its script as a [`ScriptedModel`] behind the
     /// [`ChatModel`] trait, its tools from the built-in registry.
-    pub fn new(spec: &AgentSpec) -> Result<Self, WorkloadError> {
+    pub(crate) fn new(spec: &AgentSpec) -> Result<Self, WorkloadError> {
         let tools = ToolRegistry::with_builtins().select(&spec.tools)?;
         Ok(Floor {
             model: Arc::new(ScriptedModel::new(spec.script.clone())),
@@ -216,7 +219,7 @@ impl Floor {
 
     /// One run: model call, tool calls, model call … until the model answers
     /// with text (`true`), fails, or 12 calls were made (`false`).
-    pub async fn run_once(&self) -> bool {
+    pub(crate) async fn run_once(&self) -> bool {
         let mut transcript = Vec::with_capacity(8);
         if !self.system.is_empty() {
             transcript.push(Message::text(Role::System, &*self.system));
@@ -252,10 +255,7 @@ impl Floor {
             for call in calls {
                 let content = match self.tools.prepare(&call) {
                     Ok(prepared) => {
-                        let ctx = ToolContext {
-                            run_id: RunId(0),
-                            call_id: call.id.clone(),
-                        };
+                        let ctx = ToolContext::new(RunId(0), call.id.clone());
                         let cap = self.limits.max_tool_result_bytes as usize;
                         prepared
                             .execute(ctx, self.limits.tool_timeout, cap)
@@ -280,7 +280,7 @@ impl Floor {
 /// Runs `runs` runs with `concurrency` in flight: that many worker tasks,
 /// each starting the next run (`one()`) as soon as its last one ended, until
 /// `runs` have started. Returns how many returned `true`, and the wall time.
-pub async fn drive<F, Fut>(runs: u64, concurrency: u64, one: F) -> (u64, Duration)
+pub(crate) async fn drive<F, Fut>(runs: u64, concurrency: u64, one: F) -> (u64, Duration)
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = bool> + Send,
@@ -312,7 +312,7 @@ where
 /// The agentvisor engine runs on the host `host` builds (`Host::builder()`:
 /// critic, budget and audit on, stores in memory), shut down (audit drained)
 /// before the figures are read; the floor ignores it.
-pub async fn run_engine(
+pub(crate) async fn run_engine(
     engine: Engine,
     settings: Settings,
     host: HostBuilder,
@@ -369,91 +369,4 @@ pub async fn run_engine(
         peak_rss_bytes: peak_rss,
         bytes_per_concurrent_run: (peak_rss - base_rss) as f64 / settings.workers() as f64,
     })
-}
-
-/// User + system CPU seconds this process has used (all its threads), from
-/// `/proc/self/stat` (clock ticks of 1/100 s); 0 without `/proc`.
-pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The command name may hold spaces and parentheses: fields start after
-    // the last `)`; utime and stime are fields 14 and 15 of the line.
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// This process's resident set size, in bytes; 0 without `/proc`.
-pub fn rss_bytes() -> u64 {
-    status_kib("VmRSS:") * 1024
-}
-
-/// This process's peak resident set size (since it started, or since
-/// [`reset_peak_rss`]), in bytes; 0 without `/proc`.
-pub fn peak_rss_bytes() -> u64 {
-    status_kib("VmHWM:") * 1024
-}
-
-/// Resets the peak-RSS mark to the current RSS (Linux: `5` to
-/// `/proc/self/clear_refs`). Returns whether the kernel allowed it.
-pub fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// A `Vm…:` line of `/proc/self/status`, in KiB.
-fn status_kib(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn w1_spec_sets_latency_on_every_call() {
-        let spec = w1_spec(Duration::from_millis(5)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(spec.script.len(), 3);
-        assert!(spec
-            .script
-            .iter()
-            .all(|e| e.latency == Some(Duration::from_millis(5))));
-        let spec = w1_spec(Duration::ZERO).unwrap_or_else(|e| panic!("{e}"));
-        assert!(spec.script.iter().all(|e| e.latency.is_none()));
-    }
-
-    #[tokio::test]
-    async fn floor_and_agentvisor_finish_every_w1_run() {
-        let settings = Settings {
-            runs: 50,
-            concurrency: 8,
-            latency: Duration::ZERO,
-        };
-        for engine in [Engine::Floor, Engine::Agentvisor] {
-            let f = run_engine(engine, settings, crate::Host::builder())
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!((f.engine, f.runs, f.ok), (engine, 50, 50));
-        }
-    }
-
-    #[test]
-    fn engine_names_round_trip() {
-        for e in [Engine::Floor, Engine::Agentvisor] {
-            assert_eq!(e.as_str().parse::<Engine>(), Ok(e));
-        }
-        assert!("tokio".parse::<Engine>().is_err());
-    }
 }

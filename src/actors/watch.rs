@@ -1,0 +1,154 @@
+//! The critic's record of one run ([`Watched`]) and the heartbeats that
+//! update it ([`Beat`]). It lives inside the run's state on its critic
+//! shard, so a heartbeat is a field update, not a message; the shard reads
+//! it to arm the run's timer and to decide (see `crate::actors::critic`).
+//! It owns no timing of its own and sends nothing.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::spec::{Limits, ABSOLUTE_DEADLINE};
+
+/// A handler (or a call polled in place) that takes longer is reported.
+pub const SLOW_HANDLER: Duration = Duration::from_millis(50);
+
+/// A heartbeat from a run.
+#[derive(Debug, Clone, Copy)]
+pub enum Beat {
+    /// A model call started (1-based iteration).
+    StepStarted,
+    /// A model call finished.
+    StepFinished {
+        /// Tokens this call used.
+        tokens: u64,
+    },
+    /// A tool call started (hash of tool name and arguments).
+    ToolStarted {
+        /// Hash of the tool name and its canonical arguments.
+        hash: u64,
+    },
+    /// A tool call finished.
+    ToolFinished,
+    /// Still alive (a retry, a caller's heartbeat).
+    Alive,
+    /// A model call streamed something (text, tool-call arguments,
+    /// reasoning): alive, and past its wait for the first token.
+    Streaming,
+}
+
+/// The critic's record of one run (C8: small; it lives in the run's state).
+pub struct Watched {
+    pub(crate) hard_deadline: Instant,
+    pub(crate) next_soft: Instant,
+    pub(crate) last_beat: Instant,
+    pub(crate) armed: Option<Instant>,
+    pub(crate) steps: u32,
+    /// Model calls that came back: a call that hangs is no progress.
+    pub(crate) steps_done: u32,
+    pub(crate) tool_calls: u32,
+    pub(crate) tokens: u64,
+    pub(crate) progress_at_decision: u32,
+    pub(crate) extensions: u32,
+    pub(crate) steers: u32,
+    pub(crate) last_call: u64,
+    pub(crate) repeats: u32,
+    pub(crate) runaway_steered: bool,
+    /// A repeat reached the limit: decide before the next step.
+    pub(crate) repeat_due: bool,
+    /// A question is pending with a policy that answers later.
+    pub(crate) pending: bool,
+    /// A streaming model call waits for its first token: the stall bound
+    /// is `first_token_timeout` until it comes (a queueing server is not a
+    /// stalled one), and a kill then says `first_token_timeout`.
+    pub(crate) awaiting_first: bool,
+}
+
+impl Watched {
+    pub fn new(limits: &Limits, started: Instant) -> Self {
+        let cap = started + ABSOLUTE_DEADLINE;
+        Watched {
+            hard_deadline: (started + limits.hard_timeout).min(cap),
+            next_soft: started + limits.soft_timeout,
+            last_beat: started,
+            armed: None,
+            steps: 0,
+            steps_done: 0,
+            tool_calls: 0,
+            tokens: 0,
+            progress_at_decision: 0,
+            extensions: 0,
+            steers: 0,
+            last_call: 0,
+            repeats: 0,
+            runaway_steered: false,
+            repeat_due: false,
+            pending: false,
+            awaiting_first: false,
+        }
+    }
+
+    /// The model call just started streams: it waits for its first token.
+    pub(crate) fn await_first_token(&mut self) {
+        self.awaiting_first = true;
+    }
+
+    /// The stall bound in force (see `awaiting_first`).
+    pub(crate) fn stall_bound(&self, limits: &Limits) -> Duration {
+        if self.awaiting_first {
+            limits.first_token()
+        } else {
+            limits.stall_timeout
+        }
+    }
+
+    /// Counts a heartbeat (O(1)).
+    pub fn beat(&mut self, now: Instant, beat: Beat, repeat_limit: u32) {
+        self.last_beat = now;
+        match beat {
+            Beat::StepStarted => self.steps += 1,
+            Beat::StepFinished { tokens } => {
+                self.steps_done += 1;
+                self.tokens += tokens;
+                self.awaiting_first = false;
+            }
+            Beat::Streaming => self.awaiting_first = false,
+            Beat::ToolFinished => self.tool_calls += 1,
+            Beat::Alive => {}
+            Beat::ToolStarted { hash } => {
+                if hash == self.last_call {
+                    self.repeats += 1;
+                } else {
+                    self.last_call = hash;
+                    self.repeats = 1;
+                }
+                if self.repeats >= repeat_limit {
+                    self.repeat_due = true;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn progress(&self) -> u32 {
+        self.steps_done + self.tool_calls
+    }
+
+    pub(crate) fn next_due(&self, limits: &Limits) -> Instant {
+        let stall = self.last_beat + self.stall_bound(limits);
+        self.hard_deadline.min(stall).min(self.next_soft)
+    }
+
+    pub(crate) fn extend(&mut self, started: Instant, by: Duration) {
+        let cap = started + ABSOLUTE_DEADLINE;
+        // `by` is bounded by the manifest's ranges, but an operator's may
+        // not be: never overflow the clock.
+        let by = by.min(ABSOLUTE_DEADLINE);
+        self.hard_deadline = (self.hard_deadline + by).min(cap);
+    }
+
+    /// The process was paused for `gap`: the stall window moves by it (the
+    /// run could not beat while nothing ran), never past `now`.
+    pub(crate) fn shift(&mut self, gap: Duration, now: Instant) {
+        self.last_beat = (self.last_beat + gap).min(now);
+    }
+}

@@ -1,0 +1,829 @@
+//! A run's shared record ([`RunShared`]): what a run, its critic shard, its
+//! handles and references, and the host all see of it, and the protocol
+//! that ends it exactly once. It lives below both the host and the actors:
+//! it imports ports only, and reaches the run's shard through the
+//! [`Mailbox`] trait the shard implements.
+//!
+//! # What it owns
+//! - The partial result ([`Partial`]): the run writes steps, usage and
+//!   decisions into it as it goes, so a run whose handler panicked or whose
+//!   shard failed is still finalized with everything it did, and live state
+//!   is read from it.
+//! - The finisher: whoever takes it first builds the [`RunResult`] and the
+//!   terminal record ([`RunShared::finish_after`]); every later attempt is a
+//!   no-op. The result reaches callers through a [`Delivery`] once the
+//!   terminal record is written.
+//! - The event fan-out: every event the run records carries its audit
+//!   record's `seq` and reaches every subscriber through a bounded channel
+//!   of its own; a subscriber that falls behind is dropped from the fan-out
+//!   with the `seq` to resume from and catches up from the audit store
+//!   (see [`Subscription`]). Nothing on this path is unbounded.
+//! - The host's registry of live runs ([`HostRuns`]): a run is in it from
+//!   its admission to its terminal record, so it is reachable by id.
+//!
+//! # Ordering
+//! A run assigns `seq` numbers in its own handlers, one at a time, so the
+//! numbers are emitted in order; the terminal record takes the next number
+//! whoever finalizes. Streamed text deltas are not records: they carry the
+//! `seq` of the record before them and are not replayed from the store
+//! (the `step.finish` that follows holds their text whole).
+
+use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use futures_util::stream::{self, Stream};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
+
+use crate::ports::audit::{AuditEntry, AuditRecord, AuditStore};
+use crate::ports::run::{
+    unix_ms, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
+    Usage,
+};
+
+/// The partial result of a run, as it grows.
+#[derive(Debug, Default)]
+pub(crate) struct Partial {
+    pub(crate) steps: Vec<StepRecord>,
+    pub(crate) critic: Vec<CriticDecision>,
+    pub(crate) usage: Usage,
+    pub(crate) iterations: u32,
+    pub(crate) max_iterations: u32,
+    pub(crate) last_text: Option<String>,
+    pub(crate) started: Option<(Instant, u64)>,
+    pub(crate) finished: bool,
+    /// How long the run took, once it has finished.
+    pub(crate) took: Option<Duration>,
+    /// How many steps moved into the result at the end (so the live state
+    /// still counts them afterwards).
+    pub(crate) steps_taken: usize,
+    /// Cost so far in micro-dollars (of the whole usage, priced once).
+    pub(crate) cost_micros: u64,
+}
+
+/// How a run ends, before it becomes a [`RunResult`].
+#[derive(Debug, Clone)]
+pub struct Ending {
+    pub(crate) status: RunStatus,
+    pub(crate) kill_reason: Option<KillReason>,
+    pub(crate) error_kind: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) output: Option<String>,
+}
+
+impl Ending {
+    pub(crate) fn ok(output: String) -> Self {
+        Ending {
+            status: RunStatus::Ok,
+            kill_reason: None,
+            error_kind: None,
+            error: None,
+            output: Some(output),
+        }
+    }
+
+    pub(crate) fn failed(status: RunStatus, kind: &str, error: impl Into<String>) -> Self {
+        Ending {
+            status,
+            kill_reason: None,
+            error_kind: Some(kind.to_string()),
+            error: Some(error.into()),
+            output: None,
+        }
+    }
+
+    pub(crate) fn killed(reason: KillReason) -> Self {
+        Ending {
+            status: reason.status(),
+            kill_reason: Some(reason),
+            error_kind: Some(reason.as_str().to_string()),
+            error: Some(format!("killed: {reason}")),
+            output: None,
+        }
+    }
+
+    /// The ending of a run the host cancelled while shutting down.
+    pub(crate) fn suspended() -> Self {
+        Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down")
+    }
+}
+
+/// The `error_kind` of runs the host's shutdown cancels; a durable run
+/// ending so is suspended, not finished (see [`RunShared::finish_after`]).
+pub(crate) const SUSPENDED: &str = "shutdown";
+
+/// What a run's handle, references and the host ask of the run, through its
+/// shard (see [`Mailbox`]).
+pub(crate) enum Command {
+    /// Inject a message before the next model call.
+    Steer(String),
+    /// Push the hard deadline back (an operator decision).
+    Extend(Duration),
+    /// Kill (`Some(reason)`) or cancel (`None`).
+    Stop(Option<KillReason>),
+    /// The run is alive (work done on its behalf elsewhere).
+    Beat,
+    /// Answer once every record the run made so far is written (the shard
+    /// forwards it to the audit actor after the run's current handler).
+    Barrier(oneshot::Sender<crate::ports::audit::AuditStats>),
+}
+
+/// Where a run's commands go: its critic shard. The shard implements it;
+/// one is shared by every run of the shard.
+pub(crate) trait Mailbox: Send + Sync + 'static {
+    /// Sends `cmd` to the run `key` of this shard (dropped if the shard is
+    /// gone; a barrier then answers at once).
+    fn command(&self, key: u64, cmd: Command);
+}
+
+/// Hands a run's result to its callers once its terminal record is
+/// written: the handle that submitted it, and every [`RunShared::result`]
+/// waiter.
+pub(crate) struct Delivery {
+    tx: Option<oneshot::Sender<Arc<RunResult>>>,
+    shared: Option<Arc<RunShared>>,
+}
+
+impl Delivery {
+    /// A delivery nobody waits for (a run ended without running).
+    pub(crate) fn none() -> Self {
+        Delivery {
+            tx: None,
+            shared: None,
+        }
+    }
+
+    /// Delivers the result (the `Result` mirrors a channel's send: the
+    /// caller may have gone, which is no error of the run's).
+    pub(crate) fn send(self, result: Arc<RunResult>) -> Result<(), Arc<RunResult>> {
+        if let Some(shared) = &self.shared {
+            let _ = shared.result.set(result.clone());
+            // Only references wait here (the handle has its channel): most
+            // runs have none, and waking nobody still takes a lock.
+            if shared.waiting.load(Ordering::SeqCst) {
+                shared.done.notify_waiters();
+            }
+        }
+        match self.tx {
+            Some(tx) => tx.send(result),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a run's finalization asks of the audit actor: the run's unsent
+/// records and its terminal record, written in that order, then the result
+/// delivered. `None` for a suspended durable run (no terminal record).
+pub(crate) struct Terminal {
+    /// The run's records not sent yet, in order, ahead of the terminal one.
+    pub(crate) preceding: Vec<AuditRecord>,
+    /// The terminal record.
+    pub(crate) record: AuditRecord,
+    /// Where the result goes once the record is written.
+    pub(crate) deliver: Delivery,
+    /// The run is durable: clear its checkpoint once the record is written.
+    pub(crate) durable: bool,
+}
+
+/// What finalizing a run produced (for the one caller that won).
+pub(crate) enum Finished {
+    /// Someone finalized the run already; these are the caller's records
+    /// that could not ride with a terminal record.
+    Already(Vec<AuditRecord>),
+    /// A suspended durable run: its records, no terminal record (its
+    /// result was delivered at once).
+    Suspended(Vec<AuditRecord>),
+    /// The terminal package for the audit actor.
+    Terminal(Box<Terminal>),
+}
+
+/// A hasher for run ids: one multiply of the id's two halves (ids are
+/// unique and already spread; SipHash would cost more than the lookup).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RunIdHash;
+
+/// The [`RunIdHash`] hasher's state.
+#[derive(Default)]
+pub(crate) struct RunIdHasher(u64);
+
+impl Hasher for RunIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        let folded = (v as u64) ^ ((v >> 64) as u64).rotate_left(29);
+        self.0 = (self.0 ^ folded).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+impl BuildHasher for RunIdHash {
+    type Hasher = RunIdHasher;
+    fn build_hasher(&self) -> RunIdHasher {
+        RunIdHasher(0)
+    }
+}
+
+/// The host's runs in flight: how many, which (by id), and whoever waits
+/// for none. Shared by the host and every run's record.
+pub(crate) struct HostRuns {
+    count: AtomicUsize,
+    idle: Notify,
+    registry: DashMap<RunId, Arc<RunShared>, RunIdHash>,
+    /// Where subscribers catch up from.
+    pub(crate) store: Arc<dyn AuditStore>,
+}
+
+impl HostRuns {
+    pub(crate) fn new(store: Arc<dyn AuditStore>) -> Self {
+        HostRuns {
+            count: AtomicUsize::new(0),
+            idle: Notify::new(),
+            registry: DashMap::with_hasher(RunIdHash),
+            store,
+        }
+    }
+
+    fn enter(&self, run: &Arc<RunShared>) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        self.registry.insert(run.run_id, run.clone());
+    }
+
+    fn leave(&self, run_id: RunId) {
+        self.registry.remove(&run_id);
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Runs in flight.
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// A run in flight, by id.
+    pub(crate) fn get(&self, run_id: &RunId) -> Option<Arc<RunShared>> {
+        self.registry.get(run_id).map(|r| r.value().clone())
+    }
+
+    /// Every run in flight (a snapshot).
+    pub(crate) fn all(&self) -> Vec<Arc<RunShared>> {
+        self.registry.iter().map(|r| r.value().clone()).collect()
+    }
+
+    /// Waits until no run is in flight.
+    pub(crate) async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Events a subscriber's channel holds before it counts as lagging.
+pub const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// One subscriber in a run's fan-out.
+struct Subscriber {
+    tx: mpsc::Sender<Event>,
+    /// Set when the subscriber fell behind: the `seq` to re-read from.
+    lagged: Arc<OnceLock<u32>>,
+}
+
+/// Shared by a run, its critic shard, its handles and the host.
+pub(crate) struct RunShared {
+    pub(crate) run_id: RunId,
+    pub(crate) agent: Arc<str>,
+    pub(crate) caller_id: Option<Arc<str>>,
+    pub(crate) parent_run_id: Option<RunId>,
+    /// The run's shard, and its key there.
+    mailbox: Arc<dyn Mailbox>,
+    pub(crate) key: u64,
+    partial: Mutex<Partial>,
+    finisher: Mutex<Option<oneshot::Sender<Arc<RunResult>>>>,
+    /// The result, once delivered (its terminal record is written).
+    result: OnceLock<Arc<RunResult>>,
+    done: Notify,
+    /// Someone awaits `done`.
+    waiting: AtomicBool,
+    /// Subscribers: counted apart so a run nobody watches takes no lock.
+    subscribers: AtomicUsize,
+    fanout: Mutex<Vec<Subscriber>>,
+    seq: AtomicU32,
+    /// Checkpointed: its checkpoint is cleared with its terminal record, and
+    /// a host shutdown suspends it (no terminal record, checkpoint kept).
+    durable: AtomicBool,
+    host: Arc<HostRuns>,
+}
+
+/// What a new run's record is made with.
+pub(crate) struct RunIdentity {
+    pub(crate) run_id: RunId,
+    pub(crate) agent: Arc<str>,
+    pub(crate) caller_id: Option<Arc<str>>,
+    pub(crate) parent_run_id: Option<RunId>,
+    pub(crate) max_iterations: u32,
+}
+
+impl RunShared {
+    /// A new run's record, registered with the host (reachable by id until
+    /// it is finalized), and the receiver its handle awaits.
+    pub(crate) fn new(
+        id: RunIdentity,
+        mailbox: Arc<dyn Mailbox>,
+        key: u64,
+        host: Arc<HostRuns>,
+    ) -> (Arc<Self>, oneshot::Receiver<Arc<RunResult>>) {
+        let (result_tx, result_rx) = oneshot::channel();
+        let shared = Arc::new(RunShared {
+            run_id: id.run_id,
+            agent: id.agent,
+            caller_id: id.caller_id,
+            parent_run_id: id.parent_run_id,
+            mailbox,
+            key,
+            partial: Mutex::new(Partial {
+                max_iterations: id.max_iterations,
+                ..Default::default()
+            }),
+            finisher: Mutex::new(Some(result_tx)),
+            result: OnceLock::new(),
+            done: Notify::new(),
+            waiting: AtomicBool::new(false),
+            subscribers: AtomicUsize::new(0),
+            fanout: Mutex::new(Vec::new()),
+            seq: AtomicU32::new(0),
+            durable: AtomicBool::new(false),
+            host,
+        });
+        shared.host.enter(&shared);
+        (shared, result_rx)
+    }
+
+    /// The partial record (never poisoned in practice: a panic while holding
+    /// it is recovered by taking the data as is).
+    pub(crate) fn partial(&self) -> MutexGuard<'_, Partial> {
+        self.partial.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends the run a command through its shard.
+    pub(crate) fn command(&self, cmd: Command) {
+        self.mailbox.command(self.key, cmd);
+    }
+
+    /// Whether anyone subscribes to the run's events now.
+    pub(crate) fn has_listener(&self) -> bool {
+        self.subscribers.load(Ordering::SeqCst) > 0
+    }
+
+    /// Takes the next audit `seq` for a record of the run. Called in the
+    /// run's own handlers (one at a time), so numbers are taken in order.
+    pub(crate) fn next_seq(&self) -> u32 {
+        self.seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The `seq` of the latest record taken (0 before any).
+    fn last_seq(&self) -> u32 {
+        self.seq.load(Ordering::SeqCst).saturating_sub(1)
+    }
+
+    /// Continues the audit sequence of a resumed run after its last record.
+    pub(crate) fn start_seq_at(&self, next: u32) {
+        self.seq.store(next, Ordering::SeqCst);
+    }
+
+    /// Sends a recorded event (its record took `seq`) to every subscriber.
+    /// With none, it costs one atomic load.
+    pub(crate) fn emit(&self, seq: u32, event: &RunEvent) {
+        if self.subscribers.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.fan_out(Event {
+            run_id: self.run_id,
+            seq,
+            event: event.clone(),
+        });
+    }
+
+    /// Sends a streamed text delta (not a record: it carries the `seq` of
+    /// the record before it).
+    pub(crate) fn emit_delta(&self, event: RunEvent) {
+        if self.subscribers.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.fan_out(Event {
+            run_id: self.run_id,
+            seq: self.last_seq(),
+            event,
+        });
+    }
+
+    fn fan_out(&self, ev: Event) {
+        let mut subs = self.fanout.lock().unwrap_or_else(|p| p.into_inner());
+        let before = subs.len();
+        subs.retain(|s| match s.tx.try_send(ev.clone()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // Dropping the sender ends its channel after what it holds;
+                // the subscriber then re-reads from here.
+                let _ = s.lagged.set(ev.seq);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+        let gone = before - subs.len();
+        if gone > 0 {
+            self.subscribers.fetch_sub(gone, Ordering::SeqCst);
+        }
+    }
+
+    /// Adds a live subscriber: its channel, whether it lagged, and the
+    /// first `seq` it will see live (earlier records come from the store).
+    /// `None` once the run's stream has ended.
+    fn attach(&self, buffer: usize) -> (mpsc::Receiver<Event>, Arc<OnceLock<u32>>, u32, bool) {
+        let (tx, rx) = mpsc::channel(buffer.max(1));
+        let lagged = Arc::new(OnceLock::new());
+        let mut subs = self.fanout.lock().unwrap_or_else(|p| p.into_inner());
+        let ended = self.result.get().is_some() || self.partial().finished;
+        if !ended {
+            self.subscribers.fetch_add(1, Ordering::SeqCst);
+            subs.push(Subscriber {
+                tx,
+                lagged: lagged.clone(),
+            });
+        }
+        let head = self.seq.load(Ordering::SeqCst);
+        (rx, lagged, head, ended)
+    }
+
+    /// Ends every subscriber's live channel (after the terminal events).
+    fn close_fanout(&self) {
+        let mut subs = self.fanout.lock().unwrap_or_else(|p| p.into_inner());
+        let n = subs.len();
+        subs.clear();
+        if n > 0 {
+            self.subscribers.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+
+    /// Marks the run durable.
+    pub(crate) fn set_durable(&self) {
+        self.durable.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the run is durable.
+    pub(crate) fn is_durable(&self) -> bool {
+        self.durable.load(Ordering::Relaxed)
+    }
+
+    /// The result, once delivered.
+    pub(crate) fn delivered(&self) -> Option<Arc<RunResult>> {
+        self.result.get().cloned()
+    }
+
+    /// Waits for the result (delivered once its terminal record is written).
+    pub(crate) async fn result(&self) -> Arc<RunResult> {
+        loop {
+            let notified = self.done.notified();
+            self.waiting.store(true, Ordering::SeqCst);
+            if let Some(r) = self.result.get() {
+                return r.clone();
+            }
+            notified.await;
+        }
+    }
+
+    /// The run's live view.
+    pub(crate) fn live(&self) -> LiveState {
+        let p = self.partial();
+        LiveState {
+            iteration: p.iterations,
+            max_iterations: p.max_iterations,
+            elapsed_ms: p
+                .took
+                .or_else(|| p.started.map(|(i, _)| i.elapsed()))
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            tokens: p.usage.total(),
+            tool_calls: (p.steps.len() + p.steps_taken) as u32,
+            finished: p.finished,
+        }
+    }
+
+    /// Finalizes the run if nobody did yet: builds the result from the
+    /// partial record, sends the terminal events to subscribers and ends
+    /// their live streams, and returns what the audit actor must write (the
+    /// caller's `preceding` records first), which delivers the result once
+    /// written. If another finisher won, the records come back alone.
+    ///
+    /// A durable run that the host's shutdown ends is suspended instead: its
+    /// caller gets the `cancelled`/`shutdown` result at once, no terminal
+    /// record is written and its checkpoint stays, so `Host::recover`
+    /// resumes it.
+    pub(crate) fn finish_after(
+        self: &Arc<Self>,
+        ending: Ending,
+        preceding: Vec<AuditRecord>,
+    ) -> Finished {
+        let Some(result_tx) = self
+            .finisher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return Finished::Already(preceding);
+        };
+        let result = {
+            let mut p = self.partial();
+            p.finished = true;
+            p.took = p.started.map(|(i, _)| i.elapsed());
+            p.steps_taken = p.steps.len();
+            let now = unix_ms();
+            let started_at = p.started.map(|(_, ms)| ms).unwrap_or(now);
+            let output = match ending.status {
+                RunStatus::Ok => ending.output,
+                _ => ending.output.or_else(|| p.last_text.clone()),
+            };
+            Arc::new(RunResult {
+                run_id: self.run_id,
+                agent: self.agent.to_string(),
+                caller_id: self.caller_id.as_deref().map(str::to_string),
+                parent_run_id: self.parent_run_id,
+                status: ending.status,
+                kill_reason: ending.kill_reason,
+                error_kind: ending.error_kind,
+                error: ending.error,
+                output,
+                steps: std::mem::take(&mut p.steps),
+                iterations: p.iterations,
+                usage: p.usage,
+                cost_micros: p.cost_micros,
+                critic: std::mem::take(&mut p.critic),
+                started_at,
+                finished_at: now.max(started_at),
+            })
+        };
+        let deliver = Delivery {
+            tx: Some(result_tx),
+            shared: Some(self.clone()),
+        };
+        let durable = self.is_durable();
+        if durable && result.error_kind.as_deref() == Some(SUSPENDED) {
+            // No terminal record: the stream ends on the live terminal events.
+            let seq = self.last_seq();
+            for ev in terminal_events(&result) {
+                self.emit(seq, &ev);
+            }
+            self.close_fanout();
+            let _ = deliver.send(result);
+            self.host.leave(self.run_id);
+            return Finished::Suspended(preceding);
+        }
+        let seq = self.next_seq();
+        for ev in terminal_events(&result) {
+            self.emit(seq, &ev);
+        }
+        self.close_fanout();
+        let record = AuditRecord {
+            run_id: self.run_id,
+            seq,
+            at_ms: result.finished_at,
+            entry: AuditEntry::Terminal(result),
+        };
+        self.host.leave(self.run_id);
+        Finished::Terminal(Box::new(Terminal {
+            preceding,
+            record,
+            deliver,
+            durable,
+        }))
+    }
+}
+
+/// The events a terminal result ends a stream with: `error` (when the run
+/// did not end ok) and `run.end`.
+pub(crate) fn terminal_events(r: &RunResult) -> Vec<RunEvent> {
+    let mut out = Vec::with_capacity(2);
+    if r.status != RunStatus::Ok {
+        if let Some(kind) = &r.error_kind {
+            out.push(RunEvent::Error {
+                kind: kind.clone(),
+                message: r.error.clone().unwrap_or_default(),
+            });
+        }
+    }
+    out.push(RunEvent::RunEnd {
+        status: r.status,
+        kill_reason: r.kill_reason,
+        error_kind: r.error_kind.clone(),
+        output: r.output.clone(),
+        usage: r.usage,
+        cost_micros: r.cost_micros,
+        duration_ms: r.duration_ms(),
+    });
+    out
+}
+
+/// A live view of a running run (B4).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LiveState {
+    /// Model iterations started.
+    pub iteration: u32,
+    /// The current ceiling.
+    pub max_iterations: u32,
+    /// Time since the run started.
+    pub elapsed_ms: u64,
+    /// Tokens used so far.
+    pub tokens: u64,
+    /// Tool calls finished so far.
+    pub tool_calls: u32,
+    /// Whether the run has ended.
+    pub finished: bool,
+}
+
+/// How long a catching-up subscriber waits for the run's records to be
+/// written before it reads the store anyway.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A subscription's state between events.
+struct SubState {
+    shared: Arc<RunShared>,
+    buffer: usize,
+    /// The next `seq` the subscriber has not seen.
+    cursor: u32,
+    /// Events read from the store, waiting to be handed out.
+    backlog: std::collections::VecDeque<Event>,
+    live: Option<(mpsc::Receiver<Event>, Arc<OnceLock<u32>>)>,
+    /// The live stream's first `seq`: live events before it are dropped
+    /// (the store gave them).
+    head: u32,
+    ended: bool,
+    /// Joined (again) at `head`, the run ended or not: the store is read
+    /// for what came before, at the next read.
+    joined: Option<(u32, bool)>,
+}
+
+/// A run's events, in order, for one subscriber: what the run recorded
+/// before the subscriber joined (read from the audit store), then the live
+/// events. Bounded: a subscriber that falls [`SUBSCRIBER_BUFFER`] events
+/// behind gets a `lagged` event with the `seq` it resumes from, and catches
+/// up from the store. Ends after the run's terminal events.
+pub(crate) fn subscribe(
+    shared: Arc<RunShared>,
+    from_seq: u32,
+    buffer: usize,
+) -> Pin<Box<dyn Stream<Item = Event> + Send>> {
+    // Joined now, not at the first read: what the run does from here on is
+    // live, what it did before comes from the store.
+    let (rx, lagged, head, ended) = shared.attach(buffer);
+    let st = SubState {
+        shared,
+        buffer,
+        cursor: from_seq,
+        backlog: Default::default(),
+        live: (!ended).then_some((rx, lagged)),
+        head,
+        ended: false,
+        joined: Some((head, ended)),
+    };
+    Box::pin(stream::unfold(st, |mut st| async move {
+        let ev = next_event(&mut st).await?;
+        Some((ev, st))
+    }))
+}
+
+async fn next_event(st: &mut SubState) -> Option<Event> {
+    loop {
+        if let Some((head, ended)) = st.joined.take() {
+            if st.cursor < head || ended {
+                catch_up(st, head, ended).await;
+            }
+            if ended {
+                st.ended = true;
+            }
+            continue;
+        }
+        if let Some(ev) = st.backlog.pop_front() {
+            st.cursor = st.cursor.max(next_cursor(&ev));
+            return Some(ev);
+        }
+        if st.ended {
+            return None;
+        }
+        let Some((rx, lagged)) = &mut st.live else {
+            // Re-join after a lag: live from `head`, the store before it.
+            let (rx, lagged, head, ended) = st.shared.attach(st.buffer);
+            st.head = head;
+            st.joined = Some((head, ended));
+            if !ended {
+                st.live = Some((rx, lagged));
+            }
+            continue;
+        };
+        match rx.recv().await {
+            Some(ev) => {
+                let is_record = !matches!(ev.event, RunEvent::TextDelta { .. });
+                if is_record && ev.seq < st.head.max(st.cursor) {
+                    continue;
+                }
+                if is_record {
+                    st.cursor = next_cursor(&ev);
+                }
+                return Some(ev);
+            }
+            None => {
+                let lag = lagged.get().copied();
+                st.live = None;
+                match lag {
+                    Some(resume_from) => {
+                        st.cursor = st.cursor.min(resume_from);
+                        return Some(Event {
+                            run_id: st.shared.run_id,
+                            seq: resume_from,
+                            event: RunEvent::Lagged { resume_from },
+                        });
+                    }
+                    None => {
+                        st.ended = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first `seq` a subscriber has not seen after `ev`: the next one,
+/// except after a terminal `error`, whose `run.end` shares its record.
+fn next_cursor(ev: &Event) -> u32 {
+    match ev.event {
+        RunEvent::Error { .. } => ev.seq,
+        _ => ev.seq.saturating_add(1),
+    }
+}
+
+/// Reads the run's records `[cursor, head)` from the store (all of them
+/// when the run has ended) into the backlog, once the run's shard and the
+/// audit actor have written what the run made so far.
+async fn catch_up(st: &mut SubState, head: u32, ended: bool) {
+    let shared = &st.shared;
+    if ended {
+        // Its result is delivered once its terminal record is written.
+        let _ = tokio::time::timeout(BARRIER_TIMEOUT, shared.result()).await;
+    } else {
+        let (tx, rx) = oneshot::channel();
+        shared.command(Command::Barrier(tx));
+        let _ = tokio::time::timeout(BARRIER_TIMEOUT, rx).await;
+    }
+    let records = match shared.host.store.run_records(shared.run_id).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(run_id = %shared.run_id, error = %e, "a subscriber could not read the run's records");
+            Vec::new()
+        }
+    };
+    for r in records {
+        if r.seq < st.cursor || (!ended && r.seq >= head) {
+            continue;
+        }
+        let events = match r.entry {
+            AuditEntry::Event(ev) => vec![ev],
+            AuditEntry::Terminal(res) => terminal_events(&res),
+            AuditEntry::RunStarted(_) => continue,
+        };
+        for event in events {
+            st.backlog.push_back(Event {
+                run_id: shared.run_id,
+                seq: r.seq,
+                event,
+            });
+        }
+    }
+    if ended && st.backlog.is_empty() {
+        // Nothing on record (an in-memory store that was not kept): end
+        // with the delivered result, if any.
+        if let Some(res) = shared.delivered() {
+            let seq = shared.last_seq();
+            for event in terminal_events(&res) {
+                st.backlog.push_back(Event {
+                    run_id: shared.run_id,
+                    seq,
+                    event,
+                });
+            }
+        }
+    }
+}

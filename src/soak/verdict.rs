@@ -1,0 +1,530 @@
+//! The soak's verdict, in three parts, each a pure function of what the
+//! soak measured (so each is tested on made-up series):
+//!
+//! - **RSS**: the robust slope of RSS over the samples after warm-up (the
+//!   first 20 % of the duration or 30 s, whichever is smaller) up to the
+//!   end of the duration (the drain is not judged), in % of their mean RSS
+//!   per minute, against a limit of 1 %/min. The slope is Theil–Sen's (the
+//!   median of the slopes between every two samples), which a few outlying
+//!   samples (a GC-like step, a page-cache blip) cannot drag, with Sen's 95 %
+//!   interval around it. The outcome:
+//!   - `too_short` when fewer than 60 s or 10 samples are left after
+//!     warm-up: nothing is judged, and that is no failure;
+//!   - `pass` when the slope is under the limit;
+//!   - `fail` when the whole interval is at or over the limit (the growth is
+//!     clear, not noise);
+//!   - `inconclusive` when the slope is over the limit but the interval
+//!     reaches below it: a longer soak is needed to tell; no failure.
+//!
+//!   Samples a second apart are not independent (RSS moves in steps), so
+//!   the interval is narrower than a true one: it tells noise from growth
+//!   for the large, not the fine.
+//! - **Statuses**: every status must be explained by the chaos injected:
+//!   `ok` always; `killed/stalled` by hangs (a hung call ends its run that
+//!   way: at most one per hang); `error/rate_limited` by 429s (at most one
+//!   per 429; fewer when a retry layer absorbs them); `error/tool_errors` by
+//!   malformed tool calls (`max_tool_errors` in a row each);
+//!   `error/max_iterations` by malformed tool calls (each adds a model
+//!   call). Without chaos, only `ok`. Anything else, or more of a status
+//!   than its cause allows, is unexplained.
+//! - **Terminal records**: after the host's shutdown has drained the audit
+//!   actor, the store's count of terminal records equals the runs
+//!   submitted, and every submitted run's handle gave a result.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::providers::chaos::ChaosCounts;
+
+use super::report::{mib, round3};
+
+/// The RSS slope a soak may show after warm-up, in % per minute.
+pub const RSS_SLOPE_LIMIT_PCT_PER_MIN: f64 = 1.0;
+
+/// The least time after warm-up a soak must have run for its RSS slope to
+/// be judged, in seconds.
+pub const RSS_MIN_WINDOW_S: f64 = 60.0;
+
+/// The fewest samples after warm-up for the RSS slope to be judged.
+pub const RSS_MIN_SAMPLES: usize = 10;
+
+/// The confidence of the RSS slope's interval.
+pub const RSS_CONFIDENCE: f64 = 0.95;
+
+/// z of a two-sided 95 % interval.
+const Z_95: f64 = 1.959_964;
+
+/// The most samples the slope is taken over (evenly thinned beyond: the
+/// pairs grow with the square of the samples).
+const MAX_SLOPE_POINTS: usize = 1000;
+
+/// What the RSS part of the verdict found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RssOutcome {
+    /// The slope is under the limit.
+    Pass,
+    /// The slope's whole interval is at or over the limit.
+    Fail,
+    /// The slope is over the limit, its interval reaches below it.
+    Inconclusive,
+    /// Too little time or too few samples after warm-up to judge.
+    TooShort,
+}
+
+/// The RSS part of the verdict.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RssVerdict {
+    /// Seconds not judged at the start.
+    pub warmup_s: f64,
+    /// Samples judged (after warm-up, up to the end of the duration).
+    pub samples: usize,
+    /// Seconds from the first judged sample to the last.
+    pub window_s: f64,
+    /// Their mean RSS.
+    pub mean_rss_mib: f64,
+    /// The slope (Theil–Sen), in MiB per minute.
+    pub slope_mib_per_min: f64,
+    /// The slope in % of the mean RSS per minute.
+    pub slope_pct_per_min: f64,
+    /// The low end of the slope's interval, in % per minute.
+    pub slope_low_pct_per_min: f64,
+    /// The high end of the slope's interval, in % per minute.
+    pub slope_high_pct_per_min: f64,
+    /// The interval's confidence (0.95).
+    pub confidence: f64,
+    /// How the slope is taken: `theil_sen`.
+    pub method: &'static str,
+    /// The limit, in % per minute.
+    pub limit_pct_per_min: f64,
+    /// What was found.
+    pub outcome: RssOutcome,
+    /// The outcome, said in a sentence.
+    pub reason: String,
+    /// No failure: every outcome but `fail`.
+    pub pass: bool,
+}
+
+/// A slope with its interval, in units of y per unit of x.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slope {
+    /// The median of the pairwise slopes.
+    pub slope: f64,
+    /// The interval's low end.
+    pub low: f64,
+    /// The interval's high end.
+    pub high: f64,
+}
+
+/// Theil–Sen's slope of `points` (x, y) with Sen's interval at `z` (1.96
+/// for 95 %); `None` with fewer than two distinct x. Beyond 1000 points, an
+/// even thinning of them is used.
+pub fn theil_sen(points: &[(f64, f64)], z: f64) -> Option<Slope> {
+    let stride = points.len().div_ceil(MAX_SLOPE_POINTS).max(1);
+    let pts: Vec<(f64, f64)> = points.iter().step_by(stride).copied().collect();
+    let mut slopes = Vec::with_capacity(pts.len() * pts.len().saturating_sub(1) / 2);
+    for (i, a) in pts.iter().enumerate() {
+        for b in &pts[i + 1..] {
+            let dx = b.0 - a.0;
+            if dx != 0.0 {
+                slopes.push((b.1 - a.1) / dx);
+            }
+        }
+    }
+    if slopes.is_empty() {
+        return None;
+    }
+    slopes.sort_unstable_by(f64::total_cmp);
+    let m = slopes.len();
+    let slope = if m % 2 == 1 {
+        slopes[m / 2]
+    } else {
+        (slopes[m / 2 - 1] + slopes[m / 2]) / 2.0
+    };
+    // Sen (1968): the interval's ends are the slopes at ranks
+    // (N ∓ z·σ_S)/2, σ_S² = n(n−1)(2n+5)/18 the variance of Kendall's S.
+    let n = pts.len() as f64;
+    let c = z * (n * (n - 1.0) * (2.0 * n + 5.0) / 18.0).sqrt();
+    let lo_rank = ((m as f64 - c) / 2.0).floor().max(1.0) as usize;
+    let hi_rank = (((m as f64 + c) / 2.0).ceil() as usize + 1).min(m);
+    Some(Slope {
+        slope,
+        low: slopes[lo_rank.min(m) - 1],
+        high: slopes[hi_rank.max(1) - 1],
+    })
+}
+
+/// Judges RSS after warm-up (see the module doc). `samples` are `(seconds
+/// since start, RSS bytes)`; `duration_s` is how long runs were started.
+pub fn rss_verdict(samples: &[(f64, u64)], duration_s: f64) -> RssVerdict {
+    let warmup_s = (0.2 * duration_s).min(30.0);
+    let judged: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|(t, _)| *t >= warmup_s && *t <= duration_s + 0.5)
+        .map(|&(t, r)| (t, r as f64))
+        .collect();
+    let n = judged.len();
+    let mean_r = judged.iter().map(|p| p.1).sum::<f64>() / (n.max(1) as f64);
+    let window_s = match (judged.first(), judged.last()) {
+        (Some(a), Some(b)) => b.0 - a.0,
+        _ => 0.0,
+    };
+    // Bytes per second.
+    let slope = theil_sen(&judged, Z_95).unwrap_or(Slope {
+        slope: 0.0,
+        low: 0.0,
+        high: 0.0,
+    });
+    let pct = |bytes_per_s: f64| {
+        if mean_r > 0.0 {
+            bytes_per_s * 60.0 / mean_r * 100.0
+        } else {
+            0.0
+        }
+    };
+    let round4 = |x: f64| (x * 1e4).round() / 1e4;
+    let (point, low, high) = (pct(slope.slope), pct(slope.low), pct(slope.high));
+    let limit = RSS_SLOPE_LIMIT_PCT_PER_MIN;
+    let (outcome, reason) = if window_s < RSS_MIN_WINDOW_S || n < RSS_MIN_SAMPLES {
+        (
+            RssOutcome::TooShort,
+            format!(
+                "too short to judge: {window_s:.0} s and {n} samples after warm-up \
+                 (at least {RSS_MIN_WINDOW_S:.0} s and {RSS_MIN_SAMPLES} needed)"
+            ),
+        )
+    } else if point < limit {
+        (
+            RssOutcome::Pass,
+            format!("{point:+.3} %/min is under {limit} %/min"),
+        )
+    } else if low >= limit {
+        (
+            RssOutcome::Fail,
+            format!(
+                "{point:+.3} %/min, and all of its 95 % interval \
+                 [{low:+.3}, {high:+.3}] is at or over {limit} %/min"
+            ),
+        )
+    } else {
+        (
+            RssOutcome::Inconclusive,
+            format!(
+                "{point:+.3} %/min is over {limit} %/min, but its 95 % interval \
+                 [{low:+.3}, {high:+.3}] reaches below it: soak longer to tell"
+            ),
+        )
+    };
+    RssVerdict {
+        warmup_s: round3(warmup_s),
+        samples: n,
+        window_s: round3(window_s),
+        mean_rss_mib: round3(mib(mean_r as u64)),
+        slope_mib_per_min: round3(slope.slope * 60.0 / (1024.0 * 1024.0)),
+        slope_pct_per_min: round4(point),
+        slope_low_pct_per_min: round4(low),
+        slope_high_pct_per_min: round4(high),
+        confidence: RSS_CONFIDENCE,
+        method: "theil_sen",
+        limit_pct_per_min: limit,
+        pass: outcome != RssOutcome::Fail,
+        outcome,
+        reason,
+    }
+}
+
+/// The statuses part of the verdict.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StatusVerdict {
+    /// Each non-`ok` status seen: what explains it and how many it allows.
+    pub explained: Vec<Explained>,
+    /// Runs per status that nothing explains (an unknown status, or more
+    /// than its cause allows).
+    pub unexplained: BTreeMap<String, u64>,
+    /// Nothing is unexplained.
+    pub pass: bool,
+}
+
+/// One status the chaos may explain.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Explained {
+    /// The status key (`killed/stalled`).
+    pub status: String,
+    /// Runs that ended so.
+    pub runs: u64,
+    /// The fault that explains it.
+    pub cause: &'static str,
+    /// How many runs that fault explains at most.
+    pub allowed: u64,
+}
+
+/// Judges the statuses against the faults injected (see the module doc).
+pub fn explain_statuses(
+    by_status: &BTreeMap<String, u64>,
+    injected: Option<ChaosCounts>,
+    max_tool_errors: u32,
+) -> StatusVerdict {
+    let c = injected.unwrap_or_default();
+    let mut explained = Vec::new();
+    let mut unexplained = BTreeMap::new();
+    for (status, &runs) in by_status {
+        let cause = match status.as_str() {
+            "ok" => continue,
+            "killed/stalled" => Some(("hang", c.hang)),
+            "error/rate_limited" => Some(("rate_limited", c.rate_limited)),
+            "error/tool_errors" => Some((
+                "malformed (max_tool_errors in a row)",
+                c.malformed / u64::from(max_tool_errors.max(1)),
+            )),
+            "error/max_iterations" => Some(("malformed", c.malformed)),
+            _ => None,
+        };
+        match cause {
+            Some((cause, allowed)) => {
+                if runs > allowed {
+                    unexplained.insert(status.clone(), runs - allowed);
+                }
+                explained.push(Explained {
+                    status: status.clone(),
+                    runs,
+                    cause,
+                    allowed,
+                });
+            }
+            None => {
+                unexplained.insert(status.clone(), runs);
+            }
+        }
+    }
+    StatusVerdict {
+        pass: unexplained.is_empty(),
+        explained,
+        unexplained,
+    }
+}
+
+/// The terminal-records part of the verdict.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TerminalVerdict {
+    /// Runs the host accepted.
+    pub runs_submitted: u64,
+    /// Results their handles gave.
+    pub results: u64,
+    /// Terminal records the store counted.
+    pub terminal_records: u64,
+    /// One result and one terminal record per run.
+    pub pass: bool,
+}
+
+impl TerminalVerdict {
+    /// Judges the counts.
+    pub fn of(runs_submitted: u64, results: u64, terminal_records: u64) -> Self {
+        TerminalVerdict {
+            runs_submitted,
+            results,
+            terminal_records,
+            pass: results == runs_submitted && terminal_records == runs_submitted,
+        }
+    }
+}
+
+/// The whole verdict.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Every part passes and no submit failed.
+    pub pass: bool,
+    /// RSS over time.
+    pub rss: RssVerdict,
+    /// Statuses against the faults injected.
+    pub statuses: StatusVerdict,
+    /// Terminal records against runs.
+    pub terminal: TerminalVerdict,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: f64 = 1024.0 * 1024.0;
+
+    /// 100 MiB growing `mib_per_min`, sampled every second for `secs`.
+    fn line(mib_per_min: f64, secs: u64) -> Vec<(f64, u64)> {
+        (1..=secs)
+            .map(|t| {
+                (
+                    t as f64,
+                    (100.0 * MIB + mib_per_min * MIB / 60.0 * t as f64) as u64,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slope_of_a_line_is_its_rate_relative_to_the_mean() {
+        // 1 MiB a minute for 10 min: mean ≈ 105.25 MiB, so ≈ 0.95 %/min.
+        let v = rss_verdict(&line(1.0, 600), 600.0);
+        assert_eq!((v.warmup_s, v.samples, v.window_s), (30.0, 571, 570.0));
+        assert!((v.slope_mib_per_min - 1.0).abs() < 1e-3, "{v:?}");
+        let mean_mib = 100.0 + (30.0 + 600.0) / 2.0 / 60.0;
+        assert!(
+            (v.slope_pct_per_min - 100.0 / mean_mib).abs() < 1e-3,
+            "{v:?}"
+        );
+        assert_eq!((v.outcome, v.pass), (RssOutcome::Pass, true));
+        assert_eq!(v.method, "theil_sen");
+        // A line has no noise: the interval is the slope.
+        assert!((v.slope_high_pct_per_min - v.slope_low_pct_per_min).abs() < 1e-3);
+
+        // Twice as steep fails.
+        let v = rss_verdict(&line(2.0, 600), 600.0);
+        assert_eq!((v.outcome, v.pass), (RssOutcome::Fail, false), "{v:?}");
+    }
+
+    #[test]
+    fn outliers_do_not_move_the_slope() {
+        // Flat at 100 MiB with a few samples far off either way: least
+        // squares would read a slope from where they fall; the median of
+        // pairwise slopes does not.
+        let mut samples = line(0.0, 300);
+        for (i, s) in samples.iter_mut().enumerate() {
+            if i % 37 == 0 {
+                s.1 = if i > 150 { 400 << 20 } else { 10 << 20 };
+            }
+        }
+        let v = rss_verdict(&samples, 300.0);
+        assert_eq!(v.slope_pct_per_min, 0.0, "{v:?}");
+        assert_eq!(v.outcome, RssOutcome::Pass);
+    }
+
+    #[test]
+    fn noise_around_a_slope_over_the_limit_is_inconclusive_not_a_failure() {
+        // 12 samples 6 s apart after warm-up, 1.2 MiB/min (≈ 1.2 %/min)
+        // under ±0.3 MiB of noise: the slope is over the limit, its
+        // interval reaches below it.
+        let noise = [
+            0.3, -0.2, 0.1, -0.3, 0.2, 0.0, -0.1, 0.3, -0.2, 0.1, -0.3, 0.2,
+        ];
+        let samples: Vec<(f64, u64)> = noise
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let t = 20.0 + 6.0 * i as f64;
+                (t, ((100.0 + 1.2 * t / 60.0 + n) * MIB) as u64)
+            })
+            .collect();
+        let v = rss_verdict(&samples, 100.0);
+        assert!(v.slope_pct_per_min >= 1.0, "{v:?}");
+        assert!(v.slope_low_pct_per_min < 1.0, "{v:?}");
+        assert_eq!((v.outcome, v.pass), (RssOutcome::Inconclusive, true));
+        assert!(v.reason.contains("soak longer"), "{}", v.reason);
+    }
+
+    #[test]
+    fn a_short_soak_is_too_short_to_judge_not_a_failure() {
+        // 10 s: warm-up is 2 s (20 %), 9 samples after it, steeply growing.
+        let v = rss_verdict(&line(600.0, 10), 10.0);
+        assert_eq!((v.warmup_s, v.samples), (2.0, 9));
+        assert_eq!((v.outcome, v.pass), (RssOutcome::TooShort, true));
+        assert!(v.slope_pct_per_min > 1.0, "the slope is still stated");
+        assert!(v.reason.starts_with("too short to judge"), "{}", v.reason);
+        // Drain samples (after the duration) are not judged either.
+        let mut with_drain = line(0.0, 10);
+        with_drain.push((12.0, 900 << 20));
+        assert_eq!(rss_verdict(&with_drain, 10.0).samples, 9);
+    }
+
+    #[test]
+    fn warm_up_growth_is_not_judged() {
+        // 100 s soak: warm-up 20 s. A jump in the first 20 s, then flat.
+        let samples: Vec<(f64, u64)> = (1..=100)
+            .map(|t| (t as f64, if t < 20 { 10 } else { 500 } << 20))
+            .collect();
+        let v = rss_verdict(&samples, 100.0);
+        assert_eq!((v.warmup_s, v.samples), (20.0, 81));
+        assert_eq!(v.slope_pct_per_min, 0.0);
+        assert_eq!(v.outcome, RssOutcome::Pass);
+    }
+
+    #[test]
+    fn too_few_samples_are_not_judged() {
+        let v = rss_verdict(&[(1.0, 1 << 20)], 1.0);
+        assert_eq!((v.samples, v.slope_pct_per_min, v.pass), (1, 0.0, true));
+        assert_eq!(v.outcome, RssOutcome::TooShort);
+        assert!(rss_verdict(&[], 5.0).pass);
+    }
+
+    #[test]
+    fn shrinking_rss_passes() {
+        let samples: Vec<(f64, u64)> = (1..=100).map(|t| (t as f64, (1000 - t) << 20)).collect();
+        let v = rss_verdict(&samples, 100.0);
+        assert!(v.slope_pct_per_min < 0.0 && v.pass, "{v:?}");
+    }
+
+    #[test]
+    fn theil_sen_thins_long_series_and_needs_two_distinct_times() {
+        assert_eq!(theil_sen(&[(1.0, 1.0), (1.0, 5.0)], Z_95), None);
+        let long: Vec<(f64, f64)> = (0..5000).map(|t| (t as f64, 3.0 * t as f64)).collect();
+        let s = theil_sen(&long, Z_95).map(|s| s.slope);
+        assert_eq!(s, Some(3.0));
+    }
+
+    fn statuses(list: &[(&str, u64)]) -> BTreeMap<String, u64> {
+        list.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn without_chaos_only_ok_is_explained() {
+        let v = explain_statuses(&statuses(&[("ok", 10)]), None, 3);
+        assert!(v.pass && v.explained.is_empty());
+        let v = explain_statuses(&statuses(&[("ok", 10), ("killed/stalled", 1)]), None, 3);
+        assert!(!v.pass);
+        assert_eq!(v.unexplained, statuses(&[("killed/stalled", 1)]));
+    }
+
+    #[test]
+    fn chaos_explains_its_own_statuses_up_to_what_it_injected() {
+        let injected = ChaosCounts {
+            calls: 1000,
+            slow: 10,
+            hang: 5,
+            rate_limited: 7,
+            malformed: 9,
+        };
+        let ok = statuses(&[
+            ("ok", 900),
+            ("killed/stalled", 5),
+            ("error/rate_limited", 7),
+            ("error/tool_errors", 3),
+        ]);
+        let v = explain_statuses(&ok, Some(injected), 3);
+        assert!(v.pass, "{v:?}");
+        assert_eq!(v.explained.len(), 3);
+
+        let too_many = statuses(&[
+            ("ok", 900),
+            ("killed/stalled", 6),
+            ("error/tool_errors", 4),
+            ("killed/deadline", 1),
+            ("cancelled/operator", 2),
+        ]);
+        let v = explain_statuses(&too_many, Some(injected), 3);
+        assert!(!v.pass);
+        assert_eq!(
+            v.unexplained,
+            statuses(&[
+                ("killed/stalled", 1),
+                ("error/tool_errors", 1),
+                ("killed/deadline", 1),
+                ("cancelled/operator", 2),
+            ])
+        );
+    }
+
+    #[test]
+    fn terminal_records_must_match_runs_and_results() {
+        assert!(TerminalVerdict::of(10, 10, 10).pass);
+        assert!(!TerminalVerdict::of(10, 9, 10).pass);
+        assert!(!TerminalVerdict::of(10, 10, 11).pass);
+    }
+}
