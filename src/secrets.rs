@@ -133,7 +133,7 @@ fn replace_one(text: &str, secret: &[u8]) -> Option<String> {
     // Bytes of `text` copied to `out` so far.
     let mut copied = 0;
     let mut at = 0;
-    while let Some(i) = memchr::memchr2(lo, up, &bytes[at..]) {
+    while let Some(i) = bytes[at..].iter().position(|&b| b == lo || b == up) {
         let start = at + i;
         let end = start + secret.len();
         if end > bytes.len() {

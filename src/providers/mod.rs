@@ -201,7 +201,6 @@ impl Default for ProviderConfig {
 }
 
 impl ProviderConfig {
-    #[cfg(any(feature = "openai", feature = "anthropic"))]
     fn var(&self, name: &str) -> Option<String> {
         match &self.env {
             Some(map) => map.get(name).cloned(),
