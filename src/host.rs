@@ -236,11 +236,13 @@ impl Opening {
 }
 
 /// The transcript a new run starts from: the system prompt (its
-/// `{{inputs.NAME}}` filled), then the input.
+/// `{{inputs.NAME}}` filled), then the input (with the invocation's
+/// attachments).
 fn initial_transcript(
     spec: &AgentSpec,
     prompt: &str,
     inputs: &std::collections::BTreeMap<String, serde_json::Value>,
+    attachments: Vec<crate::spec::Attachment>,
 ) -> Vec<Message> {
     // Room for the first tool turn; a run that waits on its first call
     // holds no more than that.
@@ -251,8 +253,19 @@ fn initial_transcript(
             .unwrap_or_else(|_| spec.system.clone());
         t.push(Message::text(Role::System, system));
     }
-    t.push(Message::text(Role::User, prompt));
+    let mut input = Message::text(Role::User, prompt);
+    input.attachments = attachments;
+    t.push(input);
     t
+}
+
+/// Checks an invocation's attachments (size cap, image type and content)
+/// before anything runs.
+fn check_attachments(inv: &Invocation) -> Result<(), SubmitError> {
+    for a in &inv.attachments {
+        a.check()?;
+    }
+    Ok(())
 }
 
 /// Why a host could not be built.
@@ -294,6 +307,13 @@ pub enum SubmitError {
         /// What the host knows.
         known: String,
     },
+    /// The manifest names no model and nothing configures the default
+    /// tier (the message says how to set one).
+    #[error("{0}")]
+    NoModel(String),
+    /// An attachment is too large or not usable.
+    #[error(transparent)]
+    Attachment(#[from] crate::ports::model::AttachmentError),
 }
 
 /// Builds a [`Host`].
@@ -618,6 +638,9 @@ impl Host {
             }
         }
         resolver.resolve(spec).map_err(|e| {
+            if let ResolveError::NoModel { .. } = e {
+                return SubmitError::NoModel(e.to_string());
+            }
             let mut known: Vec<String> = self.inner.models.keys().cloned().collect();
             known.extend(resolver.known());
             known.sort_unstable();
@@ -638,6 +661,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve(agent.into())?;
         agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
@@ -653,6 +677,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve(agent.into())?;
         agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self
@@ -834,7 +859,10 @@ impl Host {
         // Inputs fill the manifest's `{{inputs.NAME}}` (checked in `submit`);
         // such runs do not share the agent's starting transcript.
         let templated = agent.spec().uses_inputs();
-        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some() && !templated;
+        let own_prompt = inv.prompt.is_empty()
+            && agent.spec().prompt.is_some()
+            && !templated
+            && inv.attachments.is_empty();
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
             std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
@@ -849,10 +877,15 @@ impl Host {
         let transcript = match &resumed {
             Some(c) => c.transcript.clone(),
             // Runs of the manifest's own prompt share one starting transcript.
-            None if own_prompt => {
-                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt, &inv.inputs))
-            }
-            None => Arc::new(initial_transcript(agent.spec(), &prompt, &inv.inputs)),
+            None if own_prompt => agent.default_transcript(|| {
+                initial_transcript(agent.spec(), &prompt, &inv.inputs, Vec::new())
+            }),
+            None => Arc::new(initial_transcript(
+                agent.spec(),
+                &prompt,
+                &inv.inputs,
+                inv.attachments.clone(),
+            )),
         };
         let mut first_checkpoint = None;
         let durable = if durable {

@@ -52,6 +52,8 @@
 //!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
+//! - [`secrets`]: the known secret values, redacted from everything a run
+//!   stores, streams or prints.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -66,6 +68,7 @@ pub mod pricing;
 pub mod providers;
 mod record;
 pub mod replay;
+pub mod secrets;
 pub mod soak;
 pub mod spec;
 pub mod stores;

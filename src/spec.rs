@@ -18,6 +18,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+pub use crate::ports::model::Attachment;
+use crate::ports::model::{CallOptions, ToolChoice};
 use crate::ports::run::RunId;
 
 /// A manifest that could not be used.
@@ -237,9 +239,21 @@ pub struct Limits {
     /// model it does not know never compacts).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
+    /// How long a streaming model call may wait for its first token (a
+    /// queueing server) before the run is killed `stalled` with
+    /// `error_kind` `first_token_timeout`; `None`: `stall_timeout`. While
+    /// a call waits for its first token, this bound replaces the stall
+    /// timeout.
+    #[serde(with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout: Option<Duration>,
 }
 
 impl Limits {
+    /// The first-token bound in force: `first_token_timeout`, else `stall_timeout`.
+    pub fn first_token(&self) -> Duration {
+        self.first_token_timeout.unwrap_or(self.stall_timeout)
+    }
+
     /// These limits as a layer with every key set.
     pub fn to_spec(&self) -> LimitsSpec {
         LimitsSpec {
@@ -256,6 +270,7 @@ impl Limits {
             max_tool_result_bytes: Some(self.max_tool_result_bytes),
             kill_grace: Some(self.kill_grace),
             context_window: self.context_window,
+            first_token_timeout: self.first_token_timeout,
         }
     }
 
@@ -290,7 +305,8 @@ impl Limits {
             max_tool_errors,
             max_tool_result_bytes,
             kill_grace,
-            context_window
+            context_window,
+            first_token_timeout
         );
         spec
     }
@@ -376,6 +392,13 @@ pub struct LimitsSpec {
     /// See [`Limits::context_window`] (default: the price table's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
+    /// See [`Limits::first_token_timeout`] (default: `stall_timeout`).
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub first_token_timeout: Option<Duration>,
 }
 
 impl LimitsSpec {
@@ -395,6 +418,7 @@ impl LimitsSpec {
             max_tool_result_bytes: self.max_tool_result_bytes.or(lower.max_tool_result_bytes),
             kill_grace: self.kill_grace.or(lower.kill_grace),
             context_window: self.context_window.or(lower.context_window),
+            first_token_timeout: self.first_token_timeout.or(lower.first_token_timeout),
         }
     }
 
@@ -425,6 +449,7 @@ impl LimitsSpec {
                 .clamp(MIN_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES),
             kill_grace: d(m.kill_grace, Duration::from_secs(5)),
             context_window: m.context_window.map(|w| w.min(MAX_CONTEXT_WINDOW)),
+            first_token_timeout: m.first_token_timeout.map(|t| t.min(MAX_DURATION)),
         }
     }
 
@@ -710,7 +735,9 @@ pub struct AgentSpec {
     pub name: String,
     /// Model spec (`scripted`, `openai:MODEL`, `anthropic:MODEL`,
     /// `ollama:MODEL`, a tier name such as `fast`). Left out: `scripted`
-    /// when the manifest has a `script`, else the default tier `fast`.
+    /// when the manifest has a `script`, else (kept empty) the default tier
+    /// `fast`, if something configures it (see
+    /// `providers::ResolveError::NoModel`).
     #[serde(default)]
     pub model: String,
     /// What the agent is for (shown to parents that delegate to it).
@@ -770,6 +797,46 @@ pub struct AgentSpec {
     /// inputs); without it the tool takes `{prompt: string}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Value>,
+
+    // ---- Model call options: passed through to the provider (see
+    // `CallOptions`); unset keys are not sent. ----
+    /// Which tool the model must call: `auto` (the default, sent whenever
+    /// the agent has tools), `required`, `none`, or one of its tools' names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Sampling temperature (0 to 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// The cap on each reply's tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Nucleus sampling (above 0, at most 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Sampling seed (OpenAI-compatible servers; Anthropic has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Stop sequences: one string or a list.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "one_or_many"
+    )]
+    pub stop: Vec<String>,
+}
+
+/// A string or a list of strings, as a list.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::One(s) => vec![s],
+        Raw::Many(v) => v,
+    })
 }
 
 /// A palette entry as a manifest writes it.
@@ -900,6 +967,66 @@ impl AgentSpec {
         Ok(spec)
     }
 
+    /// The manifest's model call options, or `None` when it sets none (the
+    /// defaults: `tool_choice: auto` with tools, the server's sampling).
+    pub fn call_options(&self) -> Option<CallOptions> {
+        let options = CallOptions {
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            top_p: self.top_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            tool_choice: self.tool_choice.clone().unwrap_or_default(),
+        };
+        (options != CallOptions::default()).then_some(options)
+    }
+
+    /// Checks the model call options (part of [`check`](Self::check)).
+    fn check_call_options(&self, source: &str) -> Result<(), String> {
+        let at = |key: &str| line_of(source, key);
+        match &self.tool_choice {
+            Some(ToolChoice::Tool(name)) if !self.tools.iter().any(|t| t == name) => {
+                return Err(format!(
+                    "`tool_choice` names `{name}`, which is not in `tools`{} (use auto, required, none or a listed tool)",
+                    at("tool_choice")
+                ));
+            }
+            Some(ToolChoice::Required | ToolChoice::Tool(_)) if self.tools.is_empty() => {
+                return Err(format!(
+                    "`tool_choice` asks for a tool call but `tools` is empty{}",
+                    at("tool_choice")
+                ));
+            }
+            _ => {}
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(format!(
+                    "`temperature` must be between 0 and 2, not {t}{}",
+                    at("temperature")
+                ));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(format!(
+                    "`top_p` must be above 0 and at most 1, not {p}{}",
+                    at("top_p")
+                ));
+            }
+        }
+        if self.max_tokens == Some(0) {
+            return Err(format!(
+                "`max_tokens` must be at least 1{}",
+                at("max_tokens")
+            ));
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return Err(format!("`stop` holds an empty sequence{}", at("stop")));
+        }
+        Ok(())
+    }
+
     /// A minimal spec: a name and a model, nothing else.
     pub fn new(name: impl Into<String>, model: impl Into<String>) -> Self {
         AgentSpec {
@@ -919,6 +1046,12 @@ impl AgentSpec {
             agents: BTreeMap::new(),
             sub_agents: Vec::new(),
             inputs: None,
+            tool_choice: None,
+            temperature: None,
+            max_tokens: None,
+            top_p: None,
+            seed: None,
+            stop: Vec::new(),
         }
     }
 
@@ -976,12 +1109,11 @@ impl AgentSpec {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        if spec.model.trim().is_empty() {
-            spec.model = if spec.script.is_empty() {
-                crate::providers::DEFAULT_TIER.to_string()
-            } else {
-                "scripted".to_string()
-            };
+        // A manifest without a script that names no model keeps `model`
+        // empty: it runs on the default tier if something configures that
+        // (see `providers::ResolveError::NoModel`).
+        if spec.model.trim().is_empty() && !spec.script.is_empty() {
+            spec.model = "scripted".to_string();
         }
         spec.check(text)
             .map_err(|message| SpecError::Invalid { path, message })?;
@@ -1033,6 +1165,7 @@ impl AgentSpec {
                 )
             })?;
         }
+        self.check_call_options(source)?;
         if self.model == "scripted" && self.script.is_empty() {
             return Err("`model: scripted` needs a `script`".into());
         }
@@ -1050,6 +1183,12 @@ impl AgentSpec {
                 .unwrap_or_default();
             format!("{e}{line}")
         })?;
+        if self.limits.first_token_timeout == Some(Duration::ZERO) {
+            return Err(format!(
+                "`limits.first_token_timeout` must be more than 0{}",
+                line_of(source, "first_token_timeout")
+            ));
+        }
         Ok(())
     }
 }
@@ -1064,17 +1203,6 @@ pub fn line_of(source: &str, needle: &str) -> String {
         })
         .map(|i| format!(" at line {}", i + 1))
         .unwrap_or_default()
-}
-
-/// A file, image or blob handed to a run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Attachment {
-    /// File name.
-    pub name: String,
-    /// MIME type.
-    pub mime: String,
-    /// Content (text, or base64 for binary).
-    pub content: String,
 }
 
 /// One request to run an agent.
@@ -1096,7 +1224,8 @@ pub struct Invocation {
     pub inputs: BTreeMap<String, Value>,
     /// The prompt text.
     pub prompt: String,
-    /// Attachments.
+    /// Files and images that come with the prompt (see [`Attachment`]):
+    /// they reach models that accept them with the first user message.
     pub attachments: Vec<Attachment>,
     /// Limit overrides for this run only.
     pub limits: LimitsSpec,

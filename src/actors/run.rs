@@ -27,6 +27,12 @@
 //! the summary, or keeps the transcript whole if the call fails (see
 //! `crate::compaction`).
 //!
+//! A run on a model that streams hands each call an observer
+//! (`crate::actors::run_observer`): streamed chunks are heartbeats, the
+//! call's wait for its first token is bounded by `first_token_timeout`
+//! instead of the stall timeout, streamed text is kept as partial output,
+//! and a provider's fallbacks and estimates become `warning` events.
+//!
 //! Audit records are collected while a message is handled and sent to the
 //! audit actor as one batch at the end of it. The partial result lives in
 //! the shared record (`RunShared`) that the run's handle reads.
@@ -48,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::audit::{send_finished, AuditMsg};
 use crate::actors::budget::{BudgetMsg, Ticket};
+use crate::actors::run_observer::RunObserver;
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
@@ -55,7 +62,8 @@ use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::Checkpoint;
 use crate::ports::model::{
-    ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role, ToolCallRequest,
+    CallObserver, ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
+    ToolCallRequest,
 };
 use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
@@ -147,6 +155,15 @@ pub enum RunMsg {
         message: String,
         /// The backoff before the next attempt.
         delay: std::time::Duration,
+    },
+    /// A model call went on despite something (a provider's fallback or
+    /// estimate, through the run's call observer): a `warning` the run
+    /// records in its own order.
+    Warned {
+        /// The warning's stable kind.
+        kind: String,
+        /// What happened.
+        message: String,
     },
 }
 
@@ -247,6 +264,9 @@ pub struct RunState {
     clock_ms: Option<u64>,
     /// What the retry layer reports through, made at the first call.
     retry: Option<RetrySink>,
+    /// What a streaming model reports through (heartbeats, partial
+    /// output, warnings), made at the first call.
+    observer: Option<Arc<RunObserver>>,
     /// The critic's record of this run (C8: small).
     pub(crate) watch: Watched,
     span: tracing::Span,
@@ -280,6 +300,7 @@ impl RunState {
             args.limits.context_window,
             args.agent.price().map(|p| p.context),
         );
+        let compaction = Compaction::new(window).reply_room(args.agent.spec().max_tokens);
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
@@ -296,7 +317,7 @@ impl RunState {
             inflight: None,
             epoch: 0,
             error_steps: 0,
-            compaction: Compaction::new(window),
+            compaction,
             started,
             done: false,
             finalized: false,
@@ -309,6 +330,7 @@ impl RunState {
             now: started,
             clock_ms: None,
             retry: None,
+            observer: None,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -394,6 +416,9 @@ impl RunState {
                     delay_ms: delay.as_millis() as u64,
                 };
                 self.event(ev);
+            }
+            RunMsg::Warned { kind, message } => {
+                self.event(RunEvent::Warning { kind, message });
             }
         }
     }
@@ -490,6 +515,8 @@ impl RunState {
             // a retry layer then stops early rather than late).
             deadline: Some(self.started + self.limits.hard_timeout),
             on_retry: self.retry_sink(),
+            options: self.agent.call_options(),
+            observer: self.call_observer(),
         };
         let done = |epoch, result| RunMsg::ModelDone { epoch, result };
         if let Some(result) = self.start_call(request, done) {
@@ -601,13 +628,18 @@ impl RunState {
                 }
             }
         };
-        match summary {
-            Ok(resp) => {
-                let before = self.transcript.len();
-                let after = compaction::compacted(&self.transcript, due.cut, &resp.text);
-                self.transcript = Arc::new(after);
-                self.compaction.replaced();
-                let tokens_after = self.compaction.estimate(&self.transcript);
+        let before = self.transcript.len();
+        let text = summary
+            .as_ref()
+            .map(|r| r.text.as_str())
+            .map_err(String::clone);
+        match self.compaction.settle(&self.transcript, due, text) {
+            compaction::Settled::Summarized {
+                transcript,
+                tokens_after,
+            } => {
+                self.transcript = Arc::new(transcript);
+                let resp = summary.unwrap_or_default();
                 self.event(RunEvent::TranscriptCompacted {
                     iteration: self.iteration + 1,
                     messages_before: before as u32,
@@ -618,7 +650,22 @@ impl RunState {
                     summary: resp.text,
                 });
             }
-            Err(why) => {
+            compaction::Settled::Trimmed {
+                transcript,
+                dropped,
+                tokens_after,
+                why,
+            } => {
+                self.transcript = Arc::new(transcript);
+                self.event(RunEvent::Warning {
+                    kind: "transcript_trimmed".into(),
+                    message: format!(
+                        "{why}: the {dropped} oldest messages after the first prompt were dropped instead ({} → {tokens_after} tokens)",
+                        due.tokens
+                    ),
+                });
+            }
+            compaction::Settled::Kept { why } => {
                 self.compaction.failed(self.iteration);
                 self.event(RunEvent::Warning {
                     kind: "compaction_failed".into(),
@@ -714,6 +761,7 @@ impl RunState {
             content: resp.text,
             tool_calls: resp.tool_calls,
             tool_call_id: None,
+            attachments: Vec::new(),
         });
         if let Some(outcomes) = ready {
             self.tools_done(outcomes);
@@ -889,6 +937,7 @@ impl RunState {
                 content,
                 tool_calls: Vec::new(),
                 tool_call_id: Some(o.call_id),
+                attachments: Vec::new(),
             });
         }
         if any_ok {
@@ -1003,6 +1052,28 @@ impl RunState {
         });
         self.retry = Some(sink.clone());
         Some(sink)
+    }
+
+    /// The observer for the model call about to start (see
+    /// `run_observer`): made once, for a model that streams, whose calls
+    /// then have a first-token phase. `None` for other models.
+    fn call_observer(&mut self) -> Option<Arc<dyn CallObserver>> {
+        if self.observer.is_none() {
+            if !self.agent.model().streams() {
+                return None;
+            }
+            let throttle =
+                RunObserver::throttle(self.limits.stall_timeout, self.limits.first_token());
+            self.observer = Some(Arc::new(RunObserver::new(
+                self.addr.clone(),
+                self.shared.clone(),
+                throttle,
+            )));
+        }
+        let observer = self.observer.as_ref()?;
+        observer.call_started();
+        self.watch.await_first_token();
+        Some(observer.clone())
     }
 
     /// Saves a durable run's progress (through the audit actor, which writes

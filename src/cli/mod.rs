@@ -243,10 +243,33 @@ pub(crate) async fn prepare(
     db: &Db,
     model: Option<String>,
 ) -> Result<(Host, Agent), ExitCode> {
+    let config = providers(model.clone())?;
+    if let Some(flag) = &model {
+        check_model_flag(flag, &config)?;
+    }
     prepare_with(file, budget_tokens, db, |_, builder| {
-        Ok(builder.providers(providers(model)?))
+        Ok(builder.providers(config))
     })
     .await
+}
+
+/// Refuses a `--model` value that names no model (exit 2), naming the
+/// flag and the value, not the manifest.
+fn check_model_flag(flag: &str, config: &ProviderConfig) -> Result<(), ExitCode> {
+    let resolver = ModelResolver::new(config.clone());
+    let known = || resolver.known().join(", ");
+    match resolver.follow_tiers(flag) {
+        Ok(target) if agentvisor::providers::ModelSpec::parse(&target).is_some() => Ok(()),
+        Ok(target) if target != flag.trim() => Err(refuse(format!(
+            "--model `{flag}`: the tier maps to `{target}`, which is not a model (known: {})",
+            known()
+        ))),
+        Ok(_) => Err(refuse(format!(
+            "--model `{flag}`: unknown model (use one of: {})",
+            known()
+        ))),
+        Err(e) => Err(refuse(format!("--model `{flag}`: {e}"))),
+    }
 }
 
 /// [`prepare`], with `customize` given the manifest and the host builder
@@ -281,6 +304,9 @@ pub(crate) async fn prepare_with(
     };
     let host = builder.build().await.map_err(refuse)?;
     let agent = host.agent(spec).map_err(|e| {
+        if let SubmitError::NoModel(_) = e {
+            return refuse(format!("{}: {e}", file.display()));
+        }
         let line = match &e {
             SubmitError::Tool(RegistryError::UnknownTool { name, .. }) => {
                 std::fs::read_to_string(file)

@@ -1,14 +1,20 @@
 //! `agentvisor run FILE`: one run, its events (with `--events`), its result.
-//! Ctrl-C cancels the run; the result is still printed (status `cancelled`).
-//! SIGTERM or SIGHUP give the run `--drain` (default 10 s) to finish, then
-//! cancel it, print its result and exit 143 / 129 (a second signal cancels
-//! at once); see `signals`.
+//! Ctrl-C cancels the run; the result is still printed (status `cancelled`,
+//! with the text streamed so far as its output). SIGTERM or SIGHUP give the
+//! run `--drain` (default 10 s) to finish, then cancel it, print its result
+//! and exit 143 / 129 (a second signal cancels at once); see `signals`.
+//!
+//! `--attach PATH` (repeatable) sends a file with the prompt: a PNG, JPEG,
+//! GIF or WebP image as an image, a UTF-8 file as text; at most 5 MiB each
+//! (`ports::model::MAX_ATTACHMENT_BYTES`). A file that cannot be read, is
+//! too large or is neither is refused with exit 2 before anything runs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
+use agentvisor::spec::Attachment;
 use agentvisor::{Invocation, RunResult, RunStatus};
 
 use super::signals::{Caught, Signals};
@@ -45,12 +51,39 @@ pub(crate) struct RunArgs {
     /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).
     #[arg(long, value_name = "SPEC")]
     model: Option<String>,
+    /// Send this file with the prompt (an image, or a text file; at most
+    /// 5 MiB). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    attach: Vec<PathBuf>,
+}
+
+/// Reads the `--attach` files, or refuses (exit 2) naming the one that
+/// cannot be sent.
+fn attachments(paths: &[PathBuf]) -> Result<Vec<Attachment>, ExitCode> {
+    paths
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).map_err(|e| {
+                super::refuse(format!("--attach {}: cannot read it: {e}", path.display()))
+            })?;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.display().to_string());
+            Attachment::from_bytes(name, &bytes)
+                .map_err(|e| super::refuse(format!("--attach {}: {e}", path.display())))
+        })
+        .collect()
 }
 
 pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
     let mut signals = match Signals::listen() {
         Ok(s) => s,
         Err(e) => return super::refuse(format!("cannot listen for signals: {e}")),
+    };
+    let attachments = match attachments(&a.attach) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     a.input = match super::input_text(a.input.take()) {
         Ok(i) => i,
@@ -68,6 +101,7 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
         prompt: a.input.unwrap_or_default(),
         inputs,
         caller_id: Some(a.caller),
+        attachments,
         ..Default::default()
     };
     let mut caught: Option<Caught> = None;

@@ -61,6 +61,9 @@ pub(super) fn push_usage(out: &mut Vec<u8>, usage: &Usage) {
             push_int(out, n);
         }
     }
+    if usage.estimated {
+        out.extend_from_slice(b",\"estimated\":true");
+    }
     out.push(b'}');
 }
 

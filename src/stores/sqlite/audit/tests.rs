@@ -63,6 +63,7 @@ fn common_events_are_written_as_serde_writes_them() {
                 cache_read_tokens: 5,
                 cache_write_tokens: 0,
                 reasoning_tokens: 9,
+                estimated: false,
             },
             calls: Vec::new(),
         },
@@ -156,6 +157,7 @@ fn common_events_are_written_as_serde_writes_them() {
                 cache_read_tokens: 3,
                 cache_write_tokens: 0,
                 reasoning_tokens: 5,
+                estimated: true,
             },
             cost_micros: u64::MAX,
             critic: vec![crate::ports::run::CriticDecision {
