@@ -51,6 +51,7 @@
 //!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
+//! - [`session`]: chat sessions: prompts that share a stored history.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -64,6 +65,7 @@ pub mod pricing;
 pub mod providers;
 mod record;
 pub mod replay;
+pub mod session;
 pub mod soak;
 pub mod spec;
 pub mod stores;
@@ -82,5 +84,7 @@ pub use ports::run::{
     CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,
     StepRecord, Usage,
 };
+pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
 pub use record::{Ending, SUBSCRIBER_BUFFER};
+pub use session::{OnBusy, Session, SessionError, SessionOptions, SessionTurn};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

@@ -673,6 +673,10 @@ pub struct Invocation {
     pub attachments: Vec<Attachment>,
     /// Limit overrides for this run only.
     pub limits: LimitsSpec,
+    /// Earlier turns the run starts from, between the system prompt and
+    /// the prompt (a chat session's history: see `crate::session`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<crate::ports::model::Message>,
 }
 
 impl Invocation {
