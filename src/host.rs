@@ -910,7 +910,10 @@ impl Host {
             return Some(Ending::failed(
                 RunStatus::Rejected,
                 "max_children",
-                format!("a run has {} sub-agents running at once at most", c.max_children),
+                format!(
+                    "a run has {} sub-agents running at once at most",
+                    c.max_children
+                ),
             ));
         }
         let root = if parent.root_run_id == parent.run_id {
@@ -923,7 +926,10 @@ impl Host {
                 return Some(Ending::failed(
                     RunStatus::Rejected,
                     "max_descendants",
-                    format!("a run tree has {} sub-agent runs at most", c.max_descendants),
+                    format!(
+                        "a run tree has {} sub-agent runs at most",
+                        c.max_descendants
+                    ),
                 ));
             }
         }

@@ -52,6 +52,7 @@
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
 //! - [`session`]: chat sessions: prompts that share a stored history.
+//! - [`pipeline`]: multi-phase pipelines: ordered phases, outputs fed forward.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -59,6 +60,7 @@ pub mod compaction;
 pub mod handle;
 pub mod host;
 pub mod output;
+pub mod pipeline;
 pub mod policy;
 pub mod ports;
 pub mod pricing;
@@ -79,6 +81,7 @@ pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
+pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::run::{
     CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,

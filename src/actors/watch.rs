@@ -138,7 +138,8 @@ impl Watched {
 
     /// Whether the hard deadline reached is the parent's.
     pub(crate) fn at_parent_deadline(&self) -> bool {
-        self.parent_deadline.is_some_and(|p| self.hard_deadline >= p)
+        self.parent_deadline
+            .is_some_and(|p| self.hard_deadline >= p)
     }
 
     /// The process was paused for `gap`: the stall window moves by it (the
