@@ -86,7 +86,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
 
     let first = chat.prompt("Please remember 42.").await?;
-    println!("> Please remember 42.\n{}", first.output.unwrap_or_default());
+    println!(
+        "> Please remember 42.\n{}",
+        first.output.unwrap_or_default()
+    );
 
     // The second prompt, streamed: its run starts from the first turn.
     println!("> Which number did I ask you to remember?");
