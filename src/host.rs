@@ -327,6 +327,7 @@ pub struct HostBuilder {
     ledger: Option<Arc<dyn BudgetLedger>>,
     policy: Option<Arc<dyn CriticPolicy>>,
     checkpointer: Option<Arc<dyn Checkpointer>>,
+    sessions: Option<Arc<dyn crate::ports::session::SessionStore>>,
 }
 
 impl HostBuilder {
@@ -384,6 +385,13 @@ impl HostBuilder {
     /// resumes runs within one process only).
     pub fn checkpointer(mut self, checkpointer: Arc<dyn Checkpointer>) -> Self {
         self.checkpointer = Some(checkpointer);
+        self
+    }
+
+    /// Where chat sessions are kept (default: in memory; see
+    /// [`crate::session`]).
+    pub fn session_store(mut self, store: Arc<dyn crate::ports::session::SessionStore>) -> Self {
+        self.sessions = Some(store);
         self
     }
 
@@ -486,6 +494,10 @@ impl HostBuilder {
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
                 default_caller,
+                sessions: crate::session::SessionTable::new(
+                    self.sessions
+                        .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
+                ),
             }),
         })
     }
@@ -516,6 +528,8 @@ pub(crate) struct HostInner {
     next_key: AtomicU64,
     /// `config.default_caller`, shared by the runs that name no caller.
     default_caller: Arc<str>,
+    /// The chat sessions open on this host, and their store.
+    sessions: crate::session::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -575,7 +589,13 @@ impl Host {
             ledger: None,
             policy: None,
             checkpointer: None,
+            sessions: None,
         }
+    }
+
+    /// The chat sessions open on this host (see [`crate::session`]).
+    pub(crate) fn session_table(&self) -> &crate::session::SessionTable {
+        &self.inner.sessions
     }
 
     /// The host's settings.
@@ -886,6 +906,19 @@ impl Host {
                 &inv.inputs,
                 inv.attachments.clone(),
             )),
+        };
+        // A session's prompt (`Invocation::history`): its earlier turns go
+        // between the system prompt and the new input.
+        let history = std::mem::take(&mut inv.history);
+        let transcript = if history.is_empty() || resumed.is_some() {
+            transcript
+        } else {
+            let system = usize::from(transcript.first().is_some_and(|m| m.role == Role::System));
+            let mut t = Vec::with_capacity(transcript.len() + history.len() + 2);
+            t.extend_from_slice(&transcript[..system]);
+            t.extend(history);
+            t.extend_from_slice(&transcript[system..]);
+            Arc::new(t)
         };
         let mut first_checkpoint = None;
         let durable = if durable {
