@@ -26,11 +26,13 @@ macro_rules! errln {
 }
 
 mod budget;
+mod chat;
 mod recover;
 mod replay;
 mod run;
 mod runs;
 mod signals;
+mod sessions;
 mod soak;
 mod swarm;
 
@@ -110,6 +112,11 @@ enum Command {
     /// Per-caller budgets in the database: set limits, show them and the
     /// spend in their window.
     Budget(budget::BudgetArgs),
+    /// Chat with an agent: every line a prompt of one session, answers
+    /// streamed as they arrive; `--session ID` goes on with a conversation.
+    Chat(chat::ChatArgs),
+    /// The chat sessions in the database: list them, show one's history.
+    Sessions(sessions::SessionsArgs),
 }
 
 /// Store options every command that opens a database follows (`--spool`,
@@ -141,6 +148,8 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
         Command::Budget(a) => budget::budget(a, &db).await,
+        Command::Chat(a) => chat::chat(a, &db).await,
+        Command::Sessions(a) => sessions::sessions(a, &db).await,
     }
 }
 
@@ -294,7 +303,8 @@ pub(crate) async fn prepare_with(
             let builder = base
                 .config(sqlite_config(path))
                 .audit_store(store.clone())
-                .checkpointer(store.clone());
+                .checkpointer(store.clone())
+                .session_store(store.clone());
             if tokens.is_some() {
                 builder.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
             } else {
@@ -401,6 +411,7 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
         .config(sqlite_config(path))
         .audit_store(store.clone())
         .checkpointer(store.clone())
+        .session_store(store.clone())
         .budget_ledger(store)
         .build()
         .await

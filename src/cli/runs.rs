@@ -234,7 +234,7 @@ fn describe(entry: &AuditEntry) -> String {
 }
 
 /// Unix ms as `YYYY-MM-DD HH:MM:SS` (UTC).
-fn utc(ms: u64) -> String {
+pub(super) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     // Howard Hinnant's civil_from_days.
