@@ -31,8 +31,8 @@ mod recover;
 mod replay;
 mod run;
 mod runs;
-mod signals;
 mod sessions;
+mod signals;
 mod soak;
 mod swarm;
 
