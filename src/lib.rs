@@ -66,13 +66,17 @@ mod record;
 pub mod replay;
 pub mod soak;
 pub mod spec;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod stores;
+pub mod telemetry;
 pub mod tools;
 
 #[doc(hidden)]
 pub use actors::critic::Fault;
 pub use agent::Agent;
 pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
+pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,

@@ -284,6 +284,7 @@ impl Actor for Audit {
                 return Ok(());
             }
         }
+        crate::telemetry::audit_queue(st.buffer.len());
         // Group commit: the batch is cut when it is full, or as soon as
         // the writer is idle — after the messages already queued here (a
         // `Demand` sent to itself), so a lone run's result is not held for
@@ -803,6 +804,7 @@ impl Writer {
             }
         }
         self.bound();
+        crate::telemetry::audit_held(self.held.len(), self.spool.as_deref());
     }
 
     /// Replays up to `chunks` chunks of the spool into the store, in order.
