@@ -11,10 +11,12 @@
 //! written, audit batches go to `PATH.spool` and are replayed later. A
 //! database that cannot be opened is refused with exit code 2.
 
+mod client;
 mod recover;
 mod replay;
 mod run;
 mod runs;
+mod serve;
 mod soak;
 mod swarm;
 
@@ -42,6 +44,10 @@ pub(crate) struct Cli {
     /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Talk to this server (`runs`, `replay`) instead of reading the
+    /// database; the token comes from `AGENTVISOR_TOKEN`.
+    #[arg(long, global = true, env = "AGENTVISOR_URL", value_name = "URL")]
+    server: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -83,12 +89,24 @@ enum Command {
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
+    /// Serve the HTTP API, the dashboard and /metrics.
+    Serve(serve::ServeArgs),
+    /// API tokens for `serve --tokens`.
+    Token(serve::TokenArgs),
 }
 
 /// Runs the chosen command.
 pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
     let db = Db::from_flag(cli.db);
     match cli.command {
+        Command::Runs(a) if cli.server.is_some() => {
+            client::runs(a, cli.server.as_deref().unwrap_or_default()).await
+        }
+        Command::Replay(a) if cli.server.is_some() => {
+            client::replay(a, cli.server.as_deref().unwrap_or_default()).await
+        }
+        Command::Serve(a) => serve::serve(a, &db).await,
+        Command::Token(a) => serve::token(a),
         Command::Run(a) => run::run(a, &db).await,
         Command::Swarm(a) => swarm::swarm(a, &db).await,
         Command::Soak(a) => soak::soak(a, &db).await,
@@ -226,7 +244,7 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
 /// Host settings for the SQLite store: larger, slightly older audit batches
 /// (a transaction costs the same for 1 or 4096 records), and a spool beside
 /// the database.
-fn sqlite_config(path: &Path) -> HostConfig {
+pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
     let mut spool = path.as_os_str().to_owned();
     spool.push(".spool");
     HostConfig {
