@@ -5,13 +5,15 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+const zeros = () => new Array(120).fill(0);
 const state = {
   token: new URLSearchParams(location.search).get("token") || localStorage.getItem("agentvisor.token") || "",
   runs: new Map(),       // run_id -> row data
   feed: null,            // EventSource of /v1/events
   runStream: null,       // EventSource of the open run
   ended: [],             // [t_ms, duration_ms, tokens] of recently ended runs
-  series: { rps: [], active: [], p50: [], p99: [], tps: [] },
+  // Two minutes of one-second samples per chart, oldest first.
+  series: { rps: zeros(), active: zeros(), p50: zeros(), p99: zeros(), tps: zeros() },
 };
 
 function authHeaders(extra) {
@@ -175,6 +177,11 @@ function draw(id, lines) {
   g.clearRect(0, 0, c.width, c.height);
   const max = Math.max(1, ...lines.flat());
   const colours = ["#0b57d0", "#b3261e"];
+  g.fillStyle = "#6b7480";
+  g.font = "10px sans-serif";
+  g.fillText(String(max), 2, 10);
+  g.strokeStyle = "#dde1e6";
+  g.beginPath(); g.moveTo(0, c.height - 1.5); g.lineTo(c.width, c.height - 1.5); g.stroke();
   lines.forEach((pts, i) => {
     g.strokeStyle = colours[i % colours.length];
     g.beginPath();
