@@ -215,6 +215,11 @@ async fn errors_have_one_shape_and_the_right_status() {
     assert_eq!(code, 422, "{v}");
     let (code, v, _) = s.req("GET", "/v1/runs?status=sideways", None, None).await;
     assert_eq!(code, 422, "{v}");
+    // A wait longer than any duration is clamped, not a failure.
+    let (code, v, _) = s.req("POST", "/v1/runs?wait=1.8e19", None, Some(json!({"agent": "quick"}))).await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v, _) = s.req("POST", "/v1/runs?wait=-1", None, Some(json!({"agent": "quick"}))).await;
+    assert_eq!(code, 422, "{v}");
 }
 
 #[tokio::test]

@@ -235,6 +235,9 @@ impl Server {
             .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
                 st.config.body_timeout,
             ))
+            // A handler that panics answers 500 in the error shape; the
+            // connection and the server go on.
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
             .with_state(st)
     }
 
@@ -337,6 +340,15 @@ fn bearer(req: &Request) -> Option<String> {
         .into_iter()
         .find(|(k, _)| k == "access_token")
         .map(|(_, v)| v)
+}
+
+fn panicked(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the request failed inside the server",
+    )
+    .into_response()
 }
 
 async fn not_found() -> ApiError {

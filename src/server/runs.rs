@@ -114,7 +114,10 @@ async fn view(found: Found, wait: Duration) -> RunView {
 fn wait_of(q: &WaitQuery) -> Result<Duration, ApiError> {
     match q.wait {
         None => Ok(Duration::ZERO),
-        Some(w) if w.is_finite() && w >= 0.0 => Ok(Duration::from_secs_f64(w).min(MAX_WAIT)),
+        // Clamped before the conversion (a huge number would overflow it).
+        Some(w) if w.is_finite() && w >= 0.0 => {
+            Ok(Duration::from_secs_f64(w.min(MAX_WAIT.as_secs_f64())))
+        }
         Some(_) => Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_query",
