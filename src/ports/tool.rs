@@ -24,7 +24,7 @@ pub struct ToolSpec {
 }
 
 /// What a tool knows about the call it serves.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ToolContext {
     /// The run that made the call.
     pub run_id: RunId,
@@ -32,6 +32,23 @@ pub struct ToolContext {
     pub call_id: Arc<str>,
     /// Fires when the run is killed or cancelled while the call runs.
     cancel: Option<CancellationToken>,
+    /// Tells the run's critic the call is alive.
+    beat: Option<Beater>,
+    /// The run's hard deadline when the call started.
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// What a tool call calls to tell its run's critic it is alive.
+pub type Beater = Arc<dyn Fn() + Send + Sync>;
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("run_id", &self.run_id)
+            .field("call_id", &self.call_id)
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
 }
 
 impl ToolContext {
@@ -41,7 +58,36 @@ impl ToolContext {
             run_id,
             call_id,
             cancel: None,
+            beat: None,
+            deadline: None,
         }
+    }
+
+    /// With a heartbeat to the run's critic.
+    pub fn with_beat(mut self, beat: Beater) -> Self {
+        self.beat = Some(beat);
+        self
+    }
+
+    /// With the run's hard deadline.
+    pub fn with_deadline(mut self, deadline: tokio::time::Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Tells the run's critic the call is alive (progress of a long call:
+    /// a call that beats is never `stalled`). A no-op for a call polled in
+    /// place.
+    pub fn beat(&self) {
+        if let Some(b) = &self.beat {
+            b();
+        }
+    }
+
+    /// The run's hard deadline as it stood when the call started (a
+    /// sub-agent's run may not outlive it).
+    pub fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.deadline
     }
 
     /// With the cancellation signal a stopped run fires.
