@@ -846,7 +846,9 @@ impl RunShared {
             }
             self.close_fanout();
             let _ = deliver.send(result);
-            self.host.leave(self.run_id);
+            // It leaves the host's registry once its records are with the
+            // audit actor (`send_finished`): a shutdown that waits for no
+            // run in flight then finds them there before it drains it.
             return Finished::Suspended(preceding, self.clone());
         }
         let seq = self.next_seq();
@@ -860,7 +862,8 @@ impl RunShared {
             at_ms: result.finished_at,
             entry: AuditEntry::Terminal(result),
         };
-        self.host.leave(self.run_id);
+        // It leaves the host's registry in `send_finished`, once its
+        // terminal record is with the audit actor (see above).
         Finished::Terminal(Box::new(Terminal {
             preceding,
             record,
@@ -868,6 +871,13 @@ impl RunShared {
             durable,
             run: self.clone(),
         }))
+    }
+
+    /// Takes the finalized run out of the host's registry (and its count
+    /// of runs in flight), once what finalizing it produced is with the
+    /// audit actor.
+    pub(crate) fn leave_host(&self) {
+        self.host.leave(self.run_id);
     }
 
     /// Tells the parent (if it is still in flight) that this child ended.

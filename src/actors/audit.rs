@@ -142,6 +142,7 @@ pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
         Finished::Already(records) => send_records(audit, records),
         Finished::Suspended(records, run) => {
             send_records(audit, records);
+            run.leave_host();
             run.tell_parent();
         }
         Finished::Terminal(t) => {
@@ -168,7 +169,10 @@ pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
                     let _ = deliver.send(r);
                 }
             }
-            // After the cast: the parent's terminal record follows this one.
+            // After the cast: a host shutdown that saw no run in flight
+            // finds this record with the audit actor before it drains it,
+            // and the parent's terminal record follows this one.
+            run.leave_host();
             run.tell_parent();
         }
     }

@@ -234,3 +234,30 @@ async fn wait_for_stop(_server: &Server, _a: &ServeArgs) {
 fn server_agents(server: &Server) -> usize {
     server.catalog_len()
 }
+
+/// The `/metrics` endpoint of `swarm` and `soak` (`--metrics-addr`): served
+/// until the returned guard is dropped. Exit 2 when the address is refused.
+pub(crate) async fn metrics_endpoint(
+    addr: Option<SocketAddr>,
+    host: &Host,
+) -> Result<Option<AbortOnDrop>, ExitCode> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| super::refuse(format!("--metrics-addr {addr}: {e}")))?;
+    let local = listener.local_addr().unwrap_or(addr);
+    eprintln!("metrics at http://{local}/metrics");
+    let task = tokio::spawn(agentvisor::server::metrics::serve_alone(listener, host.clone()));
+    Ok(Some(AbortOnDrop(task)))
+}
+
+/// Stops a task when dropped.
+pub(crate) struct AbortOnDrop(tokio::task::JoinHandle<std::io::Result<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -37,6 +37,9 @@ pub(crate) struct SwarmArgs {
     /// Run on this model instead of the manifest's (see `run --model`).
     #[arg(long, value_name = "SPEC")]
     model: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics while it runs.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Serialize)]
@@ -57,6 +60,10 @@ struct Summary {
 pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
     let (host, agent) = match super::prepare(&a.file, None, db, a.model.clone()).await {
         Ok(x) => x,
+        Err(code) => return code,
+    };
+    let _metrics = match super::serve::metrics_endpoint(a.metrics_addr, &host).await {
+        Ok(m) => m,
         Err(code) => return code,
     };
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
