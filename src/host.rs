@@ -21,7 +21,9 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::actors::audit::{send_finished, Audit, AuditMsg};
+use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone};
+use crate::actors::audit::spool::SpoolIndex;
+use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
 use crate::actors::critic::{CriticMsg, Fault};
 use crate::actors::host::{HostActor, HostMsg, ShardSet};
@@ -31,7 +33,7 @@ use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer};
+use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, Lease};
 use crate::ports::critic::CriticPolicy;
 use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
@@ -41,6 +43,8 @@ use crate::record::{self, Delivery, Ending, HostRuns, RunIdentity, RunShared, SU
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
 use crate::tools::{RegistryError, ToolRegistry};
+
+pub mod palette;
 
 /// Host-wide settings. Every field has a default.
 #[derive(Clone, Debug)]
@@ -62,8 +66,13 @@ pub struct HostConfig {
     pub budget_window: Duration,
     /// How often budget spend is written to the ledger.
     pub budget_flush_every: Duration,
-    /// How often an account is reloaded from the ledger.
+    /// How often an account is reloaded from the ledger (its limits, and
+    /// its spend as the window moves).
     pub budget_refresh_every: Duration,
+    /// Tokens reserved for a run's first model call at admission, against
+    /// its caller's token limit (later calls reserve what the run's
+    /// previous call used): see `actors::budget`.
+    pub budget_reserve_tokens: u64,
     /// The admission round trip's timeout.
     pub admission_timeout: Duration,
     /// Runs in flight at once on this host (`None`: no cap).
@@ -83,6 +92,11 @@ pub struct HostConfig {
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
     pub shutdown_timeout: Duration,
+    /// How long this host's lease on a durable run holds without renewal
+    /// (renewed every third of it while the host lives): a host that dies
+    /// leaves its runs to `recover` elsewhere after this long (at once on
+    /// the same machine, where a dead process is known to be dead).
+    pub lease_ttl: Duration,
 }
 
 impl Default for HostConfig {
@@ -98,6 +112,7 @@ impl Default for HostConfig {
             budget_window: Duration::from_secs(24 * 3600),
             budget_flush_every: Duration::from_millis(100),
             budget_refresh_every: Duration::from_secs(60),
+            budget_reserve_tokens: 1000,
             admission_timeout: Duration::from_secs(5),
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),
@@ -106,6 +121,7 @@ impl Default for HostConfig {
             max_depth: 3,
             max_children: 8,
             max_descendants: 64,
+            lease_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -128,6 +144,8 @@ pub struct Recovery {
     pub unrecoverable: Vec<RunId>,
     /// Runs that were not durable, ended `error`/`interrupted`.
     pub interrupted: Vec<RunId>,
+    /// Durable runs another live host holds (its lease is live): left to it.
+    pub leased: Vec<RunId>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -138,6 +156,7 @@ impl std::fmt::Debug for Recovery {
             .field("crash_loops", &self.crash_loops.len())
             .field("unrecoverable", &self.unrecoverable.len())
             .field("interrupted", &self.interrupted.len())
+            .field("leased", &self.leased.len())
             .finish()
     }
 }
@@ -157,13 +176,14 @@ pub enum RecoverError {
     Audit(#[from] crate::ports::audit::AuditStoreError),
 }
 
-/// A ticket from `account`, or why the caller may not run now.
-fn take_ticket(caller: &str, account: &Arc<Account>) -> Result<Ticket, Ending> {
-    account.admit().map_err(|d| match d {
-        Denied::Tokens => Ending::failed(
+/// A ticket from `account` (reserving `estimate` tokens for the first
+/// call), or why the caller may not run now.
+fn take_ticket(caller: &str, account: &Arc<Account>, estimate: u64) -> Result<Ticket, Ending> {
+    account.admit(estimate).map_err(|d| match d {
+        Denied::Tokens | Denied::Cost | Denied::Runtime => Ending::failed(
             RunStatus::BudgetExceeded,
             "budget",
-            format!("caller `{caller}` has spent its token budget"),
+            format!("caller `{caller}` has spent its {} budget", d.what()),
         ),
         Denied::Concurrency => Ending::failed(
             RunStatus::Rejected,
@@ -215,16 +235,37 @@ impl Opening {
     }
 }
 
-/// The transcript a new run starts from: the system prompt, then the input.
-fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
+/// The transcript a new run starts from: the system prompt (its
+/// `{{inputs.NAME}}` filled), then the input (with the invocation's
+/// attachments).
+fn initial_transcript(
+    spec: &AgentSpec,
+    prompt: &str,
+    inputs: &std::collections::BTreeMap<String, serde_json::Value>,
+    attachments: Vec<crate::spec::Attachment>,
+) -> Vec<Message> {
     // Room for the first tool turn; a run that waits on its first call
     // holds no more than that.
     let mut t = Vec::with_capacity(4);
     if !spec.system.is_empty() {
-        t.push(Message::text(Role::System, spec.system.clone()));
+        let system = crate::spec::fill_inputs("system", &spec.system, inputs)
+            .map(|s| s.into_owned())
+            .unwrap_or_else(|_| spec.system.clone());
+        t.push(Message::text(Role::System, system));
     }
-    t.push(Message::text(Role::User, prompt));
+    let mut input = Message::text(Role::User, prompt);
+    input.attachments = attachments;
+    t.push(input);
     t
+}
+
+/// Checks an invocation's attachments (size cap, image type and content)
+/// before anything runs.
+fn check_attachments(inv: &Invocation) -> Result<(), SubmitError> {
+    for a in &inv.attachments {
+        a.check()?;
+    }
+    Ok(())
 }
 
 /// Why a host could not be built.
@@ -254,6 +295,10 @@ pub enum SubmitError {
     /// The manifest names a tool this host does not have.
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    /// The manifest's prompt or system names an input the invocation does
+    /// not bring (`{{inputs.NAME}}`).
+    #[error(transparent)]
+    MissingInput(#[from] crate::spec::MissingInput),
     /// The manifest names a model this host does not have.
     #[error("unknown model `{model}` (known: {known})")]
     UnknownModel {
@@ -262,6 +307,13 @@ pub enum SubmitError {
         /// What the host knows.
         known: String,
     },
+    /// The manifest names no model and nothing configures the default
+    /// tier (the message says how to set one).
+    #[error("{0}")]
+    NoModel(String),
+    /// An attachment is too large or not usable.
+    #[error(transparent)]
+    Attachment(#[from] crate::ports::model::AttachmentError),
 }
 
 /// Builds a [`Host`].
@@ -377,12 +429,22 @@ impl HostBuilder {
         let (root, _) = Actor::spawn(None, root_actor, ())
             .await
             .map_err(spawn_err("host"))?;
+        // Durability: the audit actor reports whether records can be
+        // written; admission reads it (see `open`).
+        let audit_health = Arc::new(AuditHealth::default());
+        // Exactly-once recovery: this host's lease on its durable runs.
+        let lease = Lease {
+            owner: lease_owner(),
+            ttl: c.lease_ttl,
+        };
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
             spool: c.audit_spool.clone(),
             checkpointer: checkpointer.clone(),
+            health: audit_health.clone(),
+            lease: lease.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -415,6 +477,8 @@ impl HostBuilder {
                 audit,
                 budget,
                 audit_store,
+                audit_health,
+                lease,
                 checkpointer,
                 booted: AtomicBool::new(false),
                 accounts: DashMap::new(),
@@ -427,7 +491,7 @@ impl HostBuilder {
     }
 }
 
-struct HostInner {
+pub(crate) struct HostInner {
     config: HostConfig,
     tools: ToolRegistry,
     models: HashMap<String, Arc<dyn ChatModel>>,
@@ -437,6 +501,10 @@ struct HostInner {
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
+    /// Durability: whether the audit actor can write records (admission).
+    audit_health: Arc<AuditHealth>,
+    /// Exactly-once recovery: this host's lease on its durable runs.
+    lease: Lease,
     checkpointer: Arc<dyn Checkpointer>,
     /// A run was submitted or `recover` ran: from then on `recover` would
     /// take this host's own runs for interrupted ones, so it refuses.
@@ -531,11 +599,28 @@ impl Host {
     }
 
     /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
+    ///
+    /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
+    /// prepared here too, with the tools of its own manifest that this one
+    /// may use (see [`palette`]).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
         let tools = self.inner.tools.select(&spec.tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
+        let mut palette: Vec<Arc<dyn Tool>> = Vec::with_capacity(spec.sub_agents.len());
+        for sub in &spec.sub_agents {
+            // A child may use only tools its parent may use (D3).
+            let mut child = AgentSpec::clone(&sub.spec);
+            child.tools.retain(|t| spec.tools.contains(t));
+            let child = self.agent(child)?;
+            palette.push(Arc::new(palette::PaletteTool::new(
+                sub,
+                child,
+                Arc::downgrade(&self.inner),
+            )));
+        }
+        let tools = tools.with_tools(palette)?;
         Ok(Agent::new(spec, model, tools, limits))
     }
 
@@ -553,6 +638,9 @@ impl Host {
             }
         }
         resolver.resolve(spec).map_err(|e| {
+            if let ResolveError::NoModel { .. } = e {
+                return SubmitError::NoModel(e.to_string());
+            }
             let mut known: Vec<String> = self.inner.models.keys().cloned().collect();
             known.extend(resolver.known());
             known.sort_unstable();
@@ -573,7 +661,9 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve(agent.into())?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
             .start(agent, invocation, false, None)
             .await_started()
@@ -587,7 +677,9 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve(agent.into())?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
             .await_started()
@@ -731,6 +823,13 @@ impl Host {
                 "shutting_down",
                 "the host is shutting down",
             ))
+        } else if h.audit_health.store_unavailable() {
+            // Durability: a run admitted now could not be recorded.
+            Some(Ending::failed(
+                RunStatus::Rejected,
+                "store_unavailable",
+                "neither the audit store nor its spool can take records",
+            ))
         } else if let Some(cap) = h
             .config
             .max_concurrent_runs
@@ -757,11 +856,17 @@ impl Host {
             send_finished(&h.audit, shared.finish_after(ending, Vec::new()));
             return Err((handle, events));
         }
-        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
+        // Inputs fill the manifest's `{{inputs.NAME}}` (checked in `submit`);
+        // such runs do not share the agent's starting transcript.
+        let templated = agent.spec().uses_inputs();
+        let own_prompt = inv.prompt.is_empty()
+            && agent.spec().prompt.is_some()
+            && !templated
+            && inv.attachments.is_empty();
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
             std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
-            p.as_str().into()
+            crate::spec::fill_inputs("prompt", p, &inv.inputs).unwrap_or_else(|_| p.as_str().into())
         } else if !inv.inputs.is_empty() {
             serde_json::to_string(&inv.inputs)
                 .unwrap_or_default()
@@ -772,10 +877,15 @@ impl Host {
         let transcript = match &resumed {
             Some(c) => c.transcript.clone(),
             // Runs of the manifest's own prompt share one starting transcript.
-            None if own_prompt => {
-                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt))
-            }
-            None => Arc::new(initial_transcript(agent.spec(), &prompt)),
+            None if own_prompt => agent.default_transcript(|| {
+                initial_transcript(agent.spec(), &prompt, &inv.inputs, Vec::new())
+            }),
+            None => Arc::new(initial_transcript(
+                agent.spec(),
+                &prompt,
+                &inv.inputs,
+                inv.attachments.clone(),
+            )),
         };
         let mut first_checkpoint = None;
         let durable = if durable {
@@ -877,7 +987,10 @@ impl Host {
             return Some(Ending::failed(
                 RunStatus::Rejected,
                 "max_children",
-                format!("a run has {} sub-agents running at once at most", c.max_children),
+                format!(
+                    "a run has {} sub-agents running at once at most",
+                    c.max_children
+                ),
             ));
         }
         let root = if parent.root_run_id == parent.run_id {
@@ -890,7 +1003,10 @@ impl Host {
                 return Some(Ending::failed(
                     RunStatus::Rejected,
                     "max_descendants",
-                    format!("a run tree has {} sub-agent runs at most", c.max_descendants),
+                    format!(
+                        "a run tree has {} sub-agent runs at most",
+                        c.max_descendants
+                    ),
                 ));
             }
         }
@@ -946,9 +1062,18 @@ impl Host {
     /// Each of these gets exactly one terminal record. Call it once, at
     /// boot, before any run is submitted (afterwards it refuses with
     /// [`RecoverError::NotAtBoot`]: it would take this host's own runs for
-    /// interrupted ones), with the stores the earlier process used; one host
-    /// per store. A killed run is never resumed: its kill wrote its terminal
-    /// record and cleared its checkpoint.
+    /// interrupted ones), with the stores the earlier process used. A
+    /// killed run is never resumed: its kill wrote its terminal record and
+    /// cleared its checkpoint.
+    ///
+    /// Exactly once: a durable run is resumed only after this host claims
+    /// its lease ([`Checkpointer::claim`]); a run whose lease another live
+    /// host holds (a host still running it, or another `recover`) is left
+    /// to it and listed in [`Recovery::leased`]. A lease whose owner is a
+    /// process of this machine that no longer runs is taken at once;
+    /// otherwise it must expire first ([`HostConfig::lease_ttl`]). A
+    /// terminal record still in the spool (`HostConfig::audit_spool`)
+    /// counts as finished.
     pub async fn recover(&self) -> Result<Recovery, RecoverError> {
         let h = &self.inner;
         if h.booted.swap(true, Ordering::AcqRel) {
@@ -957,16 +1082,43 @@ impl Host {
         let mut out = Recovery::default();
         let mut checkpointed = std::collections::HashSet::new();
         let mut cleared = Vec::new();
+        // Durability: a spool left by an earlier process is replayed into
+        // the store first; what stays in it (the store still fails) counts
+        // too — a terminal record there means the run finished.
+        let spooled = self.spooled_records().await;
         let saved = h.checkpointer.load_all().await?;
-        for mut c in saved {
+        for c in &saved {
             checkpointed.insert(c.run_id);
+        }
+        for mut c in saved {
+            // Exactly once: resume a run only once it is ours.
+            match h.checkpointer.claim(c.run_id, &h.lease).await? {
+                Claim::Claimed => {}
+                Claim::Missing => continue,
+                Claim::HeldBy { owner, .. } => {
+                    let retaken = owner_is_gone(&owner)
+                        && h.checkpointer.release(&owner).await.is_ok()
+                        && h.checkpointer.claim(c.run_id, &h.lease).await? == Claim::Claimed;
+                    if !retaken {
+                        out.leased.push(c.run_id);
+                        continue;
+                    }
+                }
+            }
             let records = h.audit_store.run_records(c.run_id).await?;
-            if records.iter().any(AuditRecord::is_terminal) {
-                cleared.push(c.run_id);
+            let in_store = records.iter().any(AuditRecord::is_terminal);
+            if in_store || spooled.finished.contains(&c.run_id) {
+                // Cleared once its terminal record is in the store.
+                if in_store {
+                    cleared.push(c.run_id);
+                }
                 out.already_finished.push(c.run_id);
                 continue;
             }
-            let next_seq = records.last().map_or(0, |r| r.seq + 1);
+            let next_seq = records
+                .last()
+                .map_or(0, |r| r.seq + 1)
+                .max(spooled.next_seq.get(&c.run_id).copied().unwrap_or(0));
             if c.resumes >= MAX_RESUMES {
                 let error = format!(
                     "resumed {} times and interrupted again; not resumed",
@@ -1005,7 +1157,7 @@ impl Host {
             let Some(first) = records.first() else {
                 continue;
             };
-            if records.iter().any(AuditRecord::is_terminal) {
+            if records.iter().any(AuditRecord::is_terminal) || spooled.finished.contains(&run_id) {
                 continue;
             }
             let AuditEntry::RunStarted(info) = &first.entry else {
@@ -1039,7 +1191,10 @@ impl Host {
                 started_at: first.at_ms,
                 finished_at: now.max(first.at_ms),
             };
-            let seq = records.last().map_or(0, |r| r.seq + 1);
+            let seq = records
+                .last()
+                .map_or(0, |r| r.seq + 1)
+                .max(spooled.next_seq.get(&run_id).copied().unwrap_or(0));
             let _ = h.audit.cast(AuditMsg::Records(vec![AuditRecord {
                 run_id,
                 seq,
@@ -1049,6 +1204,28 @@ impl Host {
             out.interrupted.push(run_id);
         }
         Ok(out)
+    }
+
+    /// Durability: replays a spool left by an earlier process into the
+    /// store (a drain of the audit actor), then reads what stays in it.
+    async fn spooled_records(&self) -> SpoolIndex {
+        let h = &self.inner;
+        let Some(path) = h.config.audit_spool.clone() else {
+            return SpoolIndex::default();
+        };
+        let _ = h
+            .audit
+            .call(AuditMsg::Drain, Some(Duration::from_secs(60)))
+            .await;
+        let read = tokio::task::spawn_blocking(move || crate::actors::audit::spool::scan(&path));
+        match read.await {
+            Ok(Ok(index)) => index,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot read the audit spool; recovering from the store alone");
+                SpoolIndex::default()
+            }
+            Err(_) => SpoolIndex::default(),
+        }
     }
 
     /// Ends a checkpointed run without running it: its terminal record
@@ -1110,7 +1287,11 @@ impl Host {
     /// waiting); `None` when it must be loaded first ([`Host::admit`]).
     fn admit_cached(&self, caller: &Arc<str>) -> Option<Result<Ticket, Ending>> {
         let account = self.inner.accounts.get(caller).map(|a| a.clone())?;
-        Some(take_ticket(caller, &account))
+        Some(take_ticket(
+            caller,
+            &account,
+            self.inner.config.budget_reserve_tokens,
+        ))
     }
 
     /// Finds (or loads) the caller's account and takes a ticket from it.
@@ -1148,13 +1329,22 @@ impl Host {
                 }
             }
         };
-        take_ticket(caller, &account)
+        take_ticket(caller, &account, h.config.budget_reserve_tokens)
     }
 
-    /// Forgets cached accounts so the next run of each caller reloads its
-    /// limits from the ledger (after changing limits there).
-    pub fn reload_budgets(&self) {
-        self.inner.accounts.clear();
+    /// Reloads every caller's limits and spend from the ledger now (after
+    /// changing limits there; the budget actor also does so every
+    /// `budget_refresh_every`). Accounts are refreshed in place, so runs in
+    /// flight keep their concurrency slots and reservations.
+    pub async fn reload_budgets(&self) {
+        let _ = self
+            .inner
+            .budget
+            .call(
+                BudgetMsg::RefreshNow,
+                Some(self.inner.config.admission_timeout),
+            )
+            .await;
     }
 
     /// Waits until no run is in flight.
@@ -1292,6 +1482,11 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
+        // Exactly once: the durable runs this host keeps (cancelled by the
+        // shutdown) may be recovered at once, by any host.
+        if let Err(e) = h.checkpointer.release(&h.lease.owner).await {
+            tracing::warn!(error = %e, "cannot release this host's leases; they expire on their own");
+        }
         let _ = h
             .root
             .stop_children_and_wait(None, Some(Duration::from_secs(10)))

@@ -46,11 +46,14 @@
 //!   transcript, where to cut it, what it becomes.
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
+//! - [`panics`]: caught panics reported as one log line, not a backtrace.
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
 //! - [`soak`]: the soak engine: keep runs in flight, sample the process,
 //!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
+//! - [`secrets`]: the known secret values, redacted from everything a run
+//!   stores, streams or prints.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -58,16 +61,18 @@ pub mod compaction;
 pub mod handle;
 pub mod host;
 pub mod output;
+pub mod panics;
 pub mod policy;
 pub mod ports;
 pub mod pricing;
 pub mod providers;
 mod record;
 pub mod replay;
-pub mod soak;
-pub mod spec;
+pub mod secrets;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod soak;
+pub mod spec;
 pub mod stores;
 pub mod telemetry;
 pub mod tools;
@@ -76,7 +81,6 @@ pub mod tools;
 pub use actors::critic::Fault;
 pub use agent::Agent;
 pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
-pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
@@ -87,4 +91,5 @@ pub use ports::run::{
     StepRecord, Usage,
 };
 pub use record::{Ending, SUBSCRIBER_BUFFER};
+pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

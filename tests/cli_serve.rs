@@ -60,13 +60,24 @@ fn http_client() -> reqwest::Client {
         .unwrap()
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_no_client_auth();
-    reqwest::Client::builder().tls_backend_preconfigured(tls).build().unwrap()
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
 }
 
-async fn call(http: &reqwest::Client, method: reqwest::Method, url: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+async fn call(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut r = http.request(method, url).bearer_auth(token);
     if let Some(b) = body {
-        r = r.header("content-type", "application/json").body(b.to_string());
+        r = r
+            .header("content-type", "application/json")
+            .body(b.to_string());
     }
     let resp = r.send().await.unwrap();
     let code = resp.status().as_u16();
@@ -78,10 +89,16 @@ async fn call(http: &reqwest::Client, method: reqwest::Method, url: &str, token:
 fn token_new_prints_a_token_and_its_line() {
     let (token, line) = token_new("alice", false);
     assert!(token.starts_with("av_") && token.len() == 67, "{token}");
-    assert!(line.starts_with("- { caller: alice, role: caller, sha256: "), "{line}");
+    assert!(
+        line.starts_with("- { caller: alice, role: caller, sha256: "),
+        "{line}"
+    );
     let (_, admin) = token_new("root", true);
     assert!(admin.contains("role: admin"), "{admin}");
-    let bad = bin().args(["token", "new", "--caller", "a b"]).output().unwrap();
+    let bad = bin()
+        .args(["token", "new", "--caller", "a b"])
+        .output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
 
@@ -121,10 +138,24 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     let s = Serving { child, base };
     let http = http_client();
 
-    let (code, v) = call(&http, reqwest::Method::POST, &format!("{}/v1/runs?wait=10", s.base), &alice, Some(json!({"agent": "quick"}))).await;
+    let (code, v) = call(
+        &http,
+        reqwest::Method::POST,
+        &format!("{}/v1/runs?wait=10", s.base),
+        &alice,
+        Some(json!({"agent": "quick"})),
+    )
+    .await;
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["status"], "ok");
-    let (code, _) = call(&http, reqwest::Method::POST, &format!("{}/v1/runs", s.base), &alice, Some(json!({"agent": "slow"}))).await;
+    let (code, _) = call(
+        &http,
+        reqwest::Method::POST,
+        &format!("{}/v1/runs", s.base),
+        &alice,
+        Some(json!({"agent": "slow"})),
+    )
+    .await;
     assert_eq!(code, 404, "slow is not loaded yet");
 
     // SIGHUP: the new manifest is served.
@@ -132,14 +163,24 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     signal(&s.child, "HUP");
     let mut slow = Value::Null;
     for _ in 0..100 {
-        let (code, v) = call(&http, reqwest::Method::POST, &format!("{}/v1/runs", s.base), &alice, Some(json!({"agent": "slow"}))).await;
+        let (code, v) = call(
+            &http,
+            reqwest::Method::POST,
+            &format!("{}/v1/runs", s.base),
+            &alice,
+            Some(json!({"agent": "slow"})),
+        )
+        .await;
         if code == 201 {
             slow = v;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let slow_id = slow["run_id"].as_str().expect("slow served after SIGHUP").to_string();
+    let slow_id = slow["run_id"]
+        .as_str()
+        .expect("slow served after SIGHUP")
+        .to_string();
 
     // The CLI as a client: list, show, kill.
     let cli = |args: &[&str], token: &str| {
@@ -149,7 +190,10 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
             .env("AGENTVISOR_TOKEN", token)
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
     };
     let (code, text) = cli(&["runs", "list", "--json"], &alice);
     assert_eq!(code, Some(0), "{text}");
@@ -159,7 +203,14 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     assert_eq!(code, Some(2), "a bad token is refused");
     let (code, text) = cli(&["runs", "kill", &slow_id], &alice);
     assert_eq!(code, Some(0), "{text}");
-    let (_, v) = call(&http, reqwest::Method::GET, &format!("{}/v1/runs/{slow_id}?wait=10", s.base), &root, None).await;
+    let (_, v) = call(
+        &http,
+        reqwest::Method::GET,
+        &format!("{}/v1/runs/{slow_id}?wait=10", s.base),
+        &root,
+        None,
+    )
+    .await;
     assert_eq!(v["status"], "killed");
     let (code, _) = cli(&["runs", "kill", &slow_id], &alice);
     assert_eq!(code, Some(1), "an ended run");
@@ -169,7 +220,14 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     assert_eq!(shown["result"]["kill_reason"], "operator");
 
     // SIGTERM with a run in flight: it is cancelled after the drain; exit 0.
-    let (_, v) = call(&http, reqwest::Method::POST, &format!("{}/v1/runs", s.base), &alice, Some(json!({"agent": "slow"}))).await;
+    let (_, v) = call(
+        &http,
+        reqwest::Method::POST,
+        &format!("{}/v1/runs", s.base),
+        &alice,
+        Some(json!({"agent": "slow"})),
+    )
+    .await;
     let last = v["run_id"].as_str().unwrap().to_string();
     let mut s = s;
     signal(&s.child, "TERM");
@@ -181,7 +239,12 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     .await
     .unwrap();
     assert!(status.success(), "{status:?}");
-    let out = bin().args(["runs", "show", &last, "--json"]).arg("--db").arg(&db).output().unwrap();
+    let out = bin()
+        .args(["runs", "show", &last, "--json"])
+        .arg("--db")
+        .arg(&db)
+        .output()
+        .unwrap();
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["result"]["status"], "cancelled", "{shown}");
     let _ = std::fs::remove_dir_all(&dir);

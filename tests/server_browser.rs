@@ -93,8 +93,12 @@ impl Driver {
     }
 
     async fn script(&self, js: &str) -> Value {
-        self.call(reqwest::Method::POST, "/execute/sync", Some(json!({"script": js, "args": []})))
-            .await["value"]
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({"script": js, "args": []})),
+        )
+        .await["value"]
             .clone()
     }
 
@@ -106,23 +110,37 @@ impl Driver {
             if ok(&v) {
                 return v;
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "timed out waiting for {what}: last {v}");
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}: last {v}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }
 
-async fn wd(http: &reqwest::Client, method: reqwest::Method, url: &str, body: Option<Value>) -> Value {
+async fn wd(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Value>,
+) -> Value {
     let mut r = http.request(method, url);
     if let Some(b) = body {
-        r = r.header("content-type", "application/json").body(b.to_string());
+        r = r
+            .header("content-type", "application/json")
+            .body(b.to_string());
     }
     let text = r.send().await.unwrap().text().await.unwrap();
     serde_json::from_str(&text).unwrap_or(Value::Null)
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 async fn start_driver(chromium: &str, chromedriver: &str, profile: &std::path::Path) -> Driver {
@@ -139,12 +157,16 @@ async fn start_driver(chromium: &str, chromedriver: &str, profile: &std::path::P
     loop {
         let ready = http.get(format!("{base}/status")).send().await.ok();
         if let Some(r) = ready {
-            let v: Value = serde_json::from_str(&r.text().await.unwrap_or_default()).unwrap_or(Value::Null);
+            let v: Value =
+                serde_json::from_str(&r.text().await.unwrap_or_default()).unwrap_or(Value::Null);
             if v["value"]["ready"] == true {
                 break;
             }
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "chromedriver did not come up");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "chromedriver did not come up"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let caps = json!({"capabilities": {"alwaysMatch": {
@@ -160,12 +182,23 @@ async fn start_driver(chromium: &str, chromedriver: &str, profile: &std::path::P
             ],
         },
     }}});
-    let v = wd(&http, reqwest::Method::POST, &format!("{base}/session"), Some(caps)).await;
+    let v = wd(
+        &http,
+        reqwest::Method::POST,
+        &format!("{base}/session"),
+        Some(caps),
+    )
+    .await;
     let session = v["value"]["sessionId"]
         .as_str()
         .unwrap_or_else(|| panic!("no webdriver session: {v}"))
         .to_string();
-    Driver { child, base, session, http }
+    Driver {
+        child,
+        base,
+        session,
+        http,
+    }
 }
 
 fn b64decode(s: &str) -> Vec<u8> {
@@ -194,8 +227,11 @@ fn b64decode(s: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_runs_live_and_kills_one() {
-    let chromium = program(&["chromium", "chromium-browser"], &["/usr/lib/chromium/chromium"])
-        .expect("chromium is installed (.ci/run installs Debian's chromium)");
+    let chromium = program(
+        &["chromium", "chromium-browser"],
+        &["/usr/lib/chromium/chromium"],
+    )
+    .expect("chromium is installed (.ci/run installs Debian's chromium)");
     let chromedriver = program(&["chromedriver"], &["/usr/lib/chromium/chromedriver"])
         .expect("chromedriver is installed (.ci/run installs Debian's chromium-driver)");
 
@@ -205,23 +241,41 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     server.set_catalog(Catalog::from_agents(agents));
     server.set_tokens(Some(TokenTable::from_tokens([(
         TOKEN,
-        Caller { id: "ops".into(), role: Role::Admin },
+        Caller {
+            id: "ops".into(),
+            role: Role::Admin,
+        },
     )])));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let s = server.clone();
     tokio::spawn(async move {
-        s.serve(listener, async { let _ = stopped.await; }, Duration::from_secs(1)).await
+        s.serve(
+            listener,
+            async {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(1),
+        )
+        .await
     });
 
     let profile = std::env::temp_dir().join(format!("agentvisor-chromium-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&profile);
     let d = start_driver(&chromium, &chromedriver, &profile).await;
-    d.call(reqwest::Method::POST, "/url", Some(json!({"url": format!("{base}/?token={TOKEN}")})))
-        .await;
-    d.wait_for("the live feed", "return document.getElementById('conn').textContent", |v| v == "live")
-        .await;
+    d.call(
+        reqwest::Method::POST,
+        "/url",
+        Some(json!({"url": format!("{base}/?token={TOKEN}")})),
+    )
+    .await;
+    d.wait_for(
+        "the live feed",
+        "return document.getElementById('conn').textContent",
+        |v| v == "live",
+    )
+    .await;
 
     // A submitted run appears and ends ok.
     let api = http_client();
@@ -247,11 +301,17 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
             "const r = document.querySelector('tr[data-id=\"{id}\"] td.status'); return r ? r.textContent : null"
         )
     };
-    d.wait_for("the quick run to end ok", &row_status(&quick), |v| v == "ok").await;
+    d.wait_for("the quick run to end ok", &row_status(&quick), |v| {
+        v == "ok"
+    })
+    .await;
 
     // A slow run appears running; its kill button kills it.
     let slow = submit("slow").await;
-    d.wait_for("the slow run to show running", &row_status(&slow), |v| v == "running").await;
+    d.wait_for("the slow run to show running", &row_status(&slow), |v| {
+        v == "running"
+    })
+    .await;
     let clicked = d
         .script(&format!(
             "const b = document.querySelector('tr[data-id=\"{slow}\"] button.kill'); if (!b) return false; b.click(); return true"
@@ -276,7 +336,8 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     assert_eq!(view["kill_reason"], "operator");
 
     // The run page: its timeline ends with run.end.
-    d.script(&format!("location.hash = '#run/{quick}'; return true")).await;
+    d.script(&format!("location.hash = '#run/{quick}'; return true"))
+        .await;
     d.wait_for(
         "the quick run's timeline",
         "const l = document.querySelectorAll('#r-timeline li'); return l.length ? l[l.length - 1].textContent : ''",
@@ -284,19 +345,28 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     )
     .await;
     d.script("location.hash = ''; return true").await;
-    d.wait_for("the runs table again", &row_status(&quick), |v| v == "ok").await;
+    d.wait_for("the runs table again", &row_status(&quick), |v| v == "ok")
+        .await;
     // A fuller picture for the screenshot: more runs, one still running,
     // and the charts past their first ticks.
     for _ in 0..5 {
         submit("quick").await;
     }
     let running = submit("slow").await;
-    d.wait_for("the running run", &row_status(&running), |v| v == "running").await;
-    d.wait_for("the latency chart", "return document.getElementById('v-lat').textContent", |v| {
-        v.as_str().is_some_and(|s| s.contains('/'))
-    })
+    d.wait_for("the running run", &row_status(&running), |v| v == "running")
+        .await;
+    d.wait_for(
+        "the latency chart",
+        "return document.getElementById('v-lat').textContent",
+        |v| v.as_str().is_some_and(|s| s.contains('/')),
+    )
     .await;
-    d.wait_for("the active runs chart", "return document.getElementById('v-active').textContent", |v| v == "1").await;
+    d.wait_for(
+        "the active runs chart",
+        "return document.getElementById('v-active').textContent",
+        |v| v == "1",
+    )
+    .await;
 
     let shot = d.call(reqwest::Method::GET, "/screenshot", None).await;
     let png = b64decode(shot["value"].as_str().expect("a screenshot"));
@@ -305,14 +375,24 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     std::fs::write(docs.join("dashboard.png"), &png).unwrap();
 
     // No errors in the browser console.
-    let logs = d.call(reqwest::Method::POST, "/se/log", Some(json!({"type": "browser"}))).await;
+    let logs = d
+        .call(
+            reqwest::Method::POST,
+            "/se/log",
+            Some(json!({"type": "browser"})),
+        )
+        .await;
     let severe: Vec<&Value> = logs["value"]
         .as_array()
         .map(|a| a.iter().filter(|e| e["level"] == "SEVERE").collect())
         .unwrap_or_default();
     assert!(severe.is_empty(), "browser console errors: {severe:?}");
 
-    api.post(format!("{base}/v1/runs/{running}/cancel")).bearer_auth(TOKEN).send().await.unwrap();
+    api.post(format!("{base}/v1/runs/{running}/cancel"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
     d.call(reqwest::Method::DELETE, "", None).await;
     drop(d);
     let _ = std::fs::remove_dir_all(&profile);

@@ -31,7 +31,8 @@ fn schemathesis() -> String {
     if let Ok(p) = std::env::var("SCHEMATHESIS") {
         return p;
     }
-    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/peers-venv/bin/schemathesis");
+    let venv =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/peers-venv/bin/schemathesis");
     if venv.is_file() {
         return venv.display().to_string();
     }
@@ -46,21 +47,38 @@ async fn generated_requests_get_no_5xx_and_match_the_schema() {
         ..ServerConfig::default()
     };
     let server = Server::new(host.clone(), store, config);
-    server.set_catalog(Catalog::from_agents([host.agent(support::spec(QUICK)).unwrap()]));
+    server.set_catalog(Catalog::from_agents([host
+        .agent(support::spec(QUICK))
+        .unwrap()]));
     server.set_tokens(Some(TokenTable::from_tokens([(
         TOKEN,
-        Caller { id: "st".into(), role: Role::Admin },
+        Caller {
+            id: "st".into(),
+            role: Role::Admin,
+        },
     )])));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let s = server.clone();
     tokio::spawn(async move {
-        s.serve(listener, async { let _ = stopped.await; }, Duration::from_secs(1)).await
+        s.serve(
+            listener,
+            async {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(1),
+        )
+        .await
     });
     // A few runs on record, so reads find something.
     for _ in 0..3 {
-        host.execute(host.agent(support::spec(QUICK)).unwrap(), Default::default()).await.unwrap();
+        host.execute(
+            host.agent(support::spec(QUICK)).unwrap(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
     }
 
     let program = schemathesis();

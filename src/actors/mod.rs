@@ -14,4 +14,5 @@ pub mod budget;
 pub mod critic;
 pub mod host;
 pub mod run;
+pub mod run_observer;
 pub mod watch;

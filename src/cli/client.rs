@@ -80,7 +80,12 @@ impl Api {
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Failure> {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -134,9 +139,9 @@ fn client() -> reqwest::Client {
     let builder = match rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
     {
-        Ok(b) => builder.tls_backend_preconfigured(
-            b.with_root_certificates(roots).with_no_client_auth(),
-        ),
+        Ok(b) => {
+            builder.tls_backend_preconfigured(b.with_root_certificates(roots).with_no_client_auth())
+        }
         Err(_) => builder,
     };
     builder.build().unwrap_or_else(|_| reqwest::Client::new())
@@ -203,7 +208,9 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
                     status,
                     r.agent,
                     r.caller_id.as_deref().unwrap_or("-"),
-                    r.finished_at.map(super::runs::utc).unwrap_or_else(|| "-".into()),
+                    r.finished_at
+                        .map(super::runs::utc)
+                        .unwrap_or_else(|| "-".into()),
                     r.duration_ms
                 );
             }
@@ -214,7 +221,11 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
                 return code;
             }
             let view: RunView = match api
-                .call(reqwest::Method::GET, &format!("/v1/runs/{}", s.run_id), None)
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/runs/{}", s.run_id),
+                    None,
+                )
                 .await
             {
                 Ok(v) => match serde_json::from_value(v) {
@@ -224,18 +235,27 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
                 Err(f) => return fail(f),
             };
             let records = match api
-                .call(reqwest::Method::GET, &format!("/v1/runs/{}/records", s.run_id), None)
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/runs/{}/records", s.run_id),
+                    None,
+                )
                 .await
             {
                 Ok(v) => serde_json::from_value::<Vec<AuditRecord>>(v).unwrap_or_default(),
                 Err(f) => return fail(f),
             };
             if s.json {
-                let shown = serde_json::json!({"result": view.result, "records": records, "run": view});
+                let shown =
+                    serde_json::json!({"result": view.result, "records": records, "run": view});
                 println!("{shown}");
                 return ExitCode::SUCCESS;
             }
-            match view.result.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok()) {
+            match view
+                .result
+                .as_ref()
+                .and_then(|r| serde_json::from_value(r.clone()).ok())
+            {
                 Some(r) => super::run::print_human(&r),
                 None => {
                     let live = view.live.as_ref();
@@ -275,14 +295,22 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
                     Err(e) => return super::refuse(format!("`{by}`: {e}")),
                 },
             };
-            (run_id, "extend", Some(serde_json::json!({ "seconds": secs })))
+            (
+                run_id,
+                "extend",
+                Some(serde_json::json!({ "seconds": secs })),
+            )
         }
     };
     if let Err(code) = check_id(&id) {
         return code;
     }
     match api
-        .call(reqwest::Method::POST, &format!("/v1/runs/{id}/{action}"), body)
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/runs/{id}/{action}"),
+            body,
+        )
         .await
     {
         Ok(_) => {
@@ -303,7 +331,11 @@ pub(crate) async fn replay(a: ReplayArgs, url: &str) -> ExitCode {
         Err(_) => return ExitCode::from(2),
     };
     let records = match api
-        .call(reqwest::Method::GET, &format!("/v1/runs/{}/records", a.run_id), None)
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/runs/{}/records", a.run_id),
+            None,
+        )
         .await
     {
         Ok(v) => match serde_json::from_value::<Vec<AuditRecord>>(v) {

@@ -173,7 +173,9 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
             let stopped = async {
                 let _ = stop_rx.await;
             };
-            server.serve(listener, stopped, Duration::from_secs(5)).await
+            server
+                .serve(listener, stopped, Duration::from_secs(5))
+                .await
         })
     };
     wait_for_stop(&server, &a).await;
@@ -249,7 +251,10 @@ pub(crate) async fn metrics_endpoint(
         .map_err(|e| super::refuse(format!("--metrics-addr {addr}: {e}")))?;
     let local = listener.local_addr().unwrap_or(addr);
     eprintln!("metrics at http://{local}/metrics");
-    let task = tokio::spawn(agentvisor::server::metrics::serve_alone(listener, host.clone()));
+    let task = tokio::spawn(agentvisor::server::metrics::serve_alone(
+        listener,
+        host.clone(),
+    ));
     Ok(Some(AbortOnDrop(task)))
 }
 

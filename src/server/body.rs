@@ -54,7 +54,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let b = bytes(req, state).await?;
         if b.is_empty() {
-            return Err(ApiError::invalid("the body is empty; a JSON object is expected"));
+            return Err(ApiError::invalid(
+                "the body is empty; a JSON object is expected",
+            ));
         }
         Ok(JsonBody(parse(&b)?))
     }

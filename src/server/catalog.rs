@@ -58,10 +58,7 @@ impl Catalog {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 p.is_file()
-                    && matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("yaml" | "yml")
-                    )
+                    && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
             })
             .collect();
         files.sort();

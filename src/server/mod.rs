@@ -37,13 +37,13 @@ pub mod api;
 pub mod auth;
 mod body;
 pub mod catalog;
+mod dashboard;
 pub mod error;
 mod limits;
 pub mod metrics;
 mod openapi;
 mod runs;
 mod streams;
-mod dashboard;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,11 +178,7 @@ impl Server {
     /// Replaces the token table (`None`: no authentication, every request
     /// is the admin `anonymous`).
     pub fn set_tokens(&self, tokens: Option<TokenTable>) {
-        *self
-            .state
-            .tokens
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = tokens.map(Arc::new);
+        *self.state.tokens.write().unwrap_or_else(|p| p.into_inner()) = tokens.map(Arc::new);
     }
 
     /// How many agents are loaded.
@@ -373,7 +369,11 @@ pub(crate) async fn healthz(State(st): State<Arc<AppState>>) -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses((status = 200, body = Health), (status = 503, body = Health)))]
 pub(crate) async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     if st.is_draining() {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(health(&st, "draining"))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(health(&st, "draining")),
+        )
+            .into_response()
     } else {
         Json(health(&st, "ready")).into_response()
     }

@@ -57,9 +57,5 @@ pub fn openapi_json() -> String {
 }
 
 pub(crate) async fn serve_openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        openapi_json(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
 }

@@ -21,7 +21,9 @@ use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use crate::ports::audit::{AuditEntry, RunFilter, RunSummary};
-use crate::{Agent, AgentSpec, Invocation, KillReason, RunEvent, RunId, RunRef, RunResult, RunStatus};
+use crate::{
+    Agent, AgentSpec, Invocation, KillReason, RunEvent, RunId, RunRef, RunResult, RunStatus,
+};
 
 /// The longest `?wait=` honoured.
 const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -158,7 +160,10 @@ pub(crate) async fn submit(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     });
-    if key.as_deref().is_some_and(|k| k.is_empty() || k.len() > 256) {
+    if key
+        .as_deref()
+        .is_some_and(|k| k.is_empty() || k.len() > 256)
+    {
         return Err(ApiError::invalid(
             "`idempotency_key` must be 1 to 256 characters",
         ));
@@ -268,7 +273,8 @@ fn refusal(r: &RunResult) -> Option<ApiError> {
     let message = r.error.clone().unwrap_or_default();
     let mut e = match (r.status, kind) {
         (RunStatus::Rejected, "caller_concurrency") => {
-            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "caller_concurrency", message).retry_after(1)
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "caller_concurrency", message)
+                .retry_after(1)
         }
         (RunStatus::Rejected, "concurrency") => {
             ApiError::new(StatusCode::TOO_MANY_REQUESTS, "concurrency", message).retry_after(1)
@@ -281,8 +287,7 @@ fn refusal(r: &RunResult) -> Option<ApiError> {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "rejected", message).retry_after(1)
         }
         (RunStatus::BudgetExceeded, _) if r.iterations == 0 => {
-            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "budget_exceeded", message)
-                .retry_after(60)
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "budget_exceeded", message).retry_after(60)
         }
         _ => return None,
     };
@@ -294,8 +299,10 @@ fn refusal(r: &RunResult) -> Option<ApiError> {
 async fn cap_tokens(run: RunRef, limit: u64) {
     let mut events = run.subscribe_from(0);
     while let Some(ev) = events.next().await {
-        if matches!(ev.event, RunEvent::StepFinish { .. } | RunEvent::TranscriptCompacted { .. })
-            && run.live().tokens > limit
+        if matches!(
+            ev.event,
+            RunEvent::StepFinish { .. } | RunEvent::TranscriptCompacted { .. }
+        ) && run.live().tokens > limit
         {
             run.kill(KillReason::Budget);
             return;
@@ -371,7 +378,10 @@ pub(crate) async fn list_runs(
         Some("running") => (true, Some(None)),
         Some(s) => (
             false,
-            Some(Some(s.parse::<RunStatus>().map_err(|e| bad("status", &e.to_string()))?)),
+            Some(Some(
+                s.parse::<RunStatus>()
+                    .map_err(|e| bad("status", &e.to_string()))?,
+            )),
         ),
     };
     let want_ended = !matches!(status, Some(None));
@@ -382,7 +392,9 @@ pub(crate) async fn list_runs(
     };
     let cursor = match q.cursor.as_deref() {
         None | Some("") => None,
-        Some(c) => Some(Cursor::parse(c).ok_or_else(|| bad("cursor", "not a cursor this server gave"))?),
+        Some(c) => {
+            Some(Cursor::parse(c).ok_or_else(|| bad("cursor", "not a cursor this server gave"))?)
+        }
     };
     let mine = |owner: Option<&str>| caller.may_see(owner);
     let agent_ok = |a: &str| q.agent.as_deref().is_none_or(|want| want == a);
@@ -402,7 +414,11 @@ pub(crate) async fn list_runs(
         limit: None,
     };
     let all_ended = if root.is_some() && want_ended {
-        let all = st.index.list_runs(&ended_filter).await.map_err(ApiError::store)?;
+        let all = st
+            .index
+            .list_runs(&ended_filter)
+            .await
+            .map_err(ApiError::store)?;
         for r in &all {
             parents.insert(r.run_id, r.parent_run_id);
         }
@@ -491,7 +507,11 @@ pub(crate) async fn list_runs(
         }
     }
     // A full page of live runs may be followed by ended ones.
-    if next.is_none() && out.len() == limit && want_ended && out.last().is_some_and(|l| l.live.is_some()) {
+    if next.is_none()
+        && out.len() == limit
+        && want_ended
+        && out.last().is_some_and(|l| l.live.is_some())
+    {
         next = out.last().map(|l| format!("l:{}", l.run_id));
     }
     Ok(Json(RunList {

@@ -66,13 +66,17 @@ pub(crate) async fn run_events(
     let from = match headers.get("last-event-id").map(|v| v.to_str()) {
         None => 0,
         Some(Ok(s)) if s.trim().is_empty() => 0,
-        Some(Ok(s)) => s.trim().parse::<u32>().map(|n| n.saturating_add(1)).map_err(|_| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_header",
-                "`Last-Event-ID` must be an event's `id` (a number)",
-            )
-        })?,
+        Some(Ok(s)) => s
+            .trim()
+            .parse::<u32>()
+            .map(|n| n.saturating_add(1))
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_header",
+                    "`Last-Event-ID` must be an event's `id` (a number)",
+                )
+            })?,
         Some(Err(_)) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -127,21 +131,25 @@ pub(crate) async fn host_events(
 ) -> Response {
     let feed = st.host.watch();
     let closed = st.closing.clone();
-    let s = stream::unfold((feed, closed, caller), |(mut feed, closed, caller)| async move {
-        loop {
-            let ev = tokio::select! {
-                ev = feed.next() => ev?,
-                _ = closed.cancelled() => return None,
-            };
-            let visible = matches!(ev, HostEvent::Lagged { .. }) || caller.may_see(ev.caller_id());
-            if visible {
-                let data = serde_json::to_string(&ev).unwrap_or_default();
-                return Some((
-                    Ok::<_, Infallible>(SseEvent::default().data(data)),
-                    (feed, closed, caller),
-                ));
+    let s = stream::unfold(
+        (feed, closed, caller),
+        |(mut feed, closed, caller)| async move {
+            loop {
+                let ev = tokio::select! {
+                    ev = feed.next() => ev?,
+                    _ = closed.cancelled() => return None,
+                };
+                let visible =
+                    matches!(ev, HostEvent::Lagged { .. }) || caller.may_see(ev.caller_id());
+                if visible {
+                    let data = serde_json::to_string(&ev).unwrap_or_default();
+                    return Some((
+                        Ok::<_, Infallible>(SseEvent::default().data(data)),
+                        (feed, closed, caller),
+                    ));
+                }
             }
-        }
-    });
+        },
+    );
     sse(s, st.config.keep_alive)
 }
