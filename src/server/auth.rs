@@ -202,6 +202,7 @@ pub fn token_line(caller: &str, role: Role, token: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -146,6 +146,7 @@ impl IdempotencyKeys {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
