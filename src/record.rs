@@ -240,7 +240,7 @@ impl BuildHasher for RunIdHash {
     }
 }
 
-/// What the host-wide feed says ([`HostRuns::watch`]): runs starting and
+/// What the host-wide feed says (`Host::watch`): runs starting and
 /// ending, critic decisions. On the wire: `{"type": "run.started", …}`.
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(tag = "type")]

@@ -1,4 +1,4 @@
-//! `agentvisor serve`: the HTTP API over a [`Host`](crate::Host).
+//! `agentvisor serve`: the HTTP API over a [`crate::Host`] (`--db`, `--agents`, `--tokens`).
 //!
 //! # Routes
 //! | route | what |
@@ -27,7 +27,7 @@
 //!   the admin `anonymous` (for a server on loopback).
 //! - Bodies are at most 1 MiB (413); headers must arrive within
 //!   `header_timeout` and bodies within `body_timeout` (the connection is
-//!   closed / 408); each caller has a request rate ([`limits`]; 429 with
+//!   closed / 408); each caller has a request rate (a token bucket; 429 with
 //!   `retry-after`); each run has at most `max_subscribers` event streams
 //!   (429); per-caller concurrent runs come from the budget ledger (429).
 //! - Draining ([`Server::start_draining`]): `/readyz` answers 503 and new
