@@ -1393,6 +1393,33 @@ impl Host {
         self.inner.live.get(run_id).map(|shared| RunRef { shared })
     }
 
+    /// A watcher of the host-wide feed: runs starting and ending, critic
+    /// decisions ([`HostEvent`](crate::record::HostEvent)). Lossy: a
+    /// watcher that falls behind is told how many events it missed (a
+    /// dashboard's feed; a run's own stream, [`RunRef::subscribe`], loses
+    /// nothing). Costs the host nothing while no one watches.
+    pub fn watch(&self) -> crate::record::HostFeed {
+        self.inner.live.watch()
+    }
+
+    /// A run's events from record `from_seq` on, live or ended: a live
+    /// run's subscription ([`RunRef::subscribe_from`]), else its records
+    /// read back from the audit store. `Ok(None)`: no record of the run
+    /// (yet: a run that just ended may take a moment to reach the store).
+    pub async fn events(
+        &self,
+        run_id: &RunId,
+        from_seq: u32,
+    ) -> Result<Option<RunEvents>, crate::ports::audit::AuditStoreError> {
+        if let Some(run) = self.run(run_id) {
+            return Ok(Some(run.subscribe_from(from_seq)));
+        }
+        let stored = record::stored_events(&*self.inner.audit_store, *run_id, from_seq).await?;
+        Ok(stored.map(|events| RunEvents {
+            inner: Box::pin(futures_util::stream::iter(events)),
+        }))
+    }
+
     /// Every run in flight on this host (a snapshot; newest first).
     pub fn runs(&self) -> Vec<LiveRun> {
         let mut out: Vec<LiveRun> = self

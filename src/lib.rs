@@ -72,10 +72,13 @@ pub mod providers;
 mod record;
 pub mod replay;
 pub mod secrets;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod session;
 pub mod soak;
 pub mod spec;
 pub mod stores;
+pub mod telemetry;
 pub mod tools;
 
 #[doc(hidden)]
@@ -94,5 +97,6 @@ pub use ports::run::{
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
 pub use record::{Ending, SUBSCRIBER_BUFFER};
+pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use session::{OnBusy, Session, SessionError, SessionOptions, SessionTurn};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

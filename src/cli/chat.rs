@@ -130,6 +130,16 @@ pub(crate) async fn chat(a: ChatArgs, db: &super::Db) -> ExitCode {
 
 /// Runs one prompt, printing its text as it arrives.
 async fn answer(session: &Session, text: &str) {
+    // Listening before the prompt starts, and once for the whole answer: a
+    // Ctrl-C that comes while a delta is printed is not missed.
+    let mut sigint =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("[cannot listen for Ctrl-C: {e}]");
+                None
+            }
+        };
     let mut turn = match session.prompt_streaming(text).await {
         Ok(t) => t,
         Err(e) => {
@@ -159,7 +169,7 @@ async fn answer(session: &Session, text: &str) {
                 }
                 None => break,
             },
-            _ = tokio::signal::ctrl_c(), if !interrupted => {
+            _ = async { sigint.as_mut()?.recv().await }, if !interrupted && sigint.is_some() => {
                 interrupted = true;
                 turn.cancel();
             }

@@ -27,10 +27,12 @@ macro_rules! errln {
 
 mod budget;
 mod chat;
+mod client;
 mod recover;
 mod replay;
 mod run;
 mod runs;
+mod serve;
 mod sessions;
 mod signals;
 mod soak;
@@ -60,6 +62,10 @@ pub(crate) struct Cli {
     /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Talk to this server (`runs`, `replay`) instead of reading the
+    /// database; the token comes from `AGENTVISOR_TOKEN`.
+    #[arg(long, global = true, env = "AGENTVISOR_URL", value_name = "URL")]
+    server: Option<String>,
     /// Where audit records go while the database cannot be written (put it
     /// on another disk); default: `PATH.spool` beside the database.
     #[arg(long, global = true, env = "AGENTVISOR_SPOOL", value_name = "PATH")]
@@ -109,6 +115,10 @@ enum Command {
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
+    /// Serve the HTTP API, the dashboard and /metrics.
+    Serve(serve::ServeArgs),
+    /// API tokens for `serve --tokens`.
+    Token(serve::TokenArgs),
     /// Per-caller budgets in the database: set limits, show them and the
     /// spend in their window.
     Budget(budget::BudgetArgs),
@@ -141,6 +151,14 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
     });
     let db = Db::from_flag(cli.db);
     match cli.command {
+        Command::Runs(a) if cli.server.is_some() => {
+            client::runs(a, cli.server.as_deref().unwrap_or_default()).await
+        }
+        Command::Replay(a) if cli.server.is_some() => {
+            client::replay(a, cli.server.as_deref().unwrap_or_default()).await
+        }
+        Command::Serve(a) => serve::serve(a, &db).await,
+        Command::Token(a) => serve::token(a),
         Command::Run(a) => run::run(a, &db).await,
         Command::Swarm(a) => swarm::swarm(a, &db).await,
         Command::Soak(a) => soak::soak(a, &db).await,
@@ -421,7 +439,7 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
 /// Host settings for the SQLite store: larger, slightly older audit batches
 /// (a transaction costs the same for 1 or 4096 records), and a spool beside
 /// the database.
-fn sqlite_config(path: &Path) -> HostConfig {
+pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
     let spool = store_options().spool.clone().unwrap_or_else(|| {
         let mut spool = path.as_os_str().to_owned();
         spool.push(".spool");
