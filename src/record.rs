@@ -852,8 +852,17 @@ impl RunShared {
             return Finished::Suspended(preceding, self.clone());
         }
         let seq = self.next_seq();
+        let parent = self.parent_run_id.and_then(|p| self.host.get(&p));
         for ev in terminal_events(&result) {
             self.emit(seq, &ev);
+            if let Some(p) = &parent {
+                // Before the parent can end (it waits for this child).
+                p.forward(&Event {
+                    run_id: self.run_id,
+                    seq,
+                    event: ev,
+                });
+            }
         }
         self.close_fanout();
         let record = AuditRecord {
@@ -1020,7 +1029,9 @@ async fn next_event(st: &mut SubState) -> Option<Event> {
         };
         match rx.recv().await {
             Some(ev) => {
-                let is_record = !matches!(ev.event, RunEvent::TextDelta { .. });
+                // A child's events (forwarded live) have the child's seqs.
+                let is_record = ev.run_id == st.shared.run_id
+                    && !matches!(ev.event, RunEvent::TextDelta { .. });
                 if is_record && ev.seq < st.head.max(st.cursor) {
                     continue;
                 }

@@ -132,14 +132,14 @@ pub(crate) async fn chat(a: ChatArgs, db: &super::Db) -> ExitCode {
 async fn answer(session: &Session, text: &str) {
     // Listening before the prompt starts, and once for the whole answer: a
     // Ctrl-C that comes while a delta is printed is not missed.
-    let mut sigint =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("[cannot listen for Ctrl-C: {e}]");
-                None
-            }
-        };
+    let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("[cannot listen for Ctrl-C: {e}]");
+            None
+        }
+    };
     let mut turn = match session.prompt_streaming(text).await {
         Ok(t) => t,
         Err(e) => {

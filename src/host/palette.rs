@@ -132,7 +132,14 @@ impl Tool for PaletteTool {
                 ev = events.next() => match ev {
                     Some(ev) => {
                         ctx.beat();
-                        if let Some(p) = &parent {
+                        // The child's terminal events reach the parent from
+                        // the child's own end (before the parent can end).
+                        let terminal = matches!(
+                            ev.event,
+                            crate::ports::run::RunEvent::RunEnd { .. }
+                                | crate::ports::run::RunEvent::Error { .. }
+                        );
+                        if let (Some(p), false) = (&parent, terminal) {
                             p.forward(&ev);
                         }
                     }
