@@ -77,6 +77,8 @@ pub struct HostConfig {
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
     pub shutdown_timeout: Duration,
+    /// How MCP servers are started, restarted and stopped.
+    pub mcp: crate::mcp::McpConfig,
 }
 
 impl Default for HostConfig {
@@ -97,6 +99,7 @@ impl Default for HostConfig {
             default_caller: "anonymous".into(),
             durable_default: false,
             shutdown_timeout: Duration::from_secs(30),
+            mcp: crate::mcp::McpConfig::default(),
         }
     }
 }
@@ -245,6 +248,10 @@ pub enum SubmitError {
     /// The manifest names a tool this host does not have.
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    /// The manifest names MCP servers, and this build has no MCP client or
+    /// the agent was prepared without starting them (see [`Host::prepare`]).
+    #[error(transparent)]
+    Mcp(#[from] crate::mcp::McpError),
     /// The manifest names a model this host does not have.
     #[error("unknown model `{model}` (known: {known})")]
     UnknownModel {
@@ -397,6 +404,8 @@ impl HostBuilder {
         let default_caller = Arc::from(c.default_caller.as_str());
         Ok(Host {
             inner: Arc::new(HostInner {
+                #[cfg(feature = "mcp")]
+                mcp: crate::mcp::hub::McpHub::new(c.mcp.clone()),
                 config: c,
                 tools,
                 models: self.models,
@@ -419,6 +428,9 @@ impl HostBuilder {
 }
 
 struct HostInner {
+    /// The host's MCP servers (shared by every run that uses them).
+    #[cfg(feature = "mcp")]
+    mcp: crate::mcp::hub::McpHub,
     config: HostConfig,
     tools: ToolRegistry,
     models: HashMap<String, Arc<dyn ChatModel>>,
@@ -521,13 +533,55 @@ impl Host {
         self.inner.live.count()
     }
 
-    /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
+    /// Prepares an agent: resolves its model, selects its tools, resolves
+    /// its limits. A manifest that names MCP servers needs them started:
+    /// prepare it with [`prepare`](Self::prepare) (or submit the manifest).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
+        if spec.mcp.as_ref().is_some_and(|m| !m.servers.is_empty()) {
+            return Err(crate::mcp::McpError::Unavailable(
+                "the manifest names MCP servers: prepare it with `Host::prepare`".into(),
+            )
+            .into());
+        }
         let tools = self.inner.tools.select(&spec.tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
         Ok(Agent::new(spec, model, tools, limits))
+    }
+
+    /// Prepares an agent as [`agent`](Self::agent) does, first starting the
+    /// MCP servers its manifest names (or joining those already up on this
+    /// host) and adding their tools (`<server>__<tool>`) after the
+    /// manifest's own. A server that cannot start does not fail here: the
+    /// agent's runs end `error` with the server's `mcp_*` error kind.
+    pub async fn prepare(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
+        let spec: Arc<AgentSpec> = spec.into();
+        let servers = match spec.mcp.as_ref() {
+            Some(m) if !m.servers.is_empty() => &m.servers,
+            _ => return self.agent(spec),
+        };
+        let model = self.model_for(&spec)?;
+        let limits = spec.limits.resolve(&self.inner.config.default_limits);
+        #[cfg(feature = "mcp")]
+        let found = self.inner.mcp.tools_for(servers).await;
+        #[cfg(not(feature = "mcp"))]
+        let found: Result<Vec<crate::tools::CompiledTool>, _> = {
+            let _ = servers;
+            Err(crate::mcp::McpError::Unavailable(
+                "this build has no MCP client (the `mcp` feature)".into(),
+            ))
+        };
+        match found {
+            Ok(extra) => {
+                let tools = self.inner.tools.select_with(&spec.tools, &extra)?;
+                Ok(Agent::new(spec, model, tools, limits))
+            }
+            Err(e) => {
+                let tools = self.inner.tools.select_with(&[], &[])?;
+                Ok(Agent::new(spec, model, tools, limits).unusable(e.kind(), e.to_string()))
+            }
+        }
     }
 
     /// The model a manifest names: a registered name (directly or through
@@ -564,7 +618,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
-        let agent = self.resolve(agent.into())?;
+        let agent = self.resolve_async(agent.into()).await?;
         Ok(self
             .start(agent, invocation, false, None)
             .await_started()
@@ -578,7 +632,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
-        let agent = self.resolve(agent.into())?;
+        let agent = self.resolve_async(agent.into()).await?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
             .await_started()
@@ -595,9 +649,12 @@ impl Host {
         Ok(self.submit(agent, invocation).await?.await)
     }
 
-    fn resolve(&self, source: AgentSource) -> Result<Agent, SubmitError> {
+    /// The agent of a submission: a manifest with MCP servers is prepared
+    /// with them ([`prepare`](Self::prepare)); the rest at once.
+    async fn resolve_async(&self, source: AgentSource) -> Result<Agent, SubmitError> {
         match source {
             AgentSource::Agent(a) => Ok(a),
+            AgentSource::Spec(s) if s.mcp.is_some() => self.prepare(s).await,
             AgentSource::Spec(s) => self.agent(s),
         }
     }
@@ -726,6 +783,9 @@ impl Host {
                 "concurrency",
                 format!("the host runs {cap} runs at most"),
             ))
+        } else if let Some((kind, message)) = agent.unusable_reason() {
+            // Its MCP servers did not start.
+            Some(Ending::failed(RunStatus::Error, kind, message))
         } else if let Err(e) = agent.model().admit() {
             // The model's circuit breaker: an open circuit refuses at once.
             Some(Ending::failed(RunStatus::Rejected, e.kind(), e.to_string()))
@@ -901,7 +961,7 @@ impl Host {
                 out.crash_loops.push(c.run_id);
                 continue;
             }
-            let agent = match self.agent(c.spec.clone()) {
+            let agent = match self.prepare(c.spec.clone()).await {
                 Ok(a) => a,
                 Err(e) => {
                     let error = format!("its manifest does not prepare on this host: {e}");
@@ -1190,6 +1250,8 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
+        #[cfg(feature = "mcp")]
+        h.mcp.shutdown().await;
         let _ = h
             .root
             .stop_children_and_wait(None, Some(Duration::from_secs(10)))

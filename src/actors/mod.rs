@@ -10,6 +10,8 @@
 #![allow(unreachable_pub)]
 
 pub mod audit;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod budget;
 pub mod critic;
 pub mod host;

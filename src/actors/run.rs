@@ -62,7 +62,7 @@ use crate::ports::model::{
 use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
-use crate::ports::tool::{ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{ToolContext, ToolError, ToolReporter, ToolSignal, ToolSpec};
 use crate::record::{Ending, RunShared};
 use crate::spec::{AgentSpec, Invocation, Limits};
 
@@ -150,6 +150,9 @@ pub enum RunMsg {
         /// The backoff before the next attempt.
         delay: std::time::Duration,
     },
+    /// A tool call in flight reported an event (an MCP server's start or
+    /// exit, a call's outcome); recorded in the run's order, and a beat.
+    ToolEvent(RunEvent),
 }
 
 /// How a run's tasks reach the critic shard that hosts it (the shard
@@ -384,6 +387,10 @@ impl RunState {
                     message,
                     delay_ms: delay.as_millis() as u64,
                 };
+                self.event(ev);
+            }
+            RunMsg::ToolEvent(ev) => {
+                self.beat(Beat::Alive);
                 self.event(ev);
             }
         }
@@ -712,6 +719,7 @@ impl RunState {
         let mut outcomes = Vec::with_capacity(calls.len());
         let mut running: Vec<(usize, PendingTool)> = Vec::new();
         let mut cancel: Option<CancellationToken> = None;
+        let mut reporter: Option<ToolReporter> = None;
         // One clock read per call: a call's time runs from the end of the
         // one before (its argument check included).
         let mut mark = self.now;
@@ -750,6 +758,16 @@ impl RunState {
                 // Calls that run in a task get the batch's cancellation
                 // signal (a kill gives them `kill_grace` to clean up).
                 ctx = ctx.with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone());
+                // ... and may report progress (a heartbeat) and events.
+                let addr = &self.addr;
+                let r = reporter.get_or_insert_with(|| {
+                    let addr = addr.clone();
+                    Arc::new(move |signal| match signal {
+                        ToolSignal::Progress => addr.beat(Beat::Alive),
+                        ToolSignal::Event(ev) => addr.send(RunMsg::ToolEvent(ev)),
+                    })
+                });
+                ctx = ctx.with_reporter(r.clone());
             }
             let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
             if !in_place {

@@ -168,7 +168,7 @@ pub(crate) async fn prepare_with(
         }
     };
     let host = builder.build().await.map_err(refuse)?;
-    let agent = host.agent(spec).map_err(|e| {
+    let agent = host.prepare(spec).await.map_err(|e| {
         let line = match &e {
             SubmitError::Tool(RegistryError::UnknownTool { name, .. }) => {
                 std::fs::read_to_string(file)

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use tokio_util::sync::CancellationToken;
 
-use super::run::RunId;
+use super::run::{RunEvent, RunId};
 
 /// What a model is told about a tool.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -23,8 +23,24 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// What a running tool call tells its run (see [`ToolContext::beat`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ToolSignal {
+    /// The call made progress: a heartbeat the run's critic sees, so a
+    /// long call that reports progress is not stalled.
+    Progress,
+    /// An event for the run's stream and audit log (no arguments, no
+    /// results, no secrets).
+    Event(RunEvent),
+}
+
+/// Where a call's [`ToolSignal`]s go: set by the run for calls that run
+/// in a task; a call without one reports nowhere.
+pub type ToolReporter = Arc<dyn Fn(ToolSignal) + Send + Sync>;
+
 /// What a tool knows about the call it serves.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ToolContext {
     /// The run that made the call.
     pub run_id: RunId,
@@ -32,6 +48,19 @@ pub struct ToolContext {
     pub call_id: Arc<str>,
     /// Fires when the run is killed or cancelled while the call runs.
     cancel: Option<CancellationToken>,
+    /// The run's ear for heartbeats and events, when it listens.
+    reporter: Option<ToolReporter>,
+}
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("run_id", &self.run_id)
+            .field("call_id", &self.call_id)
+            .field("cancel", &self.cancel)
+            .field("reporter", &self.reporter.is_some())
+            .finish()
+    }
 }
 
 impl ToolContext {
@@ -41,7 +70,34 @@ impl ToolContext {
             run_id,
             call_id,
             cancel: None,
+            reporter: None,
         }
+    }
+
+    /// With the run's reporter (heartbeats and events from the call).
+    pub fn with_reporter(mut self, reporter: ToolReporter) -> Self {
+        self.reporter = Some(reporter);
+        self
+    }
+
+    /// Tells the run the call is alive and progressing (a heartbeat for
+    /// its critic). Costs nothing when the run does not listen.
+    pub fn beat(&self) {
+        if let Some(r) = &self.reporter {
+            r(ToolSignal::Progress);
+        }
+    }
+
+    /// Adds an event to the run's stream and audit log.
+    pub fn event(&self, event: RunEvent) {
+        if let Some(r) = &self.reporter {
+            r(ToolSignal::Event(event));
+        }
+    }
+
+    /// Whether the run listens for [`beat`](Self::beat)s and events.
+    pub fn has_reporter(&self) -> bool {
+        self.reporter.is_some()
     }
 
     /// With the cancellation signal a stopped run fires.
@@ -91,6 +147,15 @@ pub enum ToolError {
     /// The tool panicked.
     #[error("tool panicked: {0}")]
     Panicked(String),
+    /// A failure of a kind the tool names itself (`mcp_server_crashed`,
+    /// `mcp_tool_timeout`, …).
+    #[error("{message}")]
+    Typed {
+        /// Stable snake_case kind.
+        kind: &'static str,
+        /// What happened (never a secret).
+        message: String,
+    },
 }
 
 impl ToolError {
@@ -102,6 +167,7 @@ impl ToolError {
             ToolError::Failed(_) => "tool_failed",
             ToolError::Timeout(_) => "tool_timeout",
             ToolError::Panicked(_) => "tool_panicked",
+            ToolError::Typed { kind, .. } => kind,
         }
     }
 }
@@ -129,5 +195,12 @@ pub trait Tool: Send + Sync + 'static {
     /// only if that holds for every input; default no.
     fn answers_at_once(&self) -> bool {
         false
+    }
+
+    /// The error of a call that ran out of its `timeout_ms` (the registry
+    /// drops its future then). Default: [`ToolError::Timeout`]; a tool with
+    /// its own kind of timeout (`mcp_tool_timeout`) says so here.
+    fn timeout_error(&self, timeout_ms: u64) -> ToolError {
+        ToolError::Timeout(timeout_ms)
     }
 }
