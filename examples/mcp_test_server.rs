@@ -41,34 +41,80 @@ fn tools(extra: bool) -> Vec<Tool> {
         schema(json!({"type": "object", "properties": props, "required": req}))
     };
     let mut t = vec![
-        Tool::new("echo", "Returns its text.", obj(json!({"text": {"type": "string"}}), &["text"])),
+        Tool::new(
+            "echo",
+            "Returns its text.",
+            obj(json!({"text": {"type": "string"}}), &["text"]),
+        ),
         Tool::new(
             "add",
             "Adds two numbers.",
-            obj(json!({"a": {"type": "number"}, "b": {"type": "number"}}), &["a", "b"]),
+            obj(
+                json!({"a": {"type": "number"}, "b": {"type": "number"}}),
+                &["a", "b"],
+            ),
         ),
         Tool::new(
             "hang",
             "Never answers; on cancellation appends `cancelled` to `marker`.",
             obj(json!({"marker": {"type": "string"}}), &[]),
         ),
-        Tool::new("slow", "Sleeps `ms`, silently.", obj(json!({"ms": {"type": "integer"}}), &["ms"])),
+        Tool::new(
+            "slow",
+            "Sleeps `ms`, silently.",
+            obj(json!({"ms": {"type": "integer"}}), &["ms"]),
+        ),
         Tool::new(
             "progress",
             "Reports progress `steps` times, `interval_ms` apart, then answers.",
-            obj(json!({"steps": {"type": "integer"}, "interval_ms": {"type": "integer"}}), &["steps", "interval_ms"]),
+            obj(
+                json!({"steps": {"type": "integer"}, "interval_ms": {"type": "integer"}}),
+                &["steps", "interval_ms"],
+            ),
         ),
-        Tool::new("crash", "Writes to stderr and exits.", obj(json!({"code": {"type": "integer"}}), &[])),
-        Tool::new("flood", "Writes `kib` KiB to stderr.", obj(json!({"kib": {"type": "integer"}}), &["kib"])),
-        Tool::new("huge", "Returns `bytes` bytes of text.", obj(json!({"bytes": {"type": "integer"}}), &["bytes"])),
+        Tool::new(
+            "crash",
+            "Writes to stderr and exits.",
+            obj(json!({"code": {"type": "integer"}}), &[]),
+        ),
+        Tool::new(
+            "flood",
+            "Writes `kib` KiB to stderr.",
+            obj(json!({"kib": {"type": "integer"}}), &["kib"]),
+        ),
+        Tool::new(
+            "huge",
+            "Returns `bytes` bytes of text.",
+            obj(json!({"bytes": {"type": "integer"}}), &["bytes"]),
+        ),
         Tool::new("image", "Returns a small PNG.", obj(json!({}), &[])),
-        Tool::new("fail", "Returns an error result.", obj(json!({"message": {"type": "string"}}), &[])),
-        Tool::new("pid", "Returns the server's pid (and its child's).", obj(json!({}), &[])),
-        Tool::new("env", "Returns an environment variable or <unset>.", obj(json!({"name": {"type": "string"}}), &["name"])),
-        Tool::new("add_tool", "Adds the tool `extra` and says the list changed.", obj(json!({}), &[])),
+        Tool::new(
+            "fail",
+            "Returns an error result.",
+            obj(json!({"message": {"type": "string"}}), &[]),
+        ),
+        Tool::new(
+            "pid",
+            "Returns the server's pid (and its child's).",
+            obj(json!({}), &[]),
+        ),
+        Tool::new(
+            "env",
+            "Returns an environment variable or <unset>.",
+            obj(json!({"name": {"type": "string"}}), &["name"]),
+        ),
+        Tool::new(
+            "add_tool",
+            "Adds the tool `extra` and says the list changed.",
+            obj(json!({}), &[]),
+        ),
     ];
     if extra {
-        t.push(Tool::new("extra", "Appears after add_tool.", obj(json!({}), &[])));
+        t.push(Tool::new(
+            "extra",
+            "Appears after add_tool.",
+            obj(json!({}), &[]),
+        ));
     }
     t
 }
@@ -107,7 +153,12 @@ impl ServerHandler for TestServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.clone().unwrap_or_default();
-        let str_arg = |k: &str| args.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let str_arg = |k: &str| {
+            args.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
         match request.name.as_ref() {
             "echo" => text(str_arg("text")),
             "add" => {
@@ -248,7 +299,9 @@ async fn http(server: TestServer, addr: &str) {
 /// server's pid once a run has called it, then waits to be killed.
 async fn parent() {
     use agentvisor::{AgentSpec, Host, Invocation};
-    let me = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default();
+    let me = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let yaml = format!(
         "name: parent\nmcp:\n  servers:\n    - {{ name: t, command: [{me:?}] }}\n\
          script:\n  - {{ tool: t__pid, args: {{}} }}\n  - {{ text: done }}\n"
@@ -265,7 +318,11 @@ async fn parent() {
         Ok(r) => r,
         Err(e) => return eprintln!("{e}"),
     };
-    let pid = result.steps.first().map(|s| s.result.clone()).unwrap_or_default();
+    let pid = result
+        .steps
+        .first()
+        .map(|s| s.result.clone())
+        .unwrap_or_default();
     println!("{pid}");
     tokio::time::sleep(Duration::from_secs(3600)).await;
 }

@@ -39,8 +39,8 @@ use crate::ports::run::RunEvent;
 pub enum Avail {
     /// Starting or restarting: wait.
     Starting,
-    /// Up: call through this peer.
-    Ready(Peer<RoleClient>),
+    /// Up: call through this peer (of connection generation `.1`).
+    Ready(Peer<RoleClient>, u64),
     /// Down: fail with this error; at `retry_at` a call may ask for a
     /// start again (`None`: never, the server was stopped).
     Down {
@@ -192,8 +192,15 @@ impl Actor for McpServer {
                     return Ok(());
                 }
                 match result.and_then(|tools| {
-                    build_tools(&self.spec, &self.link, &myself, &self.avail, &self.config, &tools)
-                        .map_err(|e| e.to_string())
+                    build_tools(
+                        &self.spec,
+                        &self.link,
+                        &myself,
+                        &self.avail,
+                        &self.config,
+                        &tools,
+                    )
+                    .map_err(|e| e.to_string())
                 }) {
                     Ok(tools) => {
                         tracing::info!(server = %self.spec.name, tools = tools.len(), "mcp tool list changed");
@@ -249,7 +256,12 @@ impl McpServer {
         self.avail.send_replace(avail);
     }
 
-    fn ensure(&self, myself: &ActorRef<McpMsg>, st: &mut McpServerState, reply: Option<EnsureReply>) {
+    fn ensure(
+        &self,
+        myself: &ActorRef<McpMsg>,
+        st: &mut McpServerState,
+        reply: Option<EnsureReply>,
+    ) {
         match st.phase {
             Phase::Ready => {
                 if let (Some(r), Some(tools)) = (reply, &st.tools) {
@@ -329,7 +341,14 @@ impl McpServer {
             return;
         }
         let built = result.and_then(|conn| {
-            match build_tools(&self.spec, &self.link, myself, &self.avail, &self.config, &conn.tools) {
+            match build_tools(
+                &self.spec,
+                &self.link,
+                myself,
+                &self.avail,
+                &self.config,
+                &conn.tools,
+            ) {
                 Ok(tools) => Ok((conn, tools)),
                 Err(e) => {
                     let config = self.config.clone();
@@ -375,7 +394,7 @@ impl McpServer {
                     tool_count: tools.len() as u32,
                     ms,
                 });
-                self.publish(Avail::Ready(conn.service.peer().clone()));
+                self.publish(Avail::Ready(conn.service.peer().clone(), generation));
                 st.conn = Some(conn);
                 st.tools = Some(tools.clone());
                 st.phase = Phase::Ready;
@@ -408,7 +427,13 @@ impl McpServer {
         }
     }
 
-    fn exited(&self, myself: &ActorRef<McpMsg>, st: &mut McpServerState, generation: u64, code: ExitCode) {
+    fn exited(
+        &self,
+        myself: &ActorRef<McpMsg>,
+        st: &mut McpServerState,
+        generation: u64,
+        code: ExitCode,
+    ) {
         if generation != st.generation || !matches!(st.phase, Phase::Ready) {
             return;
         }

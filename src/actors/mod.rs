@@ -10,10 +10,10 @@
 #![allow(unreachable_pub)]
 
 pub mod audit;
-#[cfg(feature = "mcp")]
-pub mod mcp;
 pub mod budget;
 pub mod critic;
 pub mod host;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod run;
 pub mod watch;

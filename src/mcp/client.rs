@@ -94,7 +94,12 @@ pub(crate) async fn connect(
             resolved.secrets,
         )
         .await
-        .map_err(|e| failed(format!("cannot run `{}`: {e}", spec.command[0]), String::new()))?;
+        .map_err(|e| {
+            failed(
+                format!("cannot run `{}`: {e}", spec.command[0]),
+                String::new(),
+            )
+        })?;
         let started = async {
             let service = handler
                 .serve((stdout, stdin))
@@ -141,7 +146,10 @@ pub(crate) async fn connect(
                 let tail = proc.stderr.text();
                 proc.stop(Duration::ZERO, config.term_grace).await;
                 Err(failed(
-                    format!("no tool list within {} ms", config.start_timeout.as_millis()),
+                    format!(
+                        "no tool list within {} ms",
+                        config.start_timeout.as_millis()
+                    ),
                     tail,
                 ))
             }

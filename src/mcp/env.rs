@@ -135,7 +135,12 @@ mod tests {
         };
         let mut pairs = r.pairs.clone();
         pairs.sort();
-        let want = [("HOME", "/home/x"), ("KEY", "s3cret"), ("PATH", "/bin"), ("TZ", "UTC")];
+        let want = [
+            ("HOME", "/home/x"),
+            ("KEY", "s3cret"),
+            ("PATH", "/bin"),
+            ("TZ", "UTC"),
+        ];
         let want: Vec<(String, String)> = want
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -152,7 +157,10 @@ mod tests {
         let Err(e) = err else { panic!("resolved") };
         assert_eq!(e.kind(), "mcp_env_resolve");
         let text = e.to_string();
-        assert!(text.contains("AGENTVISOR_SECRET_NOPE") && text.contains("web"), "{text}");
+        assert!(
+            text.contains("AGENTVISOR_SECRET_NOPE") && text.contains("web"),
+            "{text}"
+        );
     }
 
     #[test]

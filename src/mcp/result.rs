@@ -58,7 +58,12 @@ fn block_text(block: &Value) -> String {
             marker("resource", get("mimeType"), size, get("uri"))
         }
         "resource_link" => marker("resource link", str_of("mimeType"), None, str_of("uri")),
-        other => marker(if other.is_empty() { "content" } else { other }, None, None, None),
+        other => marker(
+            if other.is_empty() { "content" } else { other },
+            None,
+            None,
+            None,
+        ),
     }
 }
 
@@ -105,16 +110,21 @@ mod tests {
         ]});
         assert_eq!(
             to_model_text(&r),
-            Ok("one\n[image, image/png, 5 bytes]\ntwo\n[audio, audio/wav, 3 bytes]\n\
+            Ok(
+                "one\n[image, image/png, 5 bytes]\ntwo\n[audio, audio/wav, 3 bytes]\n\
                 [resource file:///a.txt, text/plain, 3 bytes]\n[resource link file:///b]"
-                .into())
+                    .into()
+            )
         );
     }
 
     #[test]
     fn is_error_is_an_error_result_with_the_text() {
         let r = json!({"content": [{"type": "text", "text": "no such city"}], "isError": true});
-        assert_eq!(to_model_text(&r), Err(ToolError::Failed("no such city".into())));
+        assert_eq!(
+            to_model_text(&r),
+            Err(ToolError::Failed("no such city".into()))
+        );
         let r = json!({"content": [], "isError": true});
         assert!(to_model_text(&r).is_err());
     }

@@ -124,12 +124,12 @@ impl McpServerSpec {
             (false, Some(_)) => {
                 return Err(format!("mcp server `{n}` has both `command` and `url`"))
             }
-            (true, None) => {
-                return Err(format!("mcp server `{n}` needs a `command` or a `url`"))
-            }
+            (true, None) => return Err(format!("mcp server `{n}` needs a `command` or a `url`")),
             (false, None) => {
                 if self.command[0].trim().is_empty() {
-                    return Err(format!("mcp server `{n}`: `command` starts with an empty program"));
+                    return Err(format!(
+                        "mcp server `{n}`: `command` starts with an empty program"
+                    ));
                 }
                 if !self.headers.is_empty() {
                     return Err(format!("mcp server `{n}`: `headers` are for `url` servers"));
@@ -137,7 +137,9 @@ impl McpServerSpec {
             }
             (true, Some(url)) => {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(format!("mcp server `{n}`: `url` must be http:// or https://"));
+                    return Err(format!(
+                        "mcp server `{n}`: `url` must be http:// or https://"
+                    ));
                 }
                 if !self.env.is_empty() {
                     return Err(format!("mcp server `{n}`: `env` is for `command` servers"));
@@ -146,7 +148,9 @@ impl McpServerSpec {
         }
         for (key, value) in self.env.iter().chain(self.headers.iter()) {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(format!("mcp server `{n}`: invalid name `{key}` in `env`/`headers`"));
+                return Err(format!(
+                    "mcp server `{n}`: invalid name `{key}` in `env`/`headers`"
+                ));
             }
             if let McpValue::Secret { secret } = value {
                 if !is_secret_name(secret) {
@@ -194,9 +198,7 @@ servers:
   - { name: browser, command: [npx, some-server], scope: run, allow: [navigate, screenshot] }
 "#,
         );
-        let Ok(spec) = spec else {
-            panic!("{spec:?}")
-        };
+        let Ok(spec) = spec else { panic!("{spec:?}") };
         assert_eq!(spec.servers.len(), 3);
         assert!(spec.servers[0].is_stdio());
         assert_eq!(
@@ -214,12 +216,27 @@ servers:
         let cases = [
             ("servers: [{ name: a_b, command: [x] }]", "name `a_b`"),
             ("servers: [{ name: a }]", "needs a `command` or a `url`"),
-            ("servers: [{ name: a, command: [x], url: 'http://x' }]", "both"),
+            (
+                "servers: [{ name: a, command: [x], url: 'http://x' }]",
+                "both",
+            ),
             ("servers: [{ name: a, url: 'ftp://x' }]", "http://"),
-            ("servers: [{ name: a, command: [x] }, { name: a, url: 'http://x' }]", "twice"),
-            ("servers: [{ name: a, command: [x], env: { K: { secret: 'a-b' } } }]", "secret name"),
-            ("servers: [{ name: a, command: [x], headers: { K: v } }]", "`headers` are for"),
-            ("servers: [{ name: a, command: [x], scope: process }]", "unknown variant"),
+            (
+                "servers: [{ name: a, command: [x] }, { name: a, url: 'http://x' }]",
+                "twice",
+            ),
+            (
+                "servers: [{ name: a, command: [x], env: { K: { secret: 'a-b' } } }]",
+                "secret name",
+            ),
+            (
+                "servers: [{ name: a, command: [x], headers: { K: v } }]",
+                "`headers` are for",
+            ),
+            (
+                "servers: [{ name: a, command: [x], scope: process }]",
+                "unknown variant",
+            ),
         ];
         for (yaml, want) in cases {
             match parse(yaml) {

@@ -82,7 +82,9 @@ pub(crate) fn build_tools(
     if let Some(allow) = &spec.allow {
         for a in allow {
             if !listed.iter().any(|t| t.name == a.as_str()) {
-                return Err(invalid(format!("`allow` names `{a}`, which the server does not list")));
+                return Err(invalid(format!(
+                    "`allow` names `{a}`, which the server does not list"
+                )));
             }
         }
     }
@@ -112,7 +114,8 @@ pub(crate) fn build_tools(
         let mut schema = Value::Object((*t.input_schema).clone());
         if let Value::Object(m) = &mut schema {
             // Providers want an object schema; some servers leave the type out.
-            m.entry("type").or_insert_with(|| Value::String("object".into()));
+            m.entry("type")
+                .or_insert_with(|| Value::String("object".into()));
         }
         let tool = McpTool {
             server: shared.clone(),
@@ -189,20 +192,29 @@ impl McpTool {
                 ctx.event(ev);
             }
         }
-        let peer = tokio::select! {
-            p = self.peer() => p.map_err(McpError::into_tool_error)?,
-            _ = ctx.cancelled() => return Err(self.cancelled()),
-        };
         let mut params = CallToolRequestParams::new(self.remote.to_string());
         params.arguments = match args {
             Value::Object(m) => Some(m),
             _ => None,
         };
         let request = ClientRequest::CallToolRequest(Request::new(params));
-        let handle = peer
-            .send_cancellable_request(request, PeerRequestOptions::no_options())
-            .await
-            .map_err(|e| self.service_error(e))?;
+        // A request that could not be sent (the connection closed before
+        // the server's exit was seen) goes once more, on the next one.
+        let mut stale = None;
+        let (peer, handle) = loop {
+            let (peer, generation) = tokio::select! {
+                p = self.peer(stale) => p.map_err(McpError::into_tool_error)?,
+                _ = ctx.cancelled() => return Err(self.cancelled()),
+            };
+            match peer
+                .send_cancellable_request(request.clone(), PeerRequestOptions::no_options())
+                .await
+            {
+                Ok(handle) => break (peer, handle),
+                Err(ServiceError::TransportClosed) if stale.is_none() => stale = Some(generation),
+                Err(e) => return Err(self.service_error(e)),
+            }
+        };
         let key = server.next_call.fetch_add(1, Ordering::Relaxed);
         let mut guard = CallGuard {
             peer: peer.clone(),
@@ -216,7 +228,10 @@ impl McpTool {
             armed: true,
         };
         if ctx.has_reporter() {
-            server.link.progress.insert(handle.progress_token.clone(), ctx.clone());
+            server
+                .link
+                .progress
+                .insert(handle.progress_token.clone(), ctx.clone());
             guard.token = Some(handle.progress_token.clone());
             server.link.calls.insert(key, ctx.clone());
         }
@@ -242,14 +257,16 @@ impl McpTool {
     }
 
     /// The server's peer once it is up (waits through a start or restart;
-    /// asks a cooled-down or failed server to start again).
-    async fn peer(&self) -> Result<Peer<RoleClient>, McpError> {
+    /// asks a cooled-down or failed server to start again), not that of
+    /// connection `stale`.
+    async fn peer(&self, stale: Option<u64>) -> Result<(Peer<RoleClient>, u64), McpError> {
         let mut rx = self.server.avail.clone();
         let mut asked = false;
         loop {
             let state = rx.borrow_and_update().clone();
             match state {
-                Avail::Ready(p) => return Ok(p),
+                Avail::Ready(_, generation) if Some(generation) == stale => {}
+                Avail::Ready(p, generation) => return Ok((p, generation)),
                 Avail::Starting => {}
                 Avail::Down { error, retry_at } => match retry_at {
                     Some(at) if Instant::now() >= at && !asked => {
@@ -332,7 +349,11 @@ impl Drop for CallGuard {
             // Dropped unanswered and not by the run's stop: the registry's
             // timeout.
             let by_run = self.ctx.is_cancelled();
-            self.cancel(if by_run { "the run was stopped" } else { "timeout" });
+            self.cancel(if by_run {
+                "the run was stopped"
+            } else {
+                "timeout"
+            });
             if !by_run {
                 self.ctx.event(RunEvent::McpToolCallTimeout {
                     tool: std::mem::take(&mut self.tool),

@@ -186,7 +186,9 @@ impl CompiledTool {
 
 impl fmt::Debug for CompiledTool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CompiledTool").field(&self.spec().name).finish()
+        f.debug_tuple("CompiledTool")
+            .field(&self.spec().name)
+            .finish()
     }
 }
 
@@ -331,7 +333,9 @@ impl PreparedCall {
         // which names the error of a timeout.
         let guarded = AssertUnwindSafe(async { tool.call(args, ctx).await }).catch_unwind();
         let outcome = match tokio::time::timeout(timeout, guarded).await {
-            Err(_elapsed) => Err(tool.timeout_error(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))),
+            Err(_elapsed) => {
+                Err(tool.timeout_error(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)))
+            }
             Ok(Err(payload)) => Err(ToolError::Panicked(panic_text(payload.as_ref()))),
             Ok(Ok(result)) => result,
         };
