@@ -11,6 +11,7 @@
 //! written, audit batches go to `PATH.spool` and are replayed later. A
 //! database that cannot be opened is refused with exit code 2.
 
+mod mcp;
 mod recover;
 mod replay;
 mod run;
@@ -83,6 +84,9 @@ enum Command {
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
+    /// MCP servers: `mcp tools FILE [--json]` starts a manifest's servers
+    /// and prints every tool as the model sees it.
+    Mcp(mcp::McpArgs),
 }
 
 /// Runs the chosen command.
@@ -95,6 +99,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
+        Command::Mcp(a) => mcp::mcp(a).await,
     }
 }
 
