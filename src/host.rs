@@ -745,6 +745,15 @@ impl Host {
             h.live.clone(),
         );
         let shard = shard.actor;
+        // A run's own MCP servers (`scope: run`) stop when it ends.
+        #[cfg(feature = "mcp")]
+        if agent.spec().mcp.as_ref().is_some_and(|m| {
+            m.servers
+                .iter()
+                .any(|s| s.scope == crate::mcp::spec::McpScope::Run)
+        }) {
+            h.mcp.watch_run(shared.clone(), run_id);
+        }
         // A stream asked for at submission sees every record from the first.
         let events = with_events.then(|| RunEvents {
             inner: record::subscribe(shared.clone(), 0, SUBSCRIBER_BUFFER),

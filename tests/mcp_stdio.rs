@@ -540,3 +540,57 @@ async fn no_orphan_after_the_host_process_is_sigkilled() {
         "the server outlived its host"
     );
 }
+
+#[tokio::test]
+async fn scope_run_gives_each_run_its_own_server_stopped_with_it() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        ", scope: run",
+        "  - { tool: t__pid, args: {} }\n  - { tool: t__pid, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let agent = host.prepare(spec(&yaml)).await.expect("prepare");
+    assert!(agent.tools().contains("t__pid"));
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        handles.push(
+            host.submit(&agent, Invocation::default())
+                .await
+                .expect("submit"),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for h in handles {
+        let r = h.await;
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+        assert_eq!(r.steps[0].result, r.steps[1].result, "one server per run");
+        let pid = pids(&r.steps[0].result)[0];
+        assert!(
+            gone_within(pid, Duration::from_secs(10)).await,
+            "{pid} outlived its run"
+        );
+        seen.insert(pid);
+    }
+    assert_eq!(seen.len(), 3, "a server per run: {seen:?}");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
+    let yaml = manifest("", ", allow: [echo, pid]", "  - { text: done }\n", "");
+    let servers = spec(&yaml).mcp.expect("mcp").servers;
+    let listed = agentvisor::mcp::list_tools(&servers, McpConfig::default())
+        .await
+        .expect("listed");
+    let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["t__echo", "t__pid"]);
+    assert_eq!(listed[0].parameters["required"][0], "text");
+    let bad = manifest("--fail-start", "", "  - { text: done }\n", "");
+    let servers = spec(&bad).mcp.expect("mcp").servers;
+    let err = agentvisor::mcp::list_tools(&servers, McpConfig::default()).await;
+    assert_eq!(
+        err.map(|_| ()).map_err(|e| e.kind()),
+        Err("mcp_server_start_failed")
+    );
+}

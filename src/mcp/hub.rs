@@ -4,33 +4,76 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
 use super::client::Link;
-use super::spec::McpServerSpec;
+use super::per_run::{self, RunScopedTool, RunServers};
+use super::spec::{McpScope, McpServerSpec};
 use super::tool::event_sink;
 use super::{McpConfig, McpError};
 use crate::actors::mcp::{Avail, McpMsg, McpServer};
+use crate::ports::run::RunId;
+use crate::record::RunShared;
 use crate::tools::CompiledTool;
 
 /// The MCP servers of one host.
 pub(crate) struct McpHub {
     config: McpConfig,
     servers: Mutex<HashMap<McpServerSpec, ActorRef<McpMsg>>>,
+    /// The tools of each `scope: run` server, as discovered once.
+    templates: Mutex<HashMap<McpServerSpec, Vec<CompiledTool>>>,
+    runs: Arc<RunServers>,
 }
 
 impl McpHub {
     pub(crate) fn new(config: McpConfig) -> Self {
         McpHub {
+            runs: RunServers::new(config.clone()),
             config,
             servers: Mutex::new(HashMap::new()),
+            templates: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Stops run `run_id`'s own servers once it has ended.
+    pub(crate) fn watch_run(&self, shared: Arc<RunShared>, run_id: RunId) {
+        let runs = self.runs.clone();
+        tokio::spawn(async move {
+            shared.result().await;
+            runs.end_run(run_id).await;
+        });
+    }
+
+    /// The tools of `scope: run` server `spec`: discovered by starting it
+    /// once (then stopping it), each routing a run's calls to its own server.
+    async fn run_scoped(&self, spec: &McpServerSpec) -> Result<Vec<CompiledTool>, McpError> {
+        if let Some(t) = lock(&self.templates).get(spec) {
+            return Ok(t.clone());
+        }
+        let (actor, listed) = per_run::start(spec, &self.config).await?;
+        per_run::stop_all(vec![actor], &self.config).await;
+        let server = Arc::new(spec.clone());
+        let mut tools = Vec::with_capacity(listed.len());
+        for t in listed.iter() {
+            let tool = RunScopedTool {
+                runs: self.runs.clone(),
+                server: server.clone(),
+                remote: t.remote.clone(),
+                spec: t.tool.spec().clone(),
+            };
+            let compiled =
+                CompiledTool::new(Arc::new(tool)).map_err(|e| McpError::InvalidName {
+                    server: spec.name.clone(),
+                    message: e.to_string(),
+                })?;
+            tools.push(compiled);
+        }
+        lock(&self.templates).insert(spec.clone(), tools.clone());
+        Ok(tools)
     }
 
     /// The tools of `servers`, in order, each server started if it is not
@@ -41,25 +84,13 @@ impl McpHub {
     ) -> Result<Vec<CompiledTool>, McpError> {
         let mut out = Vec::new();
         for spec in servers {
+            if spec.scope == McpScope::Run {
+                out.extend(self.run_scoped(spec).await?);
+                continue;
+            }
             let actor = self.server(spec).await?;
-            let wait = self.config.start_timeout + Duration::from_secs(5);
-            let tools = match actor.call(|r| McpMsg::Ensure(Some(r)), Some(wait)).await {
-                Ok(CallResult::Success(r)) => r?,
-                Ok(CallResult::Timeout) => {
-                    return Err(McpError::StartFailed {
-                        server: spec.name.clone(),
-                        reason: "no answer from its supervisor in time".into(),
-                        stderr_tail: String::new(),
-                    })
-                }
-                Ok(CallResult::SenderError) | Err(_) => {
-                    return Err(McpError::Unavailable(format!(
-                        "mcp server `{}` is stopped",
-                        spec.name
-                    )))
-                }
-            };
-            out.extend(tools.iter().cloned());
+            let tools = per_run::ensure(&actor, spec, &self.config).await?;
+            out.extend(tools.iter().map(|t| t.tool.clone()));
         }
         Ok(out)
     }
@@ -92,21 +123,21 @@ impl McpHub {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<McpServerSpec, ActorRef<McpMsg>>> {
-        match self.servers.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        lock(&self.servers)
     }
 
     /// Stops every server (each its stop sequence, all at once) and waits.
     pub(crate) async fn shutdown(&self) {
-        let actors: Vec<ActorRef<McpMsg>> = self.lock().drain().map(|(_, a)| a).collect();
-        let wait = self.config.stdin_grace + self.config.term_grace + Duration::from_secs(2);
-        let stops = actors.iter().map(|a| a.call(McpMsg::Stop, Some(wait)));
-        futures_util::future::join_all(stops).await;
-        for a in actors {
-            a.stop(None);
-        }
+        let mut actors: Vec<ActorRef<McpMsg>> = self.lock().drain().map(|(_, a)| a).collect();
+        actors.extend(self.runs.take_all());
+        per_run::stop_all(actors, &self.config).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -115,6 +146,9 @@ impl Drop for McpHub {
     /// kills their process groups.
     fn drop(&mut self) {
         for (_, a) in self.lock().drain() {
+            a.stop(None);
+        }
+        for a in self.runs.take_all() {
             a.stop(None);
         }
     }

@@ -38,6 +38,8 @@ pub(crate) mod hub;
 #[cfg(feature = "mcp")]
 pub(crate) mod names;
 #[cfg(feature = "mcp")]
+pub(crate) mod per_run;
+#[cfg(feature = "mcp")]
 pub(crate) mod process;
 #[cfg(feature = "mcp")]
 pub(crate) mod result;

@@ -30,8 +30,15 @@ use crate::ports::run::RunEvent;
 use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
 use crate::tools::CompiledTool;
 
+/// One tool of a server: its own name there, and the tool a run calls.
+#[derive(Clone)]
+pub(crate) struct ServerTool {
+    pub(crate) remote: Arc<str>,
+    pub(crate) tool: CompiledTool,
+}
+
 /// A server's tools, compiled, in the server's order (after `allow`).
-pub(crate) type ServerTools = Arc<[CompiledTool]>;
+pub(crate) type ServerTools = Arc<[ServerTool]>;
 
 /// Server events waiting for a run to carry them, at most.
 const PENDING_EVENTS: usize = 16;
@@ -130,8 +137,12 @@ pub(crate) fn build_tools(
                 parameters: schema,
             },
         };
+        let remote = tool.remote.clone();
         let compiled = CompiledTool::new(Arc::new(tool)).map_err(|e| invalid(e.to_string()))?;
-        out.push(compiled);
+        out.push(ServerTool {
+            remote,
+            tool: compiled,
+        });
     }
     Ok(out.into())
 }

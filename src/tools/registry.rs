@@ -182,6 +182,11 @@ impl CompiledTool {
     pub fn spec(&self) -> &ToolSpec {
         self.0.tool.spec()
     }
+
+    /// The tool.
+    pub fn tool(&self) -> &Arc<dyn Tool> {
+        &self.0.tool
+    }
 }
 
 impl fmt::Debug for CompiledTool {
