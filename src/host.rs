@@ -73,6 +73,12 @@ pub struct HostConfig {
     /// Every run is durable (checkpointed after every step), whatever its
     /// manifest says (default: only manifests with `durable: true`).
     pub durable_default: bool,
+    /// How deep sub-agents nest at most (a top-level run is depth 0).
+    pub max_depth: u32,
+    /// Child runs one run has in flight at once, at most.
+    pub max_children: u32,
+    /// Child runs (at any depth) one top-level run starts, at most.
+    pub max_descendants: u32,
     /// How long [`Host::shutdown`] waits for cancelled runs to finalize
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
@@ -99,6 +105,9 @@ impl Default for HostConfig {
             default_caller: "anonymous".into(),
             durable_default: false,
             shutdown_timeout: Duration::from_secs(30),
+            max_depth: 3,
+            max_children: 8,
+            max_descendants: 64,
             mcp: crate::mcp::McpConfig::default(),
         }
     }
@@ -728,6 +737,11 @@ impl Host {
             inv.limits
                 .resolve(&agent.spec().limits.over(&h.config.default_limits))
         };
+        // A child run: in its parent's tree, spending its parent's caller.
+        let parent = inv.parent_run_id.and_then(|p| h.live.get(&p));
+        if let (Some(p), None) = (&parent, &inv.caller_id) {
+            inv.caller_id = p.caller_id.as_deref().map(str::to_string);
+        }
         let caller = self.caller_arc(inv.caller_id.as_deref());
         // Runs go round the shards; a run's key is unique on its host.
         let key = h.next_key.fetch_add(1, Ordering::Relaxed);
@@ -738,6 +752,8 @@ impl Host {
                 agent: agent.name_arc(),
                 caller_id: Some(caller.clone()),
                 parent_run_id: inv.parent_run_id,
+                root_run_id: parent.as_ref().map(|p| p.root_run_id),
+                depth: parent.as_ref().map_or(0, |p| p.depth + 1),
                 max_iterations: limits.max_iterations,
             },
             shard.mailbox,
@@ -798,7 +814,12 @@ impl Host {
         } else if let Err(e) = agent.model().admit() {
             // The model's circuit breaker: an open circuit refuses at once.
             Some(Ending::failed(RunStatus::Rejected, e.kind(), e.to_string()))
+        } else if let Some(why) = self.tree_refusal(&inv, parent.as_ref(), resumed.is_some()) {
+            Some(why)
         } else {
+            if let Some(p) = &parent {
+                p.add_child(run_id);
+            }
             None
         };
         if let Some(ending) = refused {
@@ -882,6 +903,7 @@ impl Host {
                 audit: h.audit.clone(),
                 budget: h.budget.clone(),
                 ticket: None,
+                deadline_cap: inv.deadline,
             }),
             shard,
             caller,
@@ -889,6 +911,65 @@ impl Host {
             events,
             first_checkpoint,
         })
+    }
+
+    /// Why a child run may not start: its parent is gone, or a cap of the
+    /// delegation tree (depth, children at once, descendants of the root)
+    /// is reached. Counts the child in its root's descendants when it may.
+    fn tree_refusal(
+        &self,
+        inv: &Invocation,
+        parent: Option<&Arc<RunShared>>,
+        resumed: bool,
+    ) -> Option<Ending> {
+        let c = &self.inner.config;
+        let parent_id = inv.parent_run_id?;
+        let Some(parent) = parent else {
+            if resumed {
+                return None;
+            }
+            return Some(Ending::failed(
+                RunStatus::Rejected,
+                "parent_ended",
+                format!("the parent run {parent_id} is not in flight"),
+            ));
+        };
+        let depth = parent.depth + 1;
+        if depth > c.max_depth {
+            return Some(Ending::failed(
+                RunStatus::Rejected,
+                "max_depth",
+                format!("sub-agents nest {} deep at most", c.max_depth),
+            ));
+        }
+        if parent.live_children().len() >= c.max_children as usize {
+            return Some(Ending::failed(
+                RunStatus::Rejected,
+                "max_children",
+                format!(
+                    "a run has {} sub-agents running at once at most",
+                    c.max_children
+                ),
+            ));
+        }
+        let root = if parent.root_run_id == parent.run_id {
+            Some(parent.clone())
+        } else {
+            self.inner.live.get(&parent.root_run_id)
+        };
+        if let Some(root) = root {
+            if root.add_descendant() > c.max_descendants {
+                return Some(Ending::failed(
+                    RunStatus::Rejected,
+                    "max_descendants",
+                    format!(
+                        "a run tree has {} sub-agent runs at most",
+                        c.max_descendants
+                    ),
+                ));
+            }
+        }
+        None
     }
 
     /// Hands an admitted run to its shard, which starts it.

@@ -131,6 +131,9 @@ pub(crate) enum Command {
     /// Answer once every record the run made so far is written (the shard
     /// forwards it to the audit actor after the run's current handler).
     Barrier(oneshot::Sender<crate::ports::audit::AuditStats>),
+    /// A child run of this run has been finalized (its terminal record is
+    /// with the audit actor).
+    ChildEnded(RunId),
 }
 
 /// Where a run's commands go: its critic shard. The shard implements it;
@@ -188,6 +191,8 @@ pub(crate) struct Terminal {
     pub(crate) deliver: Delivery,
     /// The run is durable: clear its checkpoint once the record is written.
     pub(crate) durable: bool,
+    /// The run (its parent is told once the package is handed over).
+    pub(crate) run: Arc<RunShared>,
 }
 
 /// What finalizing a run produced (for the one caller that won).
@@ -197,7 +202,7 @@ pub(crate) enum Finished {
     Already(Vec<AuditRecord>),
     /// A suspended durable run: its records, no terminal record (its
     /// result was delivered at once).
-    Suspended(Vec<AuditRecord>),
+    Suspended(Vec<AuditRecord>, Arc<RunShared>),
     /// The terminal package for the audit actor.
     Terminal(Box<Terminal>),
 }
@@ -310,6 +315,15 @@ pub(crate) struct RunShared {
     pub(crate) agent: Arc<str>,
     pub(crate) caller_id: Option<Arc<str>>,
     pub(crate) parent_run_id: Option<RunId>,
+    /// The root of the run's delegation tree (itself for a top-level run).
+    pub(crate) root_run_id: RunId,
+    /// How deep in its tree (0 for a top-level run).
+    pub(crate) depth: u32,
+    /// Its child runs in flight.
+    children: Mutex<Vec<RunId>>,
+    /// Runs started in the tree this run is the root of (itself aside);
+    /// counted on the root only.
+    descendants: AtomicU32,
     /// The run's shard, and its key there.
     mailbox: Arc<dyn Mailbox>,
     pub(crate) key: u64,
@@ -336,6 +350,8 @@ pub(crate) struct RunIdentity {
     pub(crate) agent: Arc<str>,
     pub(crate) caller_id: Option<Arc<str>>,
     pub(crate) parent_run_id: Option<RunId>,
+    pub(crate) root_run_id: Option<RunId>,
+    pub(crate) depth: u32,
     pub(crate) max_iterations: u32,
 }
 
@@ -354,6 +370,10 @@ impl RunShared {
             agent: id.agent,
             caller_id: id.caller_id,
             parent_run_id: id.parent_run_id,
+            root_run_id: id.root_run_id.unwrap_or(id.run_id),
+            depth: id.depth,
+            children: Mutex::new(Vec::new()),
+            descendants: AtomicU32::new(0),
             mailbox,
             key,
             partial: Mutex::new(Partial {
@@ -480,6 +500,48 @@ impl RunShared {
         }
     }
 
+    /// Registers a child run in flight (at the child's admission).
+    pub(crate) fn add_child(&self, child: RunId) -> usize {
+        let mut c = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        c.push(child);
+        c.len()
+    }
+
+    /// Its child runs in flight.
+    pub(crate) fn live_children(&self) -> Vec<RunId> {
+        self.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether a child run is in flight.
+    pub(crate) fn has_children(&self) -> bool {
+        !self
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Counts one more run in the tree this run is the root of; the count.
+    pub(crate) fn add_descendant(&self) -> u32 {
+        self.descendants.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Sends a child's event to this run's subscribers (live only: the
+    /// child's records are its own).
+    pub(crate) fn forward(&self, ev: &Event) {
+        if self.subscribers.load(Ordering::SeqCst) > 0 {
+            self.fan_out(ev.clone());
+        }
+    }
+
+    /// The host's registry (to reach relatives by id).
+    pub(crate) fn host(&self) -> &Arc<HostRuns> {
+        &self.host
+    }
+
     /// Marks the run durable.
     pub(crate) fn set_durable(&self) {
         self.durable.store(true, Ordering::Relaxed);
@@ -591,7 +653,7 @@ impl RunShared {
             self.close_fanout();
             let _ = deliver.send(result);
             self.host.leave(self.run_id);
-            return Finished::Suspended(preceding);
+            return Finished::Suspended(preceding, self.clone());
         }
         let seq = self.next_seq();
         for ev in terminal_events(&result) {
@@ -610,7 +672,25 @@ impl RunShared {
             record,
             deliver,
             durable,
+            run: self.clone(),
         }))
+    }
+
+    /// Tells the parent (if it is still in flight) that this child ended.
+    /// Called once the child's terminal record is with the audit actor, so
+    /// the parent's own terminal record, whenever it comes, follows it.
+    pub(crate) fn tell_parent(&self) {
+        let Some(parent_id) = self.parent_run_id else {
+            return;
+        };
+        if let Some(parent) = self.host.get(&parent_id) {
+            parent
+                .children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|c| *c != self.run_id);
+            parent.command(Command::ChildEnded(self.run_id));
+        }
     }
 }
 

@@ -680,6 +680,11 @@ pub struct Invocation {
     pub attachments: Vec<Attachment>,
     /// Limit overrides for this run only.
     pub limits: LimitsSpec,
+    /// A deadline the run may not outlive (a sub-agent's parent's): its
+    /// hard deadline is capped at it, and reaching it ends the run
+    /// `killed`/`parent`. In-process only (not serialized).
+    #[serde(skip)]
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Invocation {

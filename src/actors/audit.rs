@@ -139,10 +139,10 @@ pub enum AuditMsg {
 /// torn down hard), the result is delivered anyway.
 pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
     match finished {
-        Finished::Already(records) | Finished::Suspended(records) => {
-            if !records.is_empty() {
-                let _ = audit.cast(AuditMsg::Records(records));
-            }
+        Finished::Already(records) => send_records(audit, records),
+        Finished::Suspended(records, run) => {
+            send_records(audit, records);
+            run.tell_parent();
         }
         Finished::Terminal(t) => {
             let Terminal {
@@ -150,6 +150,7 @@ pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
                 record,
                 deliver,
                 durable,
+                run,
             } = *t;
             let result = match &record.entry {
                 AuditEntry::Terminal(r) => Some(r.clone()),
@@ -167,7 +168,15 @@ pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
                     let _ = deliver.send(r);
                 }
             }
+            // After the cast: the parent's terminal record follows this one.
+            run.tell_parent();
         }
+    }
+}
+
+fn send_records(audit: &ActorRef<AuditMsg>, records: Vec<AuditRecord>) {
+    if !records.is_empty() {
+        let _ = audit.cast(AuditMsg::Records(records));
     }
 }
 

@@ -347,6 +347,9 @@ impl Critic {
             Command::Steer(text) => {
                 self.with_run(myself, st, key, now, |_, run| run.steer(text));
             }
+            Command::ChildEnded(_) => {
+                self.with_run(myself, st, key, now, |_, run| run.child_ended());
+            }
             Command::Beat => {
                 self.with_run(myself, st, key, now, |_, run| run.beat(Beat::Alive));
             }
@@ -421,7 +424,7 @@ impl Critic {
             run.slow("the handler", took);
         }
         run.end();
-        if run.done {
+        if run.finalized {
             if let Some(at) = run.watch.armed {
                 st.timers.remove(&(at, key));
             }
@@ -464,6 +467,15 @@ impl Critic {
     /// Re-evaluates one run's deadlines when its timer fires.
     fn evaluate(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState) {
         let now = run.now;
+        if let Some(at) = run.stop_deadline() {
+            if now >= at {
+                run.stop_now();
+            }
+            return;
+        }
+        if run.done {
+            return;
+        }
         let w = &mut run.watch;
         let trigger = if now >= w.hard_deadline {
             Trigger::HardDeadline
@@ -511,6 +523,11 @@ impl Critic {
             Verdict::Now(d @ Decision::Kill(_)) => d,
             _ => Decision::Kill(KillReason::Deadline),
         };
+        if run.watch.at_parent_deadline() {
+            // The cause is the parent's deadline, not the run's own.
+            let dec = decision(run, CriticAction::Kill, "parent", None);
+            return self.stop(run, Ending::killed(KillReason::Parent), Some(dec));
+        }
         self.apply(run, Trigger::HardDeadline, d);
         if !run.done && run.now >= run.watch.hard_deadline {
             // The extension did not move it (the 24 h cap).
@@ -666,9 +683,12 @@ fn decision(
     }
 }
 
-/// Arms the run's next timer if it is earlier than the one armed.
+/// Arms the run's next timer if it is earlier than the one armed (a
+/// stopping run's: the end of its children's grace).
 fn arm(timers: &mut BTreeSet<(Instant, u64)>, key: u64, run: &mut RunState) {
-    let due = run.watch.next_due(&run.limits);
+    let due = run
+        .stop_deadline()
+        .unwrap_or_else(|| run.watch.next_due(&run.limits));
     if run.watch.armed.is_some_and(|a| a <= due) {
         return;
     }

@@ -62,8 +62,8 @@ use crate::ports::model::{
 use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
-use crate::ports::tool::{ToolContext, ToolError, ToolReporter, ToolSignal, ToolSpec};
-use crate::record::{Ending, RunShared};
+use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents, ToolSpec};
+use crate::record::{Command, Ending, RunShared};
 use crate::spec::{AgentSpec, Invocation, Limits};
 
 /// Audit records a handler's buffer has room for from its first record.
@@ -202,6 +202,8 @@ pub struct RunArgs {
     pub(crate) audit: ActorRef<AuditMsg>,
     pub(crate) budget: ActorRef<BudgetMsg>,
     pub(crate) ticket: Option<Ticket>,
+    /// A deadline the run may not outlive (its parent's).
+    pub(crate) deadline_cap: Option<Instant>,
 }
 
 /// What a durable run's checkpoints carry besides its progress.
@@ -232,7 +234,13 @@ pub struct RunState {
     /// When to summarize the transcript, and the summary calls made.
     compaction: Compaction,
     pub(crate) started: Instant,
+    /// The loop is over (the ending is decided): later messages are ignored.
     pub(crate) done: bool,
+    /// The run is finalized (its terminal record handed over): the shard
+    /// drops it.
+    pub(crate) finalized: bool,
+    /// Ended, waiting for its child runs to end (until the instant).
+    stopping: Option<(Ending, Instant)>,
     pending_audit: Vec<AuditRecord>,
     /// Tokens charged to the ticket but not yet sent to the budget actor.
     unmetered: u64,
@@ -298,6 +306,8 @@ impl RunState {
             compaction: Compaction::new(window),
             started,
             done: false,
+            finalized: false,
+            stopping: None,
             // Grown on demand: a run spends most of its life waiting on a
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
@@ -309,6 +319,9 @@ impl RunState {
             retry: None,
             span,
         });
+        if let Some(cap) = args.deadline_cap {
+            st.watch.cap_at_parent(cap);
+        }
         if let Some(info) = args.info {
             st.audit_entry(AuditEntry::RunStarted(Box::new(info)));
         }
@@ -414,6 +427,7 @@ impl RunState {
         // finalized: finish again (the shared finisher still decides once,
         // so a run that did finalize keeps its result).
         self.done = false;
+        self.stopping = None;
         self.finish(Ending::failed(
             RunStatus::Error,
             "panic",
@@ -719,7 +733,8 @@ impl RunState {
         let mut outcomes = Vec::with_capacity(calls.len());
         let mut running: Vec<(usize, PendingTool)> = Vec::new();
         let mut cancel: Option<CancellationToken> = None;
-        let mut reporter: Option<ToolReporter> = None;
+        let mut beater: Option<Beater> = None;
+        let mut events: Option<ToolEvents> = None;
         // One clock read per call: a call's time runs from the end of the
         // one before (its argument check included).
         let mut mark = self.now;
@@ -756,18 +771,21 @@ impl RunState {
             let mut ctx = ToolContext::new(self.shared.run_id, call.id.clone());
             if !in_place {
                 // Calls that run in a task get the batch's cancellation
-                // signal (a kill gives them `kill_grace` to clean up).
-                ctx = ctx.with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone());
-                // ... and may report progress (a heartbeat) and events.
-                let addr = &self.addr;
-                let r = reporter.get_or_insert_with(|| {
-                    let addr = addr.clone();
-                    Arc::new(move |signal| match signal {
-                        ToolSignal::Progress => addr.beat(Beat::Alive),
-                        ToolSignal::Event(ev) => addr.send(RunMsg::ToolEvent(ev)),
-                    })
-                });
-                ctx = ctx.with_reporter(r.clone());
+                // signal (a kill gives them `kill_grace` to clean up), a
+                // heartbeat, the run's deadline, and a way to add events.
+                let addr = self.addr.clone();
+                let beat: Beater = beater
+                    .get_or_insert_with(|| Arc::new(move || addr.beat(Beat::Alive)))
+                    .clone();
+                let addr = self.addr.clone();
+                let sink: ToolEvents = events
+                    .get_or_insert_with(|| Arc::new(move |ev| addr.send(RunMsg::ToolEvent(ev))))
+                    .clone();
+                ctx = ctx
+                    .with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone())
+                    .with_beat(beat)
+                    .with_deadline(self.watch.hard_deadline)
+                    .with_events(sink);
             }
             let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
             if !in_place {
@@ -901,8 +919,12 @@ impl RunState {
         self.step_due = true;
     }
 
-    /// Ends the run: aborts what is in flight, finalizes through the shared
-    /// record, commits the budget. The shard drops the run after the handler.
+    /// Ends the run: its ending is decided now and it stops what is in
+    /// flight; then it finalizes through the shared record and commits the
+    /// budget. A run with child runs in flight first ends them
+    /// (`killed`/`parent`) and finalizes once they have (each child's
+    /// terminal record before its parent's), or after `kill_grace`. The
+    /// shard drops the run once it is finalized.
     pub(crate) fn finish(&mut self, ending: Ending) {
         if self.done {
             return;
@@ -914,6 +936,44 @@ impl RunState {
             Some(Inflight::Tools { cancel, .. }) => cancel.cancel(),
             None => {}
         }
+        let children = self.shared.live_children();
+        if children.is_empty() {
+            return self.finalize(ending);
+        }
+        for child in children {
+            if let Some(c) = self.shared.host().get(&child) {
+                c.command(Command::Stop(Some(KillReason::Parent)));
+            }
+        }
+        self.stopping = Some((ending, self.now + self.limits.kill_grace));
+    }
+
+    /// A child run ended: a run waiting for its children to end finalizes
+    /// once the last one has.
+    pub(crate) fn child_ended(&mut self) {
+        if self.stopping.is_some() && !self.shared.has_children() {
+            if let Some((ending, _)) = self.stopping.take() {
+                self.finalize(ending);
+            }
+        }
+    }
+
+    /// When a stopping run finalizes without waiting longer for its
+    /// children (`kill_grace` after its ending was decided).
+    pub(crate) fn stop_deadline(&self) -> Option<Instant> {
+        self.stopping.as_ref().map(|(_, at)| *at)
+    }
+
+    /// The grace for a stopping run's children is over: it finalizes.
+    pub(crate) fn stop_now(&mut self) {
+        if let Some((ending, _)) = self.stopping.take() {
+            tracing::warn!(run_id = %self.shared.run_id, "child runs did not end within kill_grace; the run finalizes without them");
+            self.finalize(ending);
+        }
+    }
+
+    fn finalize(&mut self, ending: Ending) {
+        self.finalized = true;
         let records = std::mem::take(&mut self.pending_audit);
         send_finished(&self.audit, self.shared.finish_after(ending, records));
         if let Some(t) = self.ticket.take() {

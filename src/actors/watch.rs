@@ -37,6 +37,10 @@ pub enum Beat {
 /// The critic's record of one run (C8: small; it lives in the run's state).
 pub struct Watched {
     pub(crate) hard_deadline: Instant,
+    /// The parent run's deadline, for a sub-agent's run: its own hard
+    /// deadline never passes it, and reaching it ends the run
+    /// `killed`/`parent`.
+    pub(crate) parent_deadline: Option<Instant>,
     pub(crate) next_soft: Instant,
     pub(crate) last_beat: Instant,
     pub(crate) armed: Option<Instant>,
@@ -62,6 +66,7 @@ impl Watched {
         let cap = started + ABSOLUTE_DEADLINE;
         Watched {
             hard_deadline: (started + limits.hard_timeout).min(cap),
+            parent_deadline: None,
             next_soft: started + limits.soft_timeout,
             last_beat: started,
             armed: None,
@@ -120,6 +125,21 @@ impl Watched {
         // not be: never overflow the clock.
         let by = by.min(ABSOLUTE_DEADLINE);
         self.hard_deadline = (self.hard_deadline + by).min(cap);
+        if let Some(p) = self.parent_deadline {
+            self.hard_deadline = self.hard_deadline.min(p);
+        }
+    }
+
+    /// Caps the run's deadline at its parent's.
+    pub(crate) fn cap_at_parent(&mut self, parent: Instant) {
+        self.parent_deadline = Some(parent);
+        self.hard_deadline = self.hard_deadline.min(parent);
+    }
+
+    /// Whether the hard deadline reached is the parent's.
+    pub(crate) fn at_parent_deadline(&self) -> bool {
+        self.parent_deadline
+            .is_some_and(|p| self.hard_deadline >= p)
     }
 
     /// The process was paused for `gap`: the stall window moves by it (the

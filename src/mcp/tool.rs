@@ -194,7 +194,7 @@ impl McpTool {
         t0: Instant,
     ) -> Result<String, ToolError> {
         let server = &self.server;
-        if ctx.has_reporter() {
+        if ctx.listens() {
             let pending: Vec<RunEvent> = match server.link.pending.lock() {
                 Ok(mut p) => std::mem::take(&mut *p),
                 Err(_) => Vec::new(),
@@ -238,7 +238,7 @@ impl McpTool {
             t0,
             armed: true,
         };
-        if ctx.has_reporter() {
+        if ctx.listens() {
             server
                 .link
                 .progress

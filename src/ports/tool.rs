@@ -23,21 +23,9 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
-/// What a running tool call tells its run (see [`ToolContext::beat`]).
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ToolSignal {
-    /// The call made progress: a heartbeat the run's critic sees, so a
-    /// long call that reports progress is not stalled.
-    Progress,
-    /// An event for the run's stream and audit log (no arguments, no
-    /// results, no secrets).
-    Event(RunEvent),
-}
-
-/// Where a call's [`ToolSignal`]s go: set by the run for calls that run
-/// in a task; a call without one reports nowhere.
-pub type ToolReporter = Arc<dyn Fn(ToolSignal) + Send + Sync>;
+/// Where a tool call's events go (the run's stream and audit log): set by
+/// the run for calls that run in a task.
+pub type ToolEvents = Arc<dyn Fn(RunEvent) + Send + Sync>;
 
 /// What a tool knows about the call it serves.
 #[derive(Clone)]
@@ -48,17 +36,23 @@ pub struct ToolContext {
     pub call_id: Arc<str>,
     /// Fires when the run is killed or cancelled while the call runs.
     cancel: Option<CancellationToken>,
-    /// The run's ear for heartbeats and events, when it listens.
-    reporter: Option<ToolReporter>,
+    /// Tells the run's critic the call is alive.
+    beat: Option<Beater>,
+    /// The run's hard deadline when the call started.
+    deadline: Option<tokio::time::Instant>,
+    /// Adds events to the run's stream.
+    events: Option<ToolEvents>,
 }
+
+/// What a tool call calls to tell its run's critic it is alive.
+pub type Beater = Arc<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for ToolContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolContext")
             .field("run_id", &self.run_id)
             .field("call_id", &self.call_id)
-            .field("cancel", &self.cancel)
-            .field("reporter", &self.reporter.is_some())
+            .field("cancelled", &self.is_cancelled())
             .finish()
     }
 }
@@ -70,34 +64,57 @@ impl ToolContext {
             run_id,
             call_id,
             cancel: None,
-            reporter: None,
+            beat: None,
+            deadline: None,
+            events: None,
         }
     }
 
-    /// With the run's reporter (heartbeats and events from the call).
-    pub fn with_reporter(mut self, reporter: ToolReporter) -> Self {
-        self.reporter = Some(reporter);
+    /// With a way to add events to the run's stream and audit log.
+    pub fn with_events(mut self, events: ToolEvents) -> Self {
+        self.events = Some(events);
         self
     }
 
-    /// Tells the run the call is alive and progressing (a heartbeat for
-    /// its critic). Costs nothing when the run does not listen.
-    pub fn beat(&self) {
-        if let Some(r) = &self.reporter {
-            r(ToolSignal::Progress);
-        }
-    }
-
-    /// Adds an event to the run's stream and audit log.
+    /// Adds an event to the run's stream and audit log (no arguments, no
+    /// results, no secrets). A no-op for a call polled in place.
     pub fn event(&self, event: RunEvent) {
-        if let Some(r) = &self.reporter {
-            r(ToolSignal::Event(event));
+        if let Some(e) = &self.events {
+            e(event);
         }
     }
 
-    /// Whether the run listens for [`beat`](Self::beat)s and events.
-    pub fn has_reporter(&self) -> bool {
-        self.reporter.is_some()
+    /// Whether the run listens for this call's [`beat`](Self::beat)s and
+    /// [`event`](Self::event)s.
+    pub fn listens(&self) -> bool {
+        self.beat.is_some() || self.events.is_some()
+    }
+
+    /// With a heartbeat to the run's critic.
+    pub fn with_beat(mut self, beat: Beater) -> Self {
+        self.beat = Some(beat);
+        self
+    }
+
+    /// With the run's hard deadline.
+    pub fn with_deadline(mut self, deadline: tokio::time::Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Tells the run's critic the call is alive (progress of a long call:
+    /// a call that beats is never `stalled`). A no-op for a call polled in
+    /// place.
+    pub fn beat(&self) {
+        if let Some(b) = &self.beat {
+            b();
+        }
+    }
+
+    /// The run's hard deadline as it stood when the call started (a
+    /// sub-agent's run may not outlive it).
+    pub fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.deadline
     }
 
     /// With the cancellation signal a stopped run fires.
