@@ -232,7 +232,7 @@ impl ServerHandler for TestServer {
 }
 
 #[tokio::main]
-async fn main() {
+pub(crate) async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let value = |f: &str| {
