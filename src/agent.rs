@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::output::OutputSchema;
-use crate::ports::model::ChatModel;
+use crate::ports::model::{CallOptions, ChatModel};
 use crate::pricing::Price;
 use crate::spec::{AgentSpec, Limits};
 use crate::tools::ToolSet;
@@ -31,6 +31,9 @@ struct AgentInner {
     price: Option<Price>,
     /// The manifest's `output_schema`, compiled once.
     output: Option<OutputSchema>,
+    /// The manifest's model call options (sampling, `tool_choice`), built
+    /// once; `None` when it sets none.
+    options: Option<Arc<CallOptions>>,
     tools: ToolSet,
     limits: Limits,
     /// Why its runs cannot start (its MCP servers did not): kind, message.
@@ -52,6 +55,7 @@ impl Agent {
                 tool_names: Arc::from(spec.tools.clone()),
                 price: model.price_id().and_then(crate::pricing::lookup),
                 output: spec.output_schema.clone().map(OutputSchema::new),
+                options: spec.call_options().map(Arc::new),
                 spec,
                 model,
                 tools,
@@ -125,6 +129,11 @@ impl Agent {
     /// The schema the final answer must follow, if the manifest gives one.
     pub(crate) fn output(&self) -> Option<&OutputSchema> {
         self.inner.output.as_ref()
+    }
+
+    /// The model call options every call of its runs carries.
+    pub(crate) fn call_options(&self) -> Option<Arc<CallOptions>> {
+        self.inner.options.clone()
     }
 
     /// The model's price, when it is priced and the table knows it.

@@ -5,9 +5,23 @@
 //!
 //! This module owns the arithmetic and the transcript surgery — when a
 //! compaction is due, where to cut, what the summary call asks, what the
-//! transcript becomes — and knows nothing about actors: the run actor makes
-//! the summary call as a task like any model call, and keeps the original
-//! transcript when it fails (see `crate::actors::run`).
+//! transcript becomes ([`Compaction::settle`]) — and knows nothing about
+//! actors: the run actor makes the summary call as a task like any model
+//! call and applies what `settle` decides (see `crate::actors::run`).
+//!
+//! # A compaction shrinks the prompt, or it is not kept
+//!
+//! A summary is kept only if it is shorter than the messages it replaces
+//! and the next request then fits the window with room for the reply (the
+//! manifest's `max_tokens`, else an eighth of the window). Otherwise — a
+//! summary longer than its input (small local models write those), or one
+//! that still leaves the prompt too large — the middle is trimmed instead:
+//! whole turns, oldest first (an assistant message with tool calls always
+//! goes with its results), until the prompt is back under the threshold,
+//! and a marker message says how many messages were dropped; the run gets
+//! a `transcript_trimmed` warning. A summary call that fails keeps the
+//! transcript whole (`compaction_failed`) if the next request still fits,
+//! and trims it otherwise.
 //!
 //! # The window
 //!
@@ -33,9 +47,11 @@
 //!   tool result, so an assistant message with tool calls is never separated
 //!   from its results; the tail keeps at least the latest model turn.
 //! - **Bounded.** At most [`MAX_ATTEMPTS`] summary calls per run, never two
-//!   without a step between them, and after a failed one the next
-//!   [`FAILURE_PAUSE`] steps are made without trying. After a success the
-//!   next step compacts again only if the prompt passes the threshold again.
+//!   without a step between them and never two without new content (the
+//!   transcript must have grown since the last one), and after a failed one
+//!   the next [`FAILURE_PAUSE`] steps are made without trying. After a
+//!   success the next step compacts again only if the prompt passes the
+//!   threshold again.
 //! - **Deterministic call indices.** A summary call is a model call: it takes
 //!   the next call index (the scripted model plays the next script entry for
 //!   it), and every later step's index moves up by one. Summary calls are
@@ -62,6 +78,13 @@ pub const FAILURE_PAUSE: u32 = 2;
 
 /// What the summary message that replaces the middle starts with.
 pub const SUMMARY_HEADER: &str = "[Summary of the earlier part of this conversation]";
+
+/// What the marker message that stands for a trimmed middle starts with.
+pub const TRIMMED_HEADER: &str = "[Earlier messages were dropped to fit the context window";
+
+/// The room kept for the reply when the manifest gives no `max_tokens`: an
+/// eighth of the window.
+pub const REPLY_SHARE: u64 = 8;
 
 /// The summary call's instructions.
 const INSTRUCTIONS: &str = "You compress the working transcript of an AI agent so it fits its \
@@ -92,6 +115,16 @@ fn message_chars(m: &Message) -> usize {
         + m.tool_calls
             .iter()
             .map(|c| c.name.chars().count() + c.arguments.chars().count())
+            .sum::<usize>()
+        + m.attachments
+            .iter()
+            .map(|a| {
+                if a.is_image() {
+                    1024
+                } else {
+                    a.content.chars().count()
+                }
+            })
             .sum::<usize>()
 }
 
@@ -188,6 +221,51 @@ pub fn compacted(transcript: &[Message], cut: Cut, summary: &str) -> Vec<Message
     out
 }
 
+/// The transcript with its middle trimmed: `[head..end)` dropped (whole
+/// turns, `end` at a turn boundary no later than `cut.tail`) and a marker
+/// message in its place.
+pub fn trimmed(transcript: &[Message], cut: Cut, end: usize) -> Vec<Message> {
+    let dropped = end - cut.head;
+    let mut out = Vec::with_capacity(cut.head + 1 + transcript.len() - end);
+    out.extend_from_slice(&transcript[..cut.head]);
+    out.push(Message::text(
+        Role::User,
+        format!("{TRIMMED_HEADER}: {dropped}.]"),
+    ));
+    out.extend_from_slice(&transcript[end..]);
+    out
+}
+
+/// What a compaction came to ([`Compaction::settle`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Settled {
+    /// The summary replaced the middle.
+    Summarized {
+        /// The new transcript.
+        transcript: Vec<Message>,
+        /// Its estimated prompt, in tokens.
+        tokens_after: u64,
+    },
+    /// The middle was trimmed instead (the summary was not kept, or the
+    /// summary call failed and the transcript did not fit).
+    Trimmed {
+        /// The new transcript.
+        transcript: Vec<Message>,
+        /// Messages dropped.
+        dropped: usize,
+        /// Its estimated prompt, in tokens.
+        tokens_after: u64,
+        /// Why the summary was not kept.
+        why: String,
+    },
+    /// The summary call failed and the transcript still fits: it is kept
+    /// whole.
+    Kept {
+        /// Why there is no summary.
+        why: String,
+    },
+}
+
 /// A compaction that is due: where to cut and the prompt's estimate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Due {
@@ -210,6 +288,11 @@ pub struct Compaction {
     not_before: u32,
     summary_calls: u32,
     pending: Option<Due>,
+    /// Tokens kept free for the reply.
+    reply_room: u64,
+    /// The transcript's length right after the last compaction (none
+    /// again before it grows).
+    compacted_len: Option<usize>,
 }
 
 impl Compaction {
@@ -222,6 +305,89 @@ impl Compaction {
             not_before: 0,
             summary_calls: 0,
             pending: None,
+            reply_room: window.map_or(0, |w| w / REPLY_SHARE),
+            compacted_len: None,
+        }
+    }
+
+    /// Keeps `max_tokens` (the manifest's cap on a reply) free for the
+    /// reply instead of an eighth of the window (never more than half).
+    pub fn reply_room(mut self, max_tokens: Option<u32>) -> Self {
+        if let (Some(w), Some(m)) = (self.window, max_tokens) {
+            self.reply_room = u64::from(m).min(w / 2);
+        }
+        self
+    }
+
+    /// Whether a prompt of `tokens` leaves room for the reply.
+    fn fits(&self, tokens: u64) -> bool {
+        self.window
+            .is_none_or(|w| tokens.saturating_add(self.reply_room) <= w)
+    }
+
+    /// Decides what the compaction `due` of `transcript` comes to, given
+    /// the summary (or why there is none): see the module doc. The caller
+    /// applies it; the state notes the new transcript's length.
+    pub fn settle(
+        &mut self,
+        transcript: &[Message],
+        due: Due,
+        summary: Result<&str, String>,
+    ) -> Settled {
+        let cut = due.cut;
+        let why = match summary {
+            Ok(text) => {
+                let replaced = estimate_tokens(&transcript[cut.head..cut.tail]);
+                let after = compacted(transcript, cut, text);
+                let summary_tokens = estimate_tokens(&after[cut.head..cut.head + 1]);
+                let tokens_after = estimate_tokens(&after);
+                if summary_tokens < replaced && self.fits(tokens_after) {
+                    self.compacted_len = Some(after.len());
+                    self.replaced();
+                    return Settled::Summarized {
+                        transcript: after,
+                        tokens_after,
+                    };
+                }
+                if summary_tokens >= replaced {
+                    format!(
+                        "the summary ({summary_tokens} tokens) is not shorter than what it replaces ({replaced} tokens)"
+                    )
+                } else {
+                    format!(
+                        "with the summary the prompt ({tokens_after} tokens) leaves no room for the reply"
+                    )
+                }
+            }
+            Err(why) => {
+                if self.fits(self.estimate(transcript)) {
+                    return Settled::Kept { why };
+                }
+                format!("{why}, and the transcript does not fit the window")
+            }
+        };
+        // Drop whole turns from the front of the middle until the prompt
+        // is under the threshold (or the middle is gone).
+        let target = self
+            .window
+            .map_or(0, |w| w.saturating_mul(THRESHOLD_PERCENT) / 100)
+            .min(self.window.unwrap_or(0).saturating_sub(self.reply_room));
+        let mut end = cut.head;
+        let mut out = trimmed(transcript, cut, end);
+        while end < cut.tail && estimate_tokens(&out) > target {
+            end += 1;
+            while end < cut.tail && transcript[end].role == Role::Tool {
+                end += 1;
+            }
+            out = trimmed(transcript, cut, end);
+        }
+        self.compacted_len = Some(out.len());
+        self.replaced();
+        Settled::Trimmed {
+            tokens_after: estimate_tokens(&out),
+            dropped: end - cut.head,
+            transcript: out,
+            why,
         }
     }
 
@@ -251,6 +417,12 @@ impl Compaction {
     pub fn due(&self, steps_done: u32, transcript: &[Message]) -> Option<Due> {
         let window = self.window?;
         if self.attempts >= MAX_ATTEMPTS || steps_done < self.not_before || self.pending.is_some() {
+            return None;
+        }
+        if self
+            .compacted_len
+            .is_some_and(|len| transcript.len() <= len)
+        {
             return None;
         }
         let tokens = self.estimate(transcript);
@@ -308,6 +480,7 @@ mod tests {
                 })
                 .collect(),
             tool_call_id: None,
+            attachments: Vec::new(),
         }
     }
 
@@ -317,6 +490,7 @@ mod tests {
             content: "r".repeat(n),
             tool_calls: Vec::new(),
             tool_call_id: Some(id.into()),
+            attachments: Vec::new(),
         }
     }
 
@@ -459,6 +633,68 @@ mod tests {
         }
         assert_eq!(c.due(100, &t), None, "bounded per run");
         assert_eq!(Compaction::new(None).due(3, &t), None);
+    }
+
+    #[test]
+    fn a_summary_longer_than_its_input_is_not_kept_the_middle_is_trimmed() {
+        let mut t = vec![text(Role::System, 40), text(Role::User, 40)];
+        for i in 0..6 {
+            t.push(calls(&[&format!("c{i}"), &format!("d{i}")], 300));
+            t.push(result(&format!("c{i}"), 300));
+            t.push(result(&format!("d{i}"), 300));
+        }
+        let window = 1400;
+        let mut c = Compaction::new(Some(window));
+        let due = c.due(6, &t).expect("over the threshold");
+        c.started(6, due);
+        c.take_pending();
+        let long = "blah ".repeat(2000);
+        let Settled::Trimmed {
+            transcript,
+            dropped,
+            tokens_after,
+            why,
+        } = c.settle(&t, due, Ok(&long))
+        else {
+            panic!("a long summary is not kept")
+        };
+        assert!(why.contains("not shorter"), "{why}");
+        assert!(dropped > 0 && dropped % 3 == 0, "whole turns: {dropped}");
+        assert!(
+            tokens_after * 100 <= window * THRESHOLD_PERCENT,
+            "{tokens_after}"
+        );
+        assert!(tokens_after < estimate_tokens(&t));
+        assert!(pairs_whole(&transcript));
+        assert_eq!(transcript[..2], t[..2]);
+        assert!(transcript[2].content.starts_with(TRIMMED_HEADER));
+        assert_eq!(transcript.last(), t.last(), "the tail is kept");
+        assert_eq!(
+            c.due(6, &transcript),
+            None,
+            "never twice without new content"
+        );
+        let mut grown = transcript.clone();
+        grown.push(text(Role::Assistant, 4000));
+        assert!(c.due(7, &grown).is_some(), "new content may compact again");
+
+        // A short summary is kept; a failed one keeps a transcript that fits.
+        let mut c = Compaction::new(Some(window));
+        let due = c.due(6, &t).expect("due");
+        assert!(matches!(
+            c.settle(&t, due, Ok("gist")),
+            Settled::Summarized { .. }
+        ));
+        let mut c = Compaction::new(Some(100_000));
+        assert!(matches!(
+            c.settle(&t, due, Err("bad_request".into())),
+            Settled::Kept { .. }
+        ));
+        let mut c = Compaction::new(Some(window));
+        assert!(matches!(
+            c.settle(&t, due, Err("bad_request".into())),
+            Settled::Trimmed { .. }
+        ));
     }
 
     #[test]

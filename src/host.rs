@@ -21,7 +21,9 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::actors::audit::{send_finished, Audit, AuditMsg};
+use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone};
+use crate::actors::audit::spool::SpoolIndex;
+use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
 use crate::actors::critic::{CriticMsg, Fault};
 use crate::actors::host::{HostActor, HostMsg, ShardSet};
@@ -31,7 +33,7 @@ use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer};
+use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, Lease};
 use crate::ports::critic::CriticPolicy;
 use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
@@ -41,6 +43,8 @@ use crate::record::{self, Delivery, Ending, HostRuns, RunIdentity, RunShared, SU
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
 use crate::tools::{RegistryError, ToolRegistry};
+
+pub mod palette;
 
 /// Host-wide settings. Every field has a default.
 #[derive(Clone, Debug)]
@@ -62,8 +66,13 @@ pub struct HostConfig {
     pub budget_window: Duration,
     /// How often budget spend is written to the ledger.
     pub budget_flush_every: Duration,
-    /// How often an account is reloaded from the ledger.
+    /// How often an account is reloaded from the ledger (its limits, and
+    /// its spend as the window moves).
     pub budget_refresh_every: Duration,
+    /// Tokens reserved for a run's first model call at admission, against
+    /// its caller's token limit (later calls reserve what the run's
+    /// previous call used): see `actors::budget`.
+    pub budget_reserve_tokens: u64,
     /// The admission round trip's timeout.
     pub admission_timeout: Duration,
     /// Runs in flight at once on this host (`None`: no cap).
@@ -85,6 +94,11 @@ pub struct HostConfig {
     pub shutdown_timeout: Duration,
     /// How MCP servers are started, restarted and stopped.
     pub mcp: crate::mcp::McpConfig,
+    /// How long this host's lease on a durable run holds without renewal
+    /// (renewed every third of it while the host lives): a host that dies
+    /// leaves its runs to `recover` elsewhere after this long (at once on
+    /// the same machine, where a dead process is known to be dead).
+    pub lease_ttl: Duration,
 }
 
 impl Default for HostConfig {
@@ -100,6 +114,7 @@ impl Default for HostConfig {
             budget_window: Duration::from_secs(24 * 3600),
             budget_flush_every: Duration::from_millis(100),
             budget_refresh_every: Duration::from_secs(60),
+            budget_reserve_tokens: 1000,
             admission_timeout: Duration::from_secs(5),
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),
@@ -109,6 +124,7 @@ impl Default for HostConfig {
             max_children: 8,
             max_descendants: 64,
             mcp: crate::mcp::McpConfig::default(),
+            lease_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -131,6 +147,8 @@ pub struct Recovery {
     pub unrecoverable: Vec<RunId>,
     /// Runs that were not durable, ended `error`/`interrupted`.
     pub interrupted: Vec<RunId>,
+    /// Durable runs another live host holds (its lease is live): left to it.
+    pub leased: Vec<RunId>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -141,6 +159,7 @@ impl std::fmt::Debug for Recovery {
             .field("crash_loops", &self.crash_loops.len())
             .field("unrecoverable", &self.unrecoverable.len())
             .field("interrupted", &self.interrupted.len())
+            .field("leased", &self.leased.len())
             .finish()
     }
 }
@@ -160,13 +179,14 @@ pub enum RecoverError {
     Audit(#[from] crate::ports::audit::AuditStoreError),
 }
 
-/// A ticket from `account`, or why the caller may not run now.
-fn take_ticket(caller: &str, account: &Arc<Account>) -> Result<Ticket, Ending> {
-    account.admit().map_err(|d| match d {
-        Denied::Tokens => Ending::failed(
+/// A ticket from `account` (reserving `estimate` tokens for the first
+/// call), or why the caller may not run now.
+fn take_ticket(caller: &str, account: &Arc<Account>, estimate: u64) -> Result<Ticket, Ending> {
+    account.admit(estimate).map_err(|d| match d {
+        Denied::Tokens | Denied::Cost | Denied::Runtime => Ending::failed(
             RunStatus::BudgetExceeded,
             "budget",
-            format!("caller `{caller}` has spent its token budget"),
+            format!("caller `{caller}` has spent its {} budget", d.what()),
         ),
         Denied::Concurrency => Ending::failed(
             RunStatus::Rejected,
@@ -218,16 +238,37 @@ impl Opening {
     }
 }
 
-/// The transcript a new run starts from: the system prompt, then the input.
-fn initial_transcript(spec: &AgentSpec, prompt: &str) -> Vec<Message> {
+/// The transcript a new run starts from: the system prompt (its
+/// `{{inputs.NAME}}` filled), then the input (with the invocation's
+/// attachments).
+fn initial_transcript(
+    spec: &AgentSpec,
+    prompt: &str,
+    inputs: &std::collections::BTreeMap<String, serde_json::Value>,
+    attachments: Vec<crate::spec::Attachment>,
+) -> Vec<Message> {
     // Room for the first tool turn; a run that waits on its first call
     // holds no more than that.
     let mut t = Vec::with_capacity(4);
     if !spec.system.is_empty() {
-        t.push(Message::text(Role::System, spec.system.clone()));
+        let system = crate::spec::fill_inputs("system", &spec.system, inputs)
+            .map(|s| s.into_owned())
+            .unwrap_or_else(|_| spec.system.clone());
+        t.push(Message::text(Role::System, system));
     }
-    t.push(Message::text(Role::User, prompt));
+    let mut input = Message::text(Role::User, prompt);
+    input.attachments = attachments;
+    t.push(input);
     t
+}
+
+/// Checks an invocation's attachments (size cap, image type and content)
+/// before anything runs.
+fn check_attachments(inv: &Invocation) -> Result<(), SubmitError> {
+    for a in &inv.attachments {
+        a.check()?;
+    }
+    Ok(())
 }
 
 /// Why a host could not be built.
@@ -261,6 +302,10 @@ pub enum SubmitError {
     /// the agent was prepared without starting them (see [`Host::prepare`]).
     #[error(transparent)]
     Mcp(#[from] crate::mcp::McpError),
+    /// The manifest's prompt or system names an input the invocation does
+    /// not bring (`{{inputs.NAME}}`).
+    #[error(transparent)]
+    MissingInput(#[from] crate::spec::MissingInput),
     /// The manifest names a model this host does not have.
     #[error("unknown model `{model}` (known: {known})")]
     UnknownModel {
@@ -269,6 +314,13 @@ pub enum SubmitError {
         /// What the host knows.
         known: String,
     },
+    /// The manifest names no model and nothing configures the default
+    /// tier (the message says how to set one).
+    #[error("{0}")]
+    NoModel(String),
+    /// An attachment is too large or not usable.
+    #[error(transparent)]
+    Attachment(#[from] crate::ports::model::AttachmentError),
 }
 
 /// Builds a [`Host`].
@@ -384,12 +436,22 @@ impl HostBuilder {
         let (root, _) = Actor::spawn(None, root_actor, ())
             .await
             .map_err(spawn_err("host"))?;
+        // Durability: the audit actor reports whether records can be
+        // written; admission reads it (see `open`).
+        let audit_health = Arc::new(AuditHealth::default());
+        // Exactly-once recovery: this host's lease on its durable runs.
+        let lease = Lease {
+            owner: lease_owner(),
+            ttl: c.lease_ttl,
+        };
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
             spool: c.audit_spool.clone(),
             checkpointer: checkpointer.clone(),
+            health: audit_health.clone(),
+            lease: lease.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -424,6 +486,8 @@ impl HostBuilder {
                 audit,
                 budget,
                 audit_store,
+                audit_health,
+                lease,
                 checkpointer,
                 booted: AtomicBool::new(false),
                 accounts: DashMap::new(),
@@ -436,7 +500,7 @@ impl HostBuilder {
     }
 }
 
-struct HostInner {
+pub(crate) struct HostInner {
     /// The host's MCP servers (shared by every run that uses them).
     #[cfg(feature = "mcp")]
     mcp: crate::mcp::hub::McpHub,
@@ -449,6 +513,10 @@ struct HostInner {
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
+    /// Durability: whether the audit actor can write records (admission).
+    audit_health: Arc<AuditHealth>,
+    /// Exactly-once recovery: this host's lease on its durable runs.
+    lease: Lease,
     checkpointer: Arc<dyn Checkpointer>,
     /// A run was submitted or `recover` ran: from then on `recover` would
     /// take this host's own runs for interrupted ones, so it refuses.
@@ -542,9 +610,13 @@ impl Host {
         self.inner.live.count()
     }
 
-    /// Prepares an agent: resolves its model, selects its tools, resolves
-    /// its limits. A manifest that names MCP servers needs them started:
-    /// prepare it with [`prepare`](Self::prepare) (or submit the manifest).
+    /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
+    ///
+    /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
+    /// prepared here too, with the tools of its own manifest that this one
+    /// may use (see [`palette`]). A manifest that names MCP servers needs
+    /// them started: prepare it with [`prepare`](Self::prepare) (or submit
+    /// the manifest).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
         if spec.mcp.as_ref().is_some_and(|m| !m.servers.is_empty()) {
@@ -553,9 +625,31 @@ impl Host {
             )
             .into());
         }
-        let tools = self.inner.tools.select(&spec.tools)?;
+        self.agent_with(spec, &[])
+    }
+
+    /// [`agent`](Self::agent), with the tools of its MCP servers.
+    fn agent_with(
+        &self,
+        spec: Arc<AgentSpec>,
+        mcp_tools: &[crate::tools::CompiledTool],
+    ) -> Result<Agent, SubmitError> {
+        let tools = self.inner.tools.select_with(&spec.tools, mcp_tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
+        let mut palette: Vec<Arc<dyn Tool>> = Vec::with_capacity(spec.sub_agents.len());
+        for sub in &spec.sub_agents {
+            // A child may use only tools its parent may use (D3).
+            let mut child = AgentSpec::clone(&sub.spec);
+            child.tools.retain(|t| spec.tools.contains(t));
+            let child = self.agent(child)?;
+            palette.push(Arc::new(palette::PaletteTool::new(
+                sub,
+                child,
+                Arc::downgrade(&self.inner),
+            )));
+        }
+        let tools = tools.with_tools(palette)?;
         Ok(Agent::new(spec, model, tools, limits))
     }
 
@@ -570,8 +664,6 @@ impl Host {
             Some(m) if !m.servers.is_empty() => &m.servers,
             _ => return self.agent(spec),
         };
-        let model = self.model_for(&spec)?;
-        let limits = spec.limits.resolve(&self.inner.config.default_limits);
         #[cfg(feature = "mcp")]
         let found = self.inner.mcp.tools_for(servers).await;
         #[cfg(not(feature = "mcp"))]
@@ -582,11 +674,10 @@ impl Host {
             ))
         };
         match found {
-            Ok(extra) => {
-                let tools = self.inner.tools.select_with(&spec.tools, &extra)?;
-                Ok(Agent::new(spec, model, tools, limits))
-            }
+            Ok(extra) => self.agent_with(spec, &extra),
             Err(e) => {
+                let model = self.model_for(&spec)?;
+                let limits = spec.limits.resolve(&self.inner.config.default_limits);
                 let tools = self.inner.tools.select_with(&[], &[])?;
                 Ok(Agent::new(spec, model, tools, limits).unusable(e.kind(), e.to_string()))
             }
@@ -607,6 +698,9 @@ impl Host {
             }
         }
         resolver.resolve(spec).map_err(|e| {
+            if let ResolveError::NoModel { .. } = e {
+                return SubmitError::NoModel(e.to_string());
+            }
             let mut known: Vec<String> = self.inner.models.keys().cloned().collect();
             known.extend(resolver.known());
             known.sort_unstable();
@@ -627,7 +721,9 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve_async(agent.into()).await?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
             .start(agent, invocation, false, None)
             .await_started()
@@ -641,7 +737,9 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
+        check_attachments(&invocation)?;
         let agent = self.resolve_async(agent.into()).await?;
+        agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
             .await_started()
@@ -797,6 +895,13 @@ impl Host {
                 "shutting_down",
                 "the host is shutting down",
             ))
+        } else if h.audit_health.store_unavailable() {
+            // Durability: a run admitted now could not be recorded.
+            Some(Ending::failed(
+                RunStatus::Rejected,
+                "store_unavailable",
+                "neither the audit store nor its spool can take records",
+            ))
         } else if let Some(cap) = h
             .config
             .max_concurrent_runs
@@ -826,11 +931,17 @@ impl Host {
             send_finished(&h.audit, shared.finish_after(ending, Vec::new()));
             return Err((handle, events));
         }
-        let own_prompt = inv.prompt.is_empty() && agent.spec().prompt.is_some();
+        // Inputs fill the manifest's `{{inputs.NAME}}` (checked in `submit`);
+        // such runs do not share the agent's starting transcript.
+        let templated = agent.spec().uses_inputs();
+        let own_prompt = inv.prompt.is_empty()
+            && agent.spec().prompt.is_some()
+            && !templated
+            && inv.attachments.is_empty();
         let prompt: std::borrow::Cow<'_, str> = if !inv.prompt.is_empty() {
             std::mem::take(&mut inv.prompt).into()
         } else if let Some(p) = &agent.spec().prompt {
-            p.as_str().into()
+            crate::spec::fill_inputs("prompt", p, &inv.inputs).unwrap_or_else(|_| p.as_str().into())
         } else if !inv.inputs.is_empty() {
             serde_json::to_string(&inv.inputs)
                 .unwrap_or_default()
@@ -841,10 +952,15 @@ impl Host {
         let transcript = match &resumed {
             Some(c) => c.transcript.clone(),
             // Runs of the manifest's own prompt share one starting transcript.
-            None if own_prompt => {
-                agent.default_transcript(|| initial_transcript(agent.spec(), &prompt))
-            }
-            None => Arc::new(initial_transcript(agent.spec(), &prompt)),
+            None if own_prompt => agent.default_transcript(|| {
+                initial_transcript(agent.spec(), &prompt, &inv.inputs, Vec::new())
+            }),
+            None => Arc::new(initial_transcript(
+                agent.spec(),
+                &prompt,
+                &inv.inputs,
+                inv.attachments.clone(),
+            )),
         };
         let mut first_checkpoint = None;
         let durable = if durable {
@@ -1021,9 +1137,18 @@ impl Host {
     /// Each of these gets exactly one terminal record. Call it once, at
     /// boot, before any run is submitted (afterwards it refuses with
     /// [`RecoverError::NotAtBoot`]: it would take this host's own runs for
-    /// interrupted ones), with the stores the earlier process used; one host
-    /// per store. A killed run is never resumed: its kill wrote its terminal
-    /// record and cleared its checkpoint.
+    /// interrupted ones), with the stores the earlier process used. A
+    /// killed run is never resumed: its kill wrote its terminal record and
+    /// cleared its checkpoint.
+    ///
+    /// Exactly once: a durable run is resumed only after this host claims
+    /// its lease ([`Checkpointer::claim`]); a run whose lease another live
+    /// host holds (a host still running it, or another `recover`) is left
+    /// to it and listed in [`Recovery::leased`]. A lease whose owner is a
+    /// process of this machine that no longer runs is taken at once;
+    /// otherwise it must expire first ([`HostConfig::lease_ttl`]). A
+    /// terminal record still in the spool (`HostConfig::audit_spool`)
+    /// counts as finished.
     pub async fn recover(&self) -> Result<Recovery, RecoverError> {
         let h = &self.inner;
         if h.booted.swap(true, Ordering::AcqRel) {
@@ -1032,16 +1157,43 @@ impl Host {
         let mut out = Recovery::default();
         let mut checkpointed = std::collections::HashSet::new();
         let mut cleared = Vec::new();
+        // Durability: a spool left by an earlier process is replayed into
+        // the store first; what stays in it (the store still fails) counts
+        // too — a terminal record there means the run finished.
+        let spooled = self.spooled_records().await;
         let saved = h.checkpointer.load_all().await?;
-        for mut c in saved {
+        for c in &saved {
             checkpointed.insert(c.run_id);
+        }
+        for mut c in saved {
+            // Exactly once: resume a run only once it is ours.
+            match h.checkpointer.claim(c.run_id, &h.lease).await? {
+                Claim::Claimed => {}
+                Claim::Missing => continue,
+                Claim::HeldBy { owner, .. } => {
+                    let retaken = owner_is_gone(&owner)
+                        && h.checkpointer.release(&owner).await.is_ok()
+                        && h.checkpointer.claim(c.run_id, &h.lease).await? == Claim::Claimed;
+                    if !retaken {
+                        out.leased.push(c.run_id);
+                        continue;
+                    }
+                }
+            }
             let records = h.audit_store.run_records(c.run_id).await?;
-            if records.iter().any(AuditRecord::is_terminal) {
-                cleared.push(c.run_id);
+            let in_store = records.iter().any(AuditRecord::is_terminal);
+            if in_store || spooled.finished.contains(&c.run_id) {
+                // Cleared once its terminal record is in the store.
+                if in_store {
+                    cleared.push(c.run_id);
+                }
                 out.already_finished.push(c.run_id);
                 continue;
             }
-            let next_seq = records.last().map_or(0, |r| r.seq + 1);
+            let next_seq = records
+                .last()
+                .map_or(0, |r| r.seq + 1)
+                .max(spooled.next_seq.get(&c.run_id).copied().unwrap_or(0));
             if c.resumes >= MAX_RESUMES {
                 let error = format!(
                     "resumed {} times and interrupted again; not resumed",
@@ -1080,7 +1232,7 @@ impl Host {
             let Some(first) = records.first() else {
                 continue;
             };
-            if records.iter().any(AuditRecord::is_terminal) {
+            if records.iter().any(AuditRecord::is_terminal) || spooled.finished.contains(&run_id) {
                 continue;
             }
             let AuditEntry::RunStarted(info) = &first.entry else {
@@ -1114,7 +1266,10 @@ impl Host {
                 started_at: first.at_ms,
                 finished_at: now.max(first.at_ms),
             };
-            let seq = records.last().map_or(0, |r| r.seq + 1);
+            let seq = records
+                .last()
+                .map_or(0, |r| r.seq + 1)
+                .max(spooled.next_seq.get(&run_id).copied().unwrap_or(0));
             let _ = h.audit.cast(AuditMsg::Records(vec![AuditRecord {
                 run_id,
                 seq,
@@ -1124,6 +1279,28 @@ impl Host {
             out.interrupted.push(run_id);
         }
         Ok(out)
+    }
+
+    /// Durability: replays a spool left by an earlier process into the
+    /// store (a drain of the audit actor), then reads what stays in it.
+    async fn spooled_records(&self) -> SpoolIndex {
+        let h = &self.inner;
+        let Some(path) = h.config.audit_spool.clone() else {
+            return SpoolIndex::default();
+        };
+        let _ = h
+            .audit
+            .call(AuditMsg::Drain, Some(Duration::from_secs(60)))
+            .await;
+        let read = tokio::task::spawn_blocking(move || crate::actors::audit::spool::scan(&path));
+        match read.await {
+            Ok(Ok(index)) => index,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot read the audit spool; recovering from the store alone");
+                SpoolIndex::default()
+            }
+            Err(_) => SpoolIndex::default(),
+        }
     }
 
     /// Ends a checkpointed run without running it: its terminal record
@@ -1185,7 +1362,11 @@ impl Host {
     /// waiting); `None` when it must be loaded first ([`Host::admit`]).
     fn admit_cached(&self, caller: &Arc<str>) -> Option<Result<Ticket, Ending>> {
         let account = self.inner.accounts.get(caller).map(|a| a.clone())?;
-        Some(take_ticket(caller, &account))
+        Some(take_ticket(
+            caller,
+            &account,
+            self.inner.config.budget_reserve_tokens,
+        ))
     }
 
     /// Finds (or loads) the caller's account and takes a ticket from it.
@@ -1223,13 +1404,22 @@ impl Host {
                 }
             }
         };
-        take_ticket(caller, &account)
+        take_ticket(caller, &account, h.config.budget_reserve_tokens)
     }
 
-    /// Forgets cached accounts so the next run of each caller reloads its
-    /// limits from the ledger (after changing limits there).
-    pub fn reload_budgets(&self) {
-        self.inner.accounts.clear();
+    /// Reloads every caller's limits and spend from the ledger now (after
+    /// changing limits there; the budget actor also does so every
+    /// `budget_refresh_every`). Accounts are refreshed in place, so runs in
+    /// flight keep their concurrency slots and reservations.
+    pub async fn reload_budgets(&self) {
+        let _ = self
+            .inner
+            .budget
+            .call(
+                BudgetMsg::RefreshNow,
+                Some(self.inner.config.admission_timeout),
+            )
+            .await;
     }
 
     /// Waits until no run is in flight.
@@ -1340,6 +1530,11 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
+        // Exactly once: the durable runs this host keeps (cancelled by the
+        // shutdown) may be recovered at once, by any host.
+        if let Err(e) = h.checkpointer.release(&h.lease.owner).await {
+            tracing::warn!(error = %e, "cannot release this host's leases; they expire on their own");
+        }
         #[cfg(feature = "mcp")]
         h.mcp.shutdown().await;
         let _ = h

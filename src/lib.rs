@@ -46,11 +46,14 @@
 //!   transcript, where to cut it, what it becomes.
 //! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
 //!   batteries (in memory; embedded SQLite).
+//! - [`panics`]: caught panics reported as one log line, not a backtrace.
 //! - [`replay`]: re-run a recorded run against its recording, compare traces.
 //! - [`soak`]: the soak engine: keep runs in flight, sample the process,
 //!   judge memory, statuses and records.
 //! - [`tools`]: the tool registry, argument validation, built-in tools.
 //! - [`spec`]: manifests, limits, invocations.
+//! - [`secrets`]: the known secret values, redacted from everything a run
+//!   stores, streams or prints.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -59,12 +62,14 @@ pub mod handle;
 pub mod host;
 pub mod mcp;
 pub mod output;
+pub mod panics;
 pub mod policy;
 pub mod ports;
 pub mod pricing;
 pub mod providers;
 mod record;
 pub mod replay;
+pub mod secrets;
 pub mod soak;
 pub mod spec;
 pub mod stores;

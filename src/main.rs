@@ -15,6 +15,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing();
+    // A panic the kernel catches (a run's, a model's or a tool's) is one
+    // warn line naming the run, not the default hook's message and trace.
+    agentvisor::panics::install_quiet_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -222,6 +222,7 @@ mod tests {
             cache_read_tokens: 2000,
             cache_write_tokens: 500,
             reasoning_tokens: 0,
+            estimated: false,
         };
         assert_eq!(p.cost_micros(&u), 6975);
         let mini = lookup("gpt-4o-mini").unwrap();

@@ -132,8 +132,8 @@ pub(crate) enum Command {
     /// forwards it to the audit actor after the run's current handler).
     Barrier(oneshot::Sender<crate::ports::audit::AuditStats>),
     /// A child run of this run has been finalized (its terminal record is
-    /// with the audit actor).
-    ChildEnded(RunId),
+    /// with the audit actor). The id is for the logs of a debugging reader.
+    ChildEnded(#[allow(dead_code)] RunId),
 }
 
 /// Where a run's commands go: its critic shard. The shard implements it;

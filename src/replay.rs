@@ -10,10 +10,26 @@
 //! with the original schemas that answer from the recording.
 //!
 //! The trace compared is the sequence of steps, tool calls (name, raw
-//! arguments) and tool results (ok, content), and the ending (status,
-//! error kind, output). Timing is not part of it, nor are critic decisions;
-//! for a run that was killed, timed out or cancelled (a timing outcome) only
-//! the steps it recorded are compared.
+//! arguments) and tool results (ok, content), the result's step records
+//! (tool, arguments, ok, result: a second record of the same calls, so a
+//! step or a tool result changed in one place and not the other shows), and
+//! the ending (status, error kind, output). Timing is not part of it, nor
+//! are critic decisions.
+//!
+//! Every ending replays equal:
+//! - endings the agent loop decides from what the recording holds (`ok`;
+//!   `error` with `max_iterations`, `tool_errors`, `invalid_output`, or a
+//!   provider error such as `rate_limited`, `server_error`, `transport`)
+//!   are compared whole: the recorded model answers the failed call with
+//!   the recorded error's kind, and a run whose answer needed a repair turn
+//!   replays against a schema that refuses exactly the answers the original
+//!   schema refused (the manifest's schema is not on record);
+//! - endings decided from outside the loop (`timeout`, `killed`,
+//!   `cancelled`, `budget_exceeded`, a shard failure, a panic, an
+//!   interrupted run) compare the steps the run recorded, not the ending;
+//! - a run refused before it started (`rejected`, or `budget_exceeded` at
+//!   admission) has no `run_started` record: nothing ran, so its trace is
+//!   its ending alone, the same on replay.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +66,19 @@ pub enum TraceItem {
         /// Whether it succeeded.
         ok: bool,
         /// The content.
+        result: String,
+    },
+    /// One of the result's step records (a tool call and its outcome).
+    StepRecord {
+        /// 1-based iteration.
+        iteration: u32,
+        /// Tool name.
+        tool: String,
+        /// The arguments' summary.
+        args: String,
+        /// Whether it succeeded.
+        ok: bool,
+        /// The result's summary.
         result: String,
     },
     /// How the run ended.
@@ -104,8 +133,150 @@ pub fn recorded_trace(
         _ => None,
     });
     let mut trace = trace_of(events);
+    trace.extend(steps_of(&terminal));
     trace.push(end_of(&terminal));
     Ok((trace, terminal))
+}
+
+/// The result's step records as trace items.
+fn steps_of(r: &RunResult) -> impl Iterator<Item = TraceItem> + '_ {
+    r.steps.iter().map(|s| TraceItem::StepRecord {
+        iteration: s.iteration,
+        tool: s.tool.to_string(),
+        args: s.args.clone(),
+        ok: s.ok,
+        result: s.result.clone(),
+    })
+}
+
+/// Error kinds the agent loop decides from what the model and tools said
+/// (the recording holds all of it, so the replay must end the same way).
+const LOOP_KINDS: &[&str] = &[
+    "max_iterations",
+    "tool_errors",
+    "invalid_output",
+    "rate_limited",
+    "quota",
+    "server_error",
+    "bad_request",
+    "auth",
+    "malformed_response",
+    "transport",
+    "circuit_open",
+];
+
+/// Whether the run's ending was decided by its loop from the recording
+/// (compared whole) rather than from outside it (steps compared only).
+fn decided_by_loop(r: &RunResult) -> bool {
+    match r.status {
+        RunStatus::Ok => true,
+        RunStatus::Error => r
+            .error_kind
+            .as_deref()
+            .is_some_and(|k| LOOP_KINDS.contains(&k)),
+        _ => false,
+    }
+}
+
+/// The provider error a run ended on, rebuilt from its kind and message.
+fn model_error(kind: &str, message: &str) -> Option<ModelError> {
+    let m = message.to_string();
+    Some(match kind {
+        "rate_limited" => ModelError::RateLimited { retry_after: None },
+        "quota" => ModelError::Quota(m),
+        "server_error" => ModelError::Server {
+            status: 500,
+            message: m,
+        },
+        "bad_request" => ModelError::BadRequest(m),
+        "auth" => ModelError::Auth,
+        "malformed_response" => ModelError::Malformed(m),
+        "transport" => ModelError::Transport(m),
+        "circuit_open" => ModelError::CircuitOpen(m),
+        _ => return None,
+    })
+}
+
+/// A tool error rebuilt from the text the model saw (`error: KIND: MESSAGE`).
+fn tool_error(kind: &str, message: &str) -> ToolError {
+    match kind {
+        "tool_timeout" => message
+            .strip_prefix("timed out after ")
+            .and_then(|r| r.strip_suffix(" ms"))
+            .and_then(|n| n.parse().ok())
+            .map(ToolError::Timeout)
+            .unwrap_or_else(|| ToolError::Failed(message.to_string())),
+        "tool_panicked" => ToolError::Panicked(
+            message
+                .strip_prefix("tool panicked: ")
+                .unwrap_or(message)
+                .to_string(),
+        ),
+        _ => ToolError::Failed(message.to_string()),
+    }
+}
+
+/// The answers a run's output schema refused: each final-looking answer
+/// followed by a repair turn, and the last answer of an `invalid_output`
+/// run. `None` when no answer was refused (no schema needs replaying).
+fn refused_answers(records: &[AuditRecord], terminal: &RunResult) -> Option<Vec<String>> {
+    let mut refused = Vec::new();
+    let mut last_answer: Option<&str> = None;
+    for r in records {
+        let AuditEntry::Event(e) = &r.entry else {
+            continue;
+        };
+        match e {
+            RunEvent::StepFinish { text, calls, .. } => {
+                last_answer = calls.is_empty().then_some(text.as_str());
+            }
+            RunEvent::MessageCreate { role, text }
+                if role == "user" && text.starts_with(crate::output::REPAIR_PREFIX) =>
+            {
+                if let Some(a) = last_answer.take() {
+                    refused.push(a.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    if terminal.error_kind.as_deref() == Some("invalid_output") {
+        refused.extend(terminal.output.clone());
+    }
+    (!refused.is_empty()).then_some(refused)
+}
+
+/// A schema that refuses exactly these answers: any answer that is not
+/// JSON is refused by the check itself; the JSON ones are listed.
+fn refusing_schema(answers: &[String]) -> Value {
+    let mut values: Vec<Value> = Vec::new();
+    for a in answers {
+        for text in [a.trim(), unfence(a)] {
+            if let Ok(v) = serde_json::from_str::<Value>(text) {
+                if !values.contains(&v) {
+                    values.push(v);
+                }
+            }
+        }
+    }
+    if values.is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({ "not": { "enum": values } })
+    }
+}
+
+/// An answer without a Markdown code fence around it (as the output check
+/// forgives one).
+fn unfence(text: &str) -> &str {
+    let t = text.trim();
+    let Some(body) = t.strip_prefix("```").and_then(|r| r.strip_suffix("```")) else {
+        return t;
+    };
+    match body.split_once('\n') {
+        Some((lang, inner)) if !lang.contains('{') && !lang.contains('[') => inner.trim(),
+        _ => body.trim(),
+    }
 }
 
 fn trace_of<'a>(events: impl Iterator<Item = &'a RunEvent>) -> Vec<TraceItem> {
@@ -146,9 +317,11 @@ fn end_of(r: &RunResult) -> TraceItem {
     }
 }
 
-/// A model that answers from a recording.
+/// A model that answers from a recording: the recorded responses in
+/// order, then the recorded provider error the run ended on, if any.
 struct RecordedModel {
     responses: Vec<ChatResponse>,
+    failure: Option<ModelError>,
 }
 
 #[async_trait]
@@ -163,20 +336,21 @@ impl ChatModel for RecordedModel {
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        self.responses
-            .get(request.call_index as usize)
-            .cloned()
-            .ok_or_else(|| {
-                ModelError::BadRequest(format!(
-                    "the recording has no response for call {}",
-                    request.call_index + 1
-                ))
-            })
+        let i = request.call_index as usize;
+        if let (true, Some(e)) = (i == self.responses.len(), &self.failure) {
+            return Err(e.clone());
+        }
+        self.responses.get(i).cloned().ok_or_else(|| {
+            ModelError::BadRequest(format!(
+                "the recording has no response for call {}",
+                request.call_index + 1
+            ))
+        })
     }
 }
 
 /// Recorded tool results by call id: (ok, the result as the model saw it).
-type Recorded = HashMap<Arc<str>, (bool, String)>;
+type Recorded = HashMap<Arc<str>, Result<String, ToolError>>;
 
 /// A tool with the original schema that answers from a recording.
 struct RecordedTool {
@@ -192,8 +366,7 @@ impl Tool for RecordedTool {
 
     async fn call(&self, _args: Value, ctx: ToolContext) -> Result<String, ToolError> {
         match self.results.get(&ctx.call_id) {
-            Some((true, text)) => Ok(text.clone()),
-            Some((false, text)) => Err(ToolError::Failed(text.clone())),
+            Some(result) => result.clone(),
             None => Err(ToolError::Failed(
                 "the recording has no result for this call".into(),
             )),
@@ -208,13 +381,29 @@ pub async fn replay(
     tools: &ToolRegistry,
 ) -> Result<ReplayReport, ReplayError> {
     let (recorded, terminal) = recorded_trace(records)?;
-    let info = records
-        .iter()
-        .find_map(|r| match &r.entry {
-            AuditEntry::RunStarted(i) => Some((**i).clone()),
-            _ => None,
-        })
-        .ok_or_else(|| ReplayError::Incomplete("no run_started record".into()))?;
+    let info = records.iter().find_map(|r| match &r.entry {
+        AuditEntry::RunStarted(i) => Some((**i).clone()),
+        _ => None,
+    });
+    let Some(info) = info else {
+        // Refused before it started: nothing ran, nothing can differ.
+        let refused = matches!(
+            terminal.status,
+            RunStatus::Rejected | RunStatus::BudgetExceeded
+        ) && terminal.iterations == 0
+            && records
+                .iter()
+                .all(|r| matches!(r.entry, AuditEntry::Terminal(_)));
+        if refused {
+            return Ok(ReplayReport {
+                same: true,
+                replayed: recorded.clone(),
+                recorded,
+                first_difference: None,
+            });
+        }
+        return Err(ReplayError::Incomplete("no run_started record".into()));
+    };
 
     let mut responses = Vec::new();
     let mut results: HashMap<Arc<str>, Recorded> = HashMap::new();
@@ -236,15 +425,17 @@ pub async fn replay(
                     ..
                 } => {
                     // What the model saw for an error is "error: <kind>: <message>".
-                    let text = if *ok {
-                        result.clone()
+                    let answer = if *ok {
+                        Ok(result.clone())
                     } else {
-                        result.splitn(3, ": ").nth(2).unwrap_or(result).to_string()
+                        let mut parts = result.splitn(3, ": ");
+                        let (_, kind) = (parts.next(), parts.next().unwrap_or(""));
+                        Err(tool_error(kind, parts.next().unwrap_or(result)))
                     };
                     results
                         .entry(tool.clone())
                         .or_default()
-                        .insert(call_id.clone(), (*ok, text));
+                        .insert(call_id.clone(), answer);
                 }
                 _ => {}
             }
@@ -265,7 +456,14 @@ pub async fn replay(
             .map_err(|e| ReplayError::Failed(e.to_string()))?;
     }
 
+    let failure = match (terminal.status, terminal.error_kind.as_deref()) {
+        (RunStatus::Error, Some(kind)) => {
+            model_error(kind, terminal.error.as_deref().unwrap_or(""))
+        }
+        _ => None,
+    };
     let mut spec = AgentSpec::new(info.agent.to_string(), "recorded");
+    spec.output_schema = refused_answers(records, &terminal).map(|a| refusing_schema(&a));
     spec.tools = info.tools.to_vec();
     spec.limits = info.limits.unwrap_or_default();
     // Timing is not replayed: no deadline or stall may cut the replay short.
@@ -276,12 +474,16 @@ pub async fn replay(
         soft_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
         hard_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
         stall_timeout: Some(crate::spec::ABSOLUTE_DEADLINE),
+        // Nor is the critic's runaway kill (it ends a run from outside the
+        // loop, at a moment that depends on timing): the replay runs on to
+        // the end of the recording and compares the steps the run recorded.
+        repeat_limit: Some(crate::spec::MAX_COUNT),
         context_window: Some(0),
         ..spec.limits
     };
     let host = Host::builder()
         .tools(registry)
-        .model("recorded", Arc::new(RecordedModel { responses }))
+        .model("recorded", Arc::new(RecordedModel { responses, failure }))
         .build()
         .await
         .map_err(|e| ReplayError::Failed(e.to_string()))?;
@@ -296,19 +498,36 @@ pub async fn replay(
     let result = handle.await;
     host.shutdown().await;
 
-    let mut replayed = trace_of(seen.iter());
-    replayed.push(end_of(&result));
-    let timing_outcome = matches!(
-        terminal.status,
-        RunStatus::Killed | RunStatus::Timeout | RunStatus::Cancelled
-    );
-    let (a, b): (&[TraceItem], &[TraceItem]) = if timing_outcome {
-        let n = recorded.len() - 1;
-        (&recorded[..n], &replayed[..n.min(replayed.len())])
+    let events = trace_of(seen.iter());
+    let steps: Vec<TraceItem> = steps_of(&result).collect();
+    let end = end_of(&result);
+    let whole = decided_by_loop(&terminal);
+    // An ending decided outside the loop: only the steps the run recorded
+    // are compared (the replay, never stopped, may go further).
+    let (events, steps) = if whole {
+        (events, steps)
     } else {
-        (&recorded, &replayed)
+        let recorded_events = recorded
+            .iter()
+            .filter(|t| !matches!(t, TraceItem::StepRecord { .. } | TraceItem::End { .. }))
+            .count();
+        let recorded_steps = terminal.steps.len();
+        (
+            events.into_iter().take(recorded_events).collect(),
+            steps.into_iter().take(recorded_steps).collect(),
+        )
     };
-    let first_difference = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i));
+    let mut replayed = events;
+    replayed.extend(steps);
+    // Whole: every item, the ending too. Otherwise all but the ending.
+    let compared = if whole {
+        replayed.len() + 1
+    } else {
+        replayed.len()
+    }
+    .max(recorded.len() - usize::from(!whole));
+    replayed.push(end);
+    let first_difference = (0..compared).find(|&i| recorded.get(i) != replayed.get(i));
     Ok(ReplayReport {
         same: first_difference.is_none(),
         recorded,

@@ -12,11 +12,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+pub use crate::ports::model::Attachment;
+use crate::ports::model::{CallOptions, ToolChoice};
 use crate::ports::run::RunId;
 
 /// A manifest that could not be used.
@@ -104,6 +107,10 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// The longest duration a manifest may write (every limit is bounded by the
+/// 24 h failsafe, so `start + 24 h + extensions` can never overflow).
+pub const MAX_DURATION: Duration = ABSOLUTE_DEADLINE;
+
 /// serde glue for `Duration` fields written as strings.
 pub mod duration_serde {
     use super::*;
@@ -113,18 +120,62 @@ pub mod duration_serde {
         s.serialize_str(&format_duration(*d))
     }
 
-    /// Deserializes from a duration string or a number of seconds.
+    /// Deserializes from a duration string or a number of seconds; refuses
+    /// a negative, non-finite or longer than [`MAX_DURATION`] value.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
+        d.deserialize_any(DurationVisitor)
+    }
+
+    struct DurationVisitor;
+
+    impl serde::de::Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "a duration (500ms, 2s, 1m, 1h, or seconds) from 0 to 24h"
+            )
         }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(Duration::from_secs(n)),
-            Raw::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
+
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Duration, E> {
+            bounded(
+                Duration::from_secs(n.min(MAX_DURATION.as_secs() + 1)),
+                &n.to_string(),
+            )
         }
+
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Duration, E> {
+            match u64::try_from(n) {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(E::custom(format!(
+                    "duration `{n}` is negative (use 0 to 24h)"
+                ))),
+            }
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<Duration, E> {
+            if !x.is_finite() || x < 0.0 || x > MAX_DURATION.as_secs_f64() {
+                return Err(E::custom(format!(
+                    "duration `{x:?}` is out of range (use 0 to 24h)"
+                )));
+            }
+            Ok(Duration::from_secs_f64(x))
+        }
+
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Duration, E> {
+            let d = parse_duration(s).map_err(E::custom)?;
+            bounded(d, s)
+        }
+    }
+
+    fn bounded<E: serde::de::Error>(d: Duration, text: &str) -> Result<Duration, E> {
+        if d > MAX_DURATION {
+            return Err(E::custom(format!(
+                "duration `{text}` is longer than 24h, the longest a run may live"
+            )));
+        }
+        Ok(d)
     }
 }
 
@@ -188,9 +239,21 @@ pub struct Limits {
     /// model it does not know never compacts).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
+    /// How long a streaming model call may wait for its first token (a
+    /// queueing server) before the run is killed `stalled` with
+    /// `error_kind` `first_token_timeout`; `None`: `stall_timeout`. While
+    /// a call waits for its first token, this bound replaces the stall
+    /// timeout.
+    #[serde(with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout: Option<Duration>,
 }
 
 impl Limits {
+    /// The first-token bound in force: `first_token_timeout`, else `stall_timeout`.
+    pub fn first_token(&self) -> Duration {
+        self.first_token_timeout.unwrap_or(self.stall_timeout)
+    }
+
     /// These limits as a layer with every key set.
     pub fn to_spec(&self) -> LimitsSpec {
         LimitsSpec {
@@ -207,6 +270,7 @@ impl Limits {
             max_tool_result_bytes: Some(self.max_tool_result_bytes),
             kill_grace: Some(self.kill_grace),
             context_window: self.context_window,
+            first_token_timeout: self.first_token_timeout,
         }
     }
 
@@ -241,7 +305,8 @@ impl Limits {
             max_tool_errors,
             max_tool_result_bytes,
             kill_grace,
-            context_window
+            context_window,
+            first_token_timeout
         );
         spec
     }
@@ -327,6 +392,13 @@ pub struct LimitsSpec {
     /// See [`Limits::context_window`] (default: the price table's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
+    /// See [`Limits::first_token_timeout`] (default: `stall_timeout`).
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub first_token_timeout: Option<Duration>,
 }
 
 impl LimitsSpec {
@@ -346,31 +418,227 @@ impl LimitsSpec {
             max_tool_result_bytes: self.max_tool_result_bytes.or(lower.max_tool_result_bytes),
             kill_grace: self.kill_grace.or(lower.kill_grace),
             context_window: self.context_window.or(lower.context_window),
+            first_token_timeout: self.first_token_timeout.or(lower.first_token_timeout),
         }
     }
 
     /// Resolves this layer over `lower`, then fills what is still unset with
     /// the built-in defaults and the derived ones.
     pub fn resolve(&self, lower: &LimitsSpec) -> Limits {
+        // Clamped to the documented ranges (see [`LimitsSpec::check`]), so
+        // limits built in code rather than parsed never overflow a
+        // deadline either.
         let m = self.over(lower);
-        let max_runtime = m.max_runtime.unwrap_or(Duration::from_secs(60));
-        let hard = m.hard_timeout.unwrap_or(max_runtime * 2);
+        let d = |d: Option<Duration>, default: Duration| d.unwrap_or(default).min(MAX_DURATION);
+        let max_runtime = d(m.max_runtime, Duration::from_secs(60));
+        let hard = d(m.hard_timeout, max_runtime.saturating_mul(2));
         Limits {
-            max_iterations: m.max_iterations.unwrap_or(12),
+            max_iterations: m.max_iterations.unwrap_or(12).min(MAX_ITERATIONS),
             max_runtime,
-            soft_timeout: m.soft_timeout.unwrap_or(max_runtime),
+            soft_timeout: d(m.soft_timeout, max_runtime),
             hard_timeout: hard.min(ABSOLUTE_DEADLINE),
-            stall_timeout: m.stall_timeout.unwrap_or(Duration::from_secs(60)),
-            extension: m.extension.unwrap_or(max_runtime),
-            max_extensions: m.max_extensions.unwrap_or(2),
-            repeat_limit: m.repeat_limit.unwrap_or(3).max(1),
-            tool_timeout: m.tool_timeout.unwrap_or(Duration::from_secs(60)),
-            max_tool_errors: m.max_tool_errors.unwrap_or(3).max(1),
-            max_tool_result_bytes: m.max_tool_result_bytes.unwrap_or(16 * 1024).max(256),
-            kill_grace: m.kill_grace.unwrap_or(Duration::from_secs(5)),
-            context_window: m.context_window,
+            stall_timeout: d(m.stall_timeout, Duration::from_secs(60)),
+            extension: d(m.extension, max_runtime),
+            max_extensions: m.max_extensions.unwrap_or(2).min(MAX_EXTENSIONS),
+            repeat_limit: m.repeat_limit.unwrap_or(3).clamp(1, MAX_COUNT),
+            tool_timeout: d(m.tool_timeout, Duration::from_secs(60)),
+            max_tool_errors: m.max_tool_errors.unwrap_or(3).clamp(1, MAX_COUNT),
+            max_tool_result_bytes: m
+                .max_tool_result_bytes
+                .unwrap_or(16 * 1024)
+                .clamp(MIN_TOOL_RESULT_BYTES, MAX_TOOL_RESULT_BYTES),
+            kill_grace: d(m.kill_grace, Duration::from_secs(5)),
+            context_window: m.context_window.map(|w| w.min(MAX_CONTEXT_WINDOW)),
+            first_token_timeout: m.first_token_timeout.map(|t| t.min(MAX_DURATION)),
         }
     }
+
+    /// Checks every key set here against its documented range (the README's
+    /// manifest section): `Err` names the key (`limits.KEY`) and says the
+    /// range. Durations over 24 h are refused when parsed already.
+    ///
+    /// | key | range |
+    /// |---|---|
+    /// | `max_iterations` | 1 – 100000 |
+    /// | `max_runtime`, `hard_timeout`, `stall_timeout`, `tool_timeout` | more than 0, at most 24h |
+    /// | `soft_timeout`, `extension`, `kill_grace` | 0 – 24h |
+    /// | `max_extensions` | 0 – 1000 |
+    /// | `repeat_limit`, `max_tool_errors` | 1 – 10000 |
+    /// | `max_tool_result_bytes` | 256 – 16777216 |
+    /// | `context_window` | 0 – 100000000 |
+    pub fn check(&self) -> Result<(), LimitError> {
+        fn range<T: PartialOrd + std::fmt::Display + Copy>(
+            key: &'static str,
+            v: Option<T>,
+            lo: T,
+            hi: T,
+        ) -> Result<(), LimitError> {
+            match v {
+                Some(v) if v < lo || v > hi => Err(LimitError {
+                    key,
+                    message: format!("`limits.{key}` is {v}; use {lo} to {hi}"),
+                }),
+                _ => Ok(()),
+            }
+        }
+        range("max_iterations", self.max_iterations, 1, MAX_ITERATIONS)?;
+        range("max_extensions", self.max_extensions, 0, MAX_EXTENSIONS)?;
+        range("repeat_limit", self.repeat_limit, 1, MAX_COUNT)?;
+        range("max_tool_errors", self.max_tool_errors, 1, MAX_COUNT)?;
+        range(
+            "max_tool_result_bytes",
+            self.max_tool_result_bytes,
+            MIN_TOOL_RESULT_BYTES,
+            MAX_TOOL_RESULT_BYTES,
+        )?;
+        range("context_window", self.context_window, 0, MAX_CONTEXT_WINDOW)?;
+        for (key, d, positive) in [
+            ("max_runtime", self.max_runtime, true),
+            ("hard_timeout", self.hard_timeout, true),
+            ("stall_timeout", self.stall_timeout, true),
+            ("tool_timeout", self.tool_timeout, true),
+            ("soft_timeout", self.soft_timeout, false),
+            ("extension", self.extension, false),
+            ("kill_grace", self.kill_grace, false),
+        ] {
+            let Some(d) = d else { continue };
+            if positive && d.is_zero() {
+                return Err(LimitError {
+                    key,
+                    message: format!("`limits.{key}` must be more than 0"),
+                });
+            }
+            if d > MAX_DURATION {
+                return Err(LimitError {
+                    key,
+                    message: format!("`limits.{key}` is {}; use at most 24h", format_duration(d)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A limit outside its documented range (see [`LimitsSpec::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LimitError {
+    /// The key, without the `limits.` prefix.
+    pub key: &'static str,
+    /// What is wrong, naming the key and its range.
+    pub message: String,
+}
+
+/// The most model calls a run may be given.
+pub const MAX_ITERATIONS: u32 = 100_000;
+/// The most extensions a run may be given.
+pub const MAX_EXTENSIONS: u32 = 1000;
+/// The highest `repeat_limit` and `max_tool_errors`.
+pub const MAX_COUNT: u32 = 10_000;
+/// The smallest tool-result cap.
+pub const MIN_TOOL_RESULT_BYTES: u32 = 256;
+/// The largest tool-result cap (16 MiB).
+pub const MAX_TOOL_RESULT_BYTES: u32 = 16 * 1024 * 1024;
+/// The largest context window a manifest may state, in tokens.
+pub const MAX_CONTEXT_WINDOW: u64 = 100_000_000;
+/// The largest manifest accepted, in bytes (checked before parsing).
+pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+/// The deepest nesting a manifest may have (checked before parsing, so
+/// parse time stays linear in the manifest's size).
+pub const MAX_MANIFEST_DEPTH: usize = 64;
+
+fn too_large() -> String {
+    format!("the manifest is larger than {MAX_MANIFEST_BYTES} bytes (1 MiB), the limit")
+}
+
+/// Refuses a manifest that is too large or nested too deep, without
+/// parsing it: one pass over the text. Block nesting is counted by
+/// indentation (and `- - x` dashes), flow nesting by `[`/`{` outside
+/// quotes; the contents of block scalars (`|`, `>`) are skipped.
+pub fn check_manifest_shape(text: &str) -> Result<(), String> {
+    if text.len() > MAX_MANIFEST_BYTES {
+        return Err(too_large());
+    }
+    let deep = |n: usize| {
+        format!(
+            "the manifest nests deeper than {MAX_MANIFEST_DEPTH} levels at line {}",
+            n + 1
+        )
+    };
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let mut block_scalar: Option<usize> = None;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start_matches([' ', '\t']);
+        let indent = line.len() - trimmed.len();
+        if let Some(owner) = block_scalar {
+            if trimmed.is_empty() || indent > owner {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if flow == 0 {
+            while indents.last().is_some_and(|&i| i >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            let mut rest = trimmed;
+            let mut dashes = 0;
+            while let Some(r) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
+                dashes += 1;
+                rest = r.trim_start();
+            }
+            if indents.len() + dashes > MAX_MANIFEST_DEPTH {
+                return Err(deep(n));
+            }
+        }
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        let mut escaped = false;
+        for c in trimmed.chars() {
+            match quote {
+                Some(q) => {
+                    if q == '"' && c == '\\' && !escaped {
+                        escaped = true;
+                        continue;
+                    }
+                    if c == q && !escaped {
+                        quote = None;
+                    }
+                    escaped = false;
+                }
+                None => match c {
+                    '"' | '\'' if matches!(prev, ' ' | '\t' | ':' | '[' | '{' | ',' | '-') => {
+                        quote = Some(c)
+                    }
+                    '#' if matches!(prev, ' ' | '\t') => break,
+                    '[' | '{' => {
+                        flow += 1;
+                        if indents.len() + flow > MAX_MANIFEST_DEPTH {
+                            return Err(deep(n));
+                        }
+                    }
+                    ']' | '}' => flow = flow.saturating_sub(1),
+                    _ => {}
+                },
+            }
+            prev = c;
+        }
+        let head = trimmed.split(" #").next().unwrap_or("").trim_end();
+        if flow == 0
+            && quote.is_none()
+            && head
+                .rsplit([' ', ':', '-'])
+                .next()
+                .is_some_and(|t| t.starts_with(['|', '>']) && t.len() <= 3)
+        {
+            block_scalar = Some(indent);
+        }
+    }
+    Ok(())
 }
 
 /// Token usage a scripted entry reports.
@@ -467,7 +735,9 @@ pub struct AgentSpec {
     pub name: String,
     /// Model spec (`scripted`, `openai:MODEL`, `anthropic:MODEL`,
     /// `ollama:MODEL`, a tier name such as `fast`). Left out: `scripted`
-    /// when the manifest has a `script`, else the default tier `fast`.
+    /// when the manifest has a `script`, else (kept empty) the default tier
+    /// `fast`, if something configures it (see
+    /// `providers::ResolveError::NoModel`).
     #[serde(default)]
     pub model: String,
     /// What the agent is for (shown to parents that delegate to it).
@@ -476,7 +746,9 @@ pub struct AgentSpec {
     /// System prompt.
     #[serde(default)]
     pub system: String,
-    /// The prompt used when the invocation brings none.
+    /// The prompt used when the invocation brings none. `{{inputs.NAME}}`
+    /// here and in `system` is replaced by the invocation's input `NAME`
+    /// (see [`fill_inputs`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
     /// Tools the agent may call, by name.
@@ -509,9 +781,255 @@ pub struct AgentSpec {
     /// MCP servers whose tools the agent's runs get (`<server>__<tool>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<crate::mcp::spec::McpSpec>,
+    /// Sub-agents this agent may delegate to, by name: each is a tool
+    /// `agent__NAME` that runs the named manifest as a child run
+    /// (`researcher: researcher.yaml`, or `{ file: …, description: … }`;
+    /// paths relative to this manifest).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub agents: BTreeMap<String, SubAgentRef>,
+    /// The sub-agents' manifests, read when this one was loaded (kept in
+    /// checkpoints, so a resumed run has its palette).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "agents_resolved"
+    )]
+    pub sub_agents: Vec<SubAgent>,
+    /// The JSON Schema of what a parent passes when it delegates to this
+    /// agent (the `agent__NAME` tool's arguments, given to the run as its
+    /// inputs); without it the tool takes `{prompt: string}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Value>,
+
+    // ---- Model call options: passed through to the provider (see
+    // `CallOptions`); unset keys are not sent. ----
+    /// Which tool the model must call: `auto` (the default, sent whenever
+    /// the agent has tools), `required`, `none`, or one of its tools' names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Sampling temperature (0 to 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// The cap on each reply's tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Nucleus sampling (above 0, at most 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Sampling seed (OpenAI-compatible servers; Anthropic has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Stop sequences: one string or a list.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "one_or_many"
+    )]
+    pub stop: Vec<String>,
 }
 
+/// A string or a list of strings, as a list.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::One(s) => vec![s],
+        Raw::Many(v) => v,
+    })
+}
+
+/// A palette entry as a manifest writes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SubAgentRef {
+    /// The manifest's path.
+    File(String),
+    /// The path, and what the tool tells the model.
+    Described {
+        /// The manifest's path.
+        file: String,
+        /// The tool's description (default: the child manifest's).
+        #[serde(default)]
+        description: Option<String>,
+    },
+}
+
+impl SubAgentRef {
+    fn file(&self) -> &str {
+        match self {
+            SubAgentRef::File(f) | SubAgentRef::Described { file: f, .. } => f,
+        }
+    }
+
+    fn description(&self) -> Option<&str> {
+        match self {
+            SubAgentRef::File(_) => None,
+            SubAgentRef::Described { description, .. } => description.as_deref(),
+        }
+    }
+}
+
+/// A sub-agent, read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubAgent {
+    /// Its name in the palette (the tool is `agent__NAME`).
+    pub name: String,
+    /// What the tool tells the model.
+    pub description: String,
+    /// Its manifest.
+    pub spec: Arc<AgentSpec>,
+}
+
+/// How deep manifests may name sub-agents' manifests when they are read.
+const MAX_PALETTE_NESTING: usize = 8;
+
 impl AgentSpec {
+    /// Reads the manifests this one names under `agents:`, relative to
+    /// `dir`; `stack` holds the files being read (a manifest that names
+    /// itself, directly or not, is refused).
+    fn read_sub_agents(
+        &mut self,
+        dir: &Path,
+        stack: &mut Vec<std::path::PathBuf>,
+        path: Option<&str>,
+    ) -> Result<(), SpecError> {
+        let invalid = |message: String| SpecError::Invalid {
+            path: path.map(str::to_string),
+            message,
+        };
+        let mut read = Vec::with_capacity(self.agents.len());
+        for (name, entry) in &self.agents {
+            if name.is_empty()
+                || name.len() > 57
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(invalid(format!(
+                    "agents: `{name}` is not a usable sub-agent name (1-57 of A-Z a-z 0-9 _ -)"
+                )));
+            }
+            let file = dir.join(entry.file());
+            let canonical = std::fs::canonicalize(&file).map_err(|e| {
+                invalid(format!(
+                    "agents.{name}: cannot read sub-agent manifest {}: {e}",
+                    file.display()
+                ))
+            })?;
+            if stack.contains(&canonical) {
+                return Err(invalid(format!(
+                    "agents.{name}: {} names a manifest that is already being read (an agent cannot delegate to itself)",
+                    file.display()
+                )));
+            }
+            if stack.len() >= MAX_PALETTE_NESTING {
+                return Err(invalid(format!(
+                    "agents.{name}: sub-agent manifests nest more than {MAX_PALETTE_NESTING} deep"
+                )));
+            }
+            stack.push(canonical);
+            let child = Self::from_file_in(&file, stack);
+            stack.pop();
+            let child = child.map_err(|e| {
+                invalid(format!(
+                    "agents.{name}: the sub-agent's manifest is not usable: {e}"
+                ))
+            })?;
+            let description = entry
+                .description()
+                .map(str::to_string)
+                .or_else(|| child.description.clone())
+                .unwrap_or_else(|| {
+                    format!(
+                        "Delegates a task to the `{}` agent and returns its answer.",
+                        child.name
+                    )
+                });
+            read.push(SubAgent {
+                name: name.clone(),
+                description,
+                spec: Arc::new(child),
+            });
+        }
+        self.sub_agents = read;
+        Ok(())
+    }
+
+    fn from_file_in(path: &Path, stack: &mut Vec<std::path::PathBuf>) -> Result<Self, SpecError> {
+        let mut spec = Self::read_file(path)?;
+        if !spec.agents.is_empty() {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let shown = path.display().to_string();
+            spec.read_sub_agents(dir, stack, Some(&shown))?;
+        }
+        Ok(spec)
+    }
+
+    /// The manifest's model call options, or `None` when it sets none (the
+    /// defaults: `tool_choice: auto` with tools, the server's sampling).
+    pub fn call_options(&self) -> Option<CallOptions> {
+        let options = CallOptions {
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            top_p: self.top_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            tool_choice: self.tool_choice.clone().unwrap_or_default(),
+        };
+        (options != CallOptions::default()).then_some(options)
+    }
+
+    /// Checks the model call options (part of [`check`](Self::check)).
+    fn check_call_options(&self, source: &str) -> Result<(), String> {
+        let at = |key: &str| line_of(source, key);
+        match &self.tool_choice {
+            Some(ToolChoice::Tool(name)) if !self.tools.iter().any(|t| t == name) => {
+                return Err(format!(
+                    "`tool_choice` names `{name}`, which is not in `tools`{} (use auto, required, none or a listed tool)",
+                    at("tool_choice")
+                ));
+            }
+            Some(ToolChoice::Required | ToolChoice::Tool(_)) if self.tools.is_empty() => {
+                return Err(format!(
+                    "`tool_choice` asks for a tool call but `tools` is empty{}",
+                    at("tool_choice")
+                ));
+            }
+            _ => {}
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(format!(
+                    "`temperature` must be between 0 and 2, not {t}{}",
+                    at("temperature")
+                ));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(format!(
+                    "`top_p` must be above 0 and at most 1, not {p}{}",
+                    at("top_p")
+                ));
+            }
+        }
+        if self.max_tokens == Some(0) {
+            return Err(format!(
+                "`max_tokens` must be at least 1{}",
+                at("max_tokens")
+            ));
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return Err(format!("`stop` holds an empty sequence{}", at("stop")));
+        }
+        Ok(())
+    }
+
     /// A minimal spec: a name and a model, nothing else.
     pub fn new(name: impl Into<String>, model: impl Into<String>) -> Self {
         AgentSpec {
@@ -529,35 +1047,77 @@ impl AgentSpec {
             api_key_env: None,
             output_schema: None,
             mcp: None,
+            agents: BTreeMap::new(),
+            sub_agents: Vec::new(),
+            inputs: None,
+            tool_choice: None,
+            temperature: None,
+            max_tokens: None,
+            top_p: None,
+            seed: None,
+            stop: Vec::new(),
         }
     }
 
     /// Parses and checks a manifest from YAML text.
+    /// Sub-agents it names are read relative to the working directory.
     pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
-        Self::parse(text, None)
+        let mut spec = Self::parse(text, None)?;
+        if !spec.agents.is_empty() {
+            spec.read_sub_agents(Path::new("."), &mut Vec::new(), None)?;
+        }
+        Ok(spec)
     }
 
-    /// Reads, parses and checks a manifest file.
+    /// Reads, parses and checks a manifest file, and the sub-agents'
+    /// manifests it names (relative to it).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, SpecError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Read {
+        let mut stack = Vec::new();
+        if let Ok(c) = std::fs::canonicalize(path) {
+            stack.push(c);
+        }
+        Self::from_file_in(path, &mut stack)
+    }
+
+    fn read_file(path: &Path) -> Result<Self, SpecError> {
+        let read_err = |e: std::io::Error| SpecError::Read {
             path: path.display().to_string(),
             reason: e.to_string(),
-        })?;
+        };
+        // Never read more than the cap (plus one byte to know it is over).
+        let mut bytes = Vec::new();
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, MAX_MANIFEST_BYTES as u64 + 1),
+            &mut bytes,
+        )
+        .map_err(read_err)?;
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(SpecError::Invalid {
+                path: Some(path.display().to_string()),
+                message: too_large(),
+            });
+        }
+        let text = String::from_utf8(bytes)
+            .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         Self::parse(&text, Some(path.display().to_string()))
     }
 
     fn parse(text: &str, path: Option<String>) -> Result<Self, SpecError> {
+        check_manifest_shape(text).map_err(|message| SpecError::Invalid {
+            path: path.clone(),
+            message,
+        })?;
         let mut spec: AgentSpec = serde_norway::from_str(text).map_err(|e| SpecError::Parse {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        if spec.model.trim().is_empty() {
-            spec.model = if spec.script.is_empty() {
-                crate::providers::DEFAULT_TIER.to_string()
-            } else {
-                "scripted".to_string()
-            };
+        // A manifest without a script that names no model keeps `model`
+        // empty: it runs on the default tier if something configures that
+        // (see `providers::ResolveError::NoModel`).
+        if spec.model.trim().is_empty() && !spec.script.is_empty() {
+            spec.model = "scripted".to_string();
         }
         spec.check(text)
             .map_err(|message| SpecError::Invalid { path, message })?;
@@ -612,25 +1172,29 @@ impl AgentSpec {
                 )
             })?;
         }
+        self.check_call_options(source)?;
         if self.model == "scripted" && self.script.is_empty() {
             return Err("`model: scripted` needs a `script`".into());
         }
-        let l = &self.limits;
-        if l.max_iterations == Some(0) {
-            return Err("`limits.max_iterations` must be at least 1".into());
-        }
-        for (key, d) in [
-            ("max_runtime", l.max_runtime),
-            ("hard_timeout", l.hard_timeout),
-            ("stall_timeout", l.stall_timeout),
-            ("tool_timeout", l.tool_timeout),
-        ] {
-            if d == Some(Duration::ZERO) {
-                return Err(format!(
-                    "`limits.{key}` must be more than 0{}",
-                    line_of(source, key)
-                ));
-            }
+        self.limits.check().map_err(|e| {
+            // The line of `limits:`'s key, searched from the `limits` line.
+            let from = source
+                .lines()
+                .position(|l| l.trim_start().starts_with("limits"))
+                .unwrap_or(0);
+            let line = source
+                .lines()
+                .skip(from)
+                .position(|l| l.split('#').next().unwrap_or("").contains(e.key))
+                .map(|i| format!(" at line {}", from + i + 1))
+                .unwrap_or_default();
+            format!("{e}{line}")
+        })?;
+        if self.limits.first_token_timeout == Some(Duration::ZERO) {
+            return Err(format!(
+                "`limits.first_token_timeout` must be more than 0{}",
+                line_of(source, "first_token_timeout")
+            ));
         }
         Ok(())
     }
@@ -648,17 +1212,6 @@ pub fn line_of(source: &str, needle: &str) -> String {
         .unwrap_or_default()
 }
 
-/// A file, image or blob handed to a run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Attachment {
-    /// File name.
-    pub name: String,
-    /// MIME type.
-    pub mime: String,
-    /// Content (text, or base64 for binary).
-    pub content: String,
-}
-
 /// One request to run an agent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Invocation {
@@ -672,11 +1225,14 @@ pub struct Invocation {
     pub parent_run_id: Option<RunId>,
     /// The session whose history the run shares.
     pub session_id: Option<String>,
-    /// Named inputs.
+    /// Named inputs: they fill the manifest's `{{inputs.NAME}}`
+    /// placeholders (see [`fill_inputs`]); with neither a prompt here nor
+    /// one in the manifest, the inputs as a JSON object are the prompt.
     pub inputs: BTreeMap<String, Value>,
     /// The prompt text.
     pub prompt: String,
-    /// Attachments.
+    /// Files and images that come with the prompt (see [`Attachment`]):
+    /// they reach models that accept them with the first user message.
     pub attachments: Vec<Attachment>,
     /// Limit overrides for this run only.
     pub limits: LimitsSpec,
@@ -700,6 +1256,93 @@ impl Invocation {
     pub fn caller(mut self, caller: impl Into<String>) -> Self {
         self.caller_id = Some(caller.into());
         self
+    }
+}
+
+/// An input a manifest's template names that the invocation does not bring.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the manifest's `{field}` uses `{{{{inputs.{name}}}}}`, but the invocation has no input `{name}`")]
+pub struct MissingInput {
+    /// The manifest field (`prompt` or `system`).
+    pub field: &'static str,
+    /// The input's name.
+    pub name: String,
+}
+
+/// The opening of a placeholder.
+const PLACEHOLDER: &str = "{{";
+
+/// Fills a manifest text's `{{inputs.NAME}}` placeholders (spaces inside
+/// the braces allowed: `{{ inputs.NAME }}`) with the invocation's inputs: a
+/// string as is, any other JSON value as compact JSON. Other `{{…}}` text
+/// is left alone. A text without placeholders is returned borrowed.
+pub fn fill_inputs<'a>(
+    field: &'static str,
+    text: &'a str,
+    inputs: &BTreeMap<String, Value>,
+) -> Result<std::borrow::Cow<'a, str>, MissingInput> {
+    if !text.contains(PLACEHOLDER) {
+        return Ok(std::borrow::Cow::Borrowed(text));
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(PLACEHOLDER) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + PLACEHOLDER.len()..];
+        let parsed = after.find("}}").and_then(|end| {
+            let name = after[..end].trim().strip_prefix("inputs.")?;
+            let valid = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            valid.then_some((name, end))
+        });
+        match parsed {
+            Some((name, end)) => {
+                match inputs.get(name) {
+                    Some(Value::String(v)) => out.push_str(v),
+                    Some(v) => out.push_str(&v.to_string()),
+                    None => {
+                        return Err(MissingInput {
+                            field,
+                            name: name.to_string(),
+                        })
+                    }
+                }
+                rest = &after[end + 2..];
+            }
+            None => {
+                out.push_str(PLACEHOLDER);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+impl AgentSpec {
+    /// Whether the manifest's `prompt` or `system` has a `{{` placeholder
+    /// (runs of it then start from their own transcript).
+    pub fn uses_inputs(&self) -> bool {
+        self.system.contains(PLACEHOLDER)
+            || self
+                .prompt
+                .as_deref()
+                .is_some_and(|p| p.contains(PLACEHOLDER))
+    }
+
+    /// Checks that `inputs` fill every placeholder of the manifest's
+    /// `prompt` and `system` (see [`fill_inputs`]).
+    pub fn check_inputs(&self, inputs: &BTreeMap<String, Value>) -> Result<(), MissingInput> {
+        if !self.uses_inputs() {
+            return Ok(());
+        }
+        fill_inputs("system", &self.system, inputs)?;
+        if let Some(p) = &self.prompt {
+            fill_inputs("prompt", p, inputs)?;
+        }
+        Ok(())
     }
 }
 
@@ -810,6 +1453,35 @@ mod tests {
         .map(|e| e.to_string())
         .unwrap_or_default();
         assert!(err.contains("5 parsecs") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn inputs_fill_the_template() {
+        let mut inputs = BTreeMap::new();
+        inputs.insert("city".to_string(), Value::String("Oslo".into()));
+        inputs.insert("days".to_string(), serde_json::json!(3));
+        inputs.insert(
+            "opts".to_string(),
+            serde_json::json!({"b": [1, 2], "a": null}),
+        );
+        let filled = fill_inputs(
+            "prompt",
+            "{{inputs.city}} for {{ inputs.days }} days {{inputs.opts}}; {{other}} {{ and {{inputs.city}}",
+            &inputs,
+        );
+        assert_eq!(
+            filled.as_deref().ok(),
+            Some(r#"Oslo for 3 days {"a":null,"b":[1,2]}; {{other}} {{ and Oslo"#)
+        );
+        let missing = fill_inputs("system", "x {{inputs.nope}}", &inputs);
+        assert_eq!(
+            missing.err().map(|e| e.to_string()).unwrap_or_default(),
+            "the manifest's `system` uses `{{inputs.nope}}`, but the invocation has no input `nope`"
+        );
+        assert!(matches!(
+            fill_inputs("prompt", "plain", &inputs),
+            Ok(std::borrow::Cow::Borrowed("plain"))
+        ));
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! model summarize the middle of its transcript, and its next call sees the
 //! system prompt, the first user turn, the summary and the recent tail; a
 //! tool call is never separated from its results; a failed summary keeps
-//! the transcript whole (a warning, and the run goes on); below the
-//! threshold, or without a known window, nothing changes.
+//! the transcript whole (a warning, and the run goes on); a summary longer
+//! than what it replaces is not kept: the oldest turns are trimmed instead
+//! (a warning), and the prompt shrinks; below the threshold, or without a
+//! known window, nothing changes.
 //!
 //! The scripted model plays one entry per model call, and a summary call is
 //! a model call: the script holds the summary as an entry of its own.
@@ -16,7 +18,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentvisor::compaction::SUMMARY_HEADER;
+use agentvisor::compaction::{estimate_tokens, SUMMARY_HEADER, TRIMMED_HEADER};
 use agentvisor::ports::model::{Message, Role};
 use agentvisor::stores::MemoryAuditStore;
 use agentvisor::{AgentSpec, Host, Invocation, KillReason, RunEvent, RunResult, RunStatus};
@@ -298,6 +300,67 @@ async fn a_failed_summary_keeps_the_transcript_and_the_run_goes_on() {
     assert_eq!(w[0].0, "compaction_failed");
     assert!(w[0].1.contains("bad_request"), "{}", w[0].1);
     assert_eq!(warnings(&audited), w, "the audit log has the warning");
+    host.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_summary_longer_than_its_input_is_dropped_and_the_oldest_turns_trimmed() {
+    // A small model "summarizes" two turns (~520 tokens) in 1000 tokens:
+    // keeping it would make the prompt bigger (and, next step, too big).
+    let long = "This is a very detailed summary. ".repeat(125);
+    let yaml = manifest(
+        "{ context_window: 1000 }",
+        [100, 300, 600],
+        &format!(
+            "  - {{ text: \"{long}\", usage: {{ input: 250, output: 1000 }} }}\n  - {{ text: done, usage: {{ input: 400, output: 2 }} }}\n"
+        ),
+    );
+    let (host, spec, model, store) = recorded(&yaml).await;
+    let (r, events, audited) = run(&host, &store, spec).await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert_eq!(
+        model.calls(),
+        5,
+        "three steps, one summary call, the answer"
+    );
+    assert!(compactions(&events).is_empty(), "the summary was not kept");
+    let w = warnings(&events);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].0, "transcript_trimmed");
+    assert!(w[0].1.contains("not shorter"), "{}", w[0].1);
+    assert_eq!(warnings(&audited), w);
+
+    // The next request: the oldest turn is gone, a marker says so, the
+    // latest turns are whole, and the prompt shrank under the threshold
+    // with room for the reply.
+    let before = model.request(2);
+    let next = model.request(4);
+    assert_eq!(
+        roles(&next),
+        [
+            Role::System,
+            Role::User,
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::Assistant,
+            Role::Tool
+        ]
+    );
+    assert!(
+        next[2].content.starts_with(TRIMMED_HEADER),
+        "{}",
+        next[2].content
+    );
+    assert!(next[3].tool_calls[0].arguments.contains("two"));
+    assert!(next[5].tool_calls[0].arguments.contains("three"));
+    assert!(!next.iter().any(|m| m.content.contains("very detailed")));
+    assert_pairs_whole(&next);
+    let tokens = estimate_tokens(&next);
+    assert!(tokens * 100 <= 1000 * 70, "{tokens}");
+    assert!(tokens < estimate_tokens(&before) + 300, "{tokens}");
+    // The summary call's usage still counts.
+    assert_eq!(r.usage.output_tokens, 3 * 110 + 1000 + 2);
     host.shutdown().await;
 }
 

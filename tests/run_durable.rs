@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore, RunInfo};
-use agentvisor::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer};
+use agentvisor::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Claim, Lease};
 use agentvisor::ports::model::Role;
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer};
 use agentvisor::{Invocation, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES};
@@ -41,8 +41,8 @@ struct SignallingCheckpointer {
 
 #[async_trait]
 impl Checkpointer for SignallingCheckpointer {
-    async fn save(&self, checkpoints: &[Checkpoint]) -> Result<(), CheckpointError> {
-        let saved = self.inner.save(checkpoints).await;
+    async fn save(&self, checkpoints: &[Checkpoint], lease: &Lease) -> Result<(), CheckpointError> {
+        let saved = self.inner.save(checkpoints, lease).await;
         self.saved.notify_waiters();
         saved
     }
@@ -51,6 +51,15 @@ impl Checkpointer for SignallingCheckpointer {
     }
     async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
         self.inner.load_all().await
+    }
+    async fn claim(&self, run_id: RunId, lease: &Lease) -> Result<Claim, CheckpointError> {
+        self.inner.claim(run_id, lease).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<(), CheckpointError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, owner: &str) -> Result<(), CheckpointError> {
+        self.inner.release(owner).await
     }
 }
 
@@ -290,7 +299,7 @@ async fn a_run_interrupted_too_often_ends_crash_loop_once() {
     stores.audit.append(&[started(looping, 0)]).await.unwrap();
     stores
         .checkpoints
-        .save(&[checkpoint(looping, MAX_RESUMES)])
+        .save(&[checkpoint(looping, MAX_RESUMES)], &earlier_process())
         .await
         .unwrap();
     let (host, model) = stores.host(SLOW_THIRD).await;
@@ -333,7 +342,10 @@ async fn recover_counts_resumes_and_only_clears_runs_already_on_record() {
     host.shutdown().await;
     stores
         .checkpoints
-        .save(&[checkpoint(finished, 0), checkpoint(pending, 1)])
+        .save(
+            &[checkpoint(finished, 0), checkpoint(pending, 1)],
+            &earlier_process(),
+        )
         .await
         .unwrap();
     stores
@@ -386,7 +398,7 @@ struct BrokenCheckpointer;
 
 #[async_trait]
 impl Checkpointer for BrokenCheckpointer {
-    async fn save(&self, _: &[Checkpoint]) -> Result<(), CheckpointError> {
+    async fn save(&self, _: &[Checkpoint], _: &Lease) -> Result<(), CheckpointError> {
         Err(CheckpointError::Unavailable("disk full".into()))
     }
     async fn clear(&self, _: &[RunId]) -> Result<(), CheckpointError> {
@@ -394,6 +406,23 @@ impl Checkpointer for BrokenCheckpointer {
     }
     async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
         Ok(Vec::new())
+    }
+    async fn claim(&self, _: RunId, _: &Lease) -> Result<Claim, CheckpointError> {
+        Ok(Claim::Missing)
+    }
+    async fn renew(&self, _: &Lease) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+    async fn release(&self, _: &str) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+}
+
+/// The lease of a process that ended (it expires as it is taken).
+fn earlier_process() -> Lease {
+    Lease {
+        owner: "an-earlier-process".into(),
+        ttl: Duration::ZERO,
     }
 }
 

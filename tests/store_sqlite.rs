@@ -121,7 +121,8 @@ async fn a_batch_is_written_and_read_back_in_order() {
         AuditStats {
             records: batch.len() as u64,
             terminal_records: 2,
-            batches: 1
+            batches: 1,
+            ..AuditStats::default()
         }
     );
     assert!(store.run_records(RunId::new()).await.unwrap().is_empty());
@@ -382,19 +383,13 @@ async fn a_newer_schema_is_refused_with_the_path_and_left_alone() {
     SqliteStore::open(&path).await.unwrap().close().await;
     {
         // A newer agentvisor wrote version 99.
-        use sqlx::Connection;
-        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .unwrap();
-        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (99, 0)")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
+        let conn = connect(&path);
+        conn.execute_batch(
+            "INSERT INTO schema_version (version, applied_at) VALUES (99, 0); \
+             PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .unwrap();
+        conn.close().unwrap();
     }
     let before = std::fs::read(&path).unwrap();
     let err = SqliteStore::open(&path).await.unwrap_err();
@@ -424,16 +419,10 @@ async fn a_corrupt_file_is_refused_and_left_unchanged() {
     // A database of another program is not ours to migrate.
     let other = dir.path("other.db");
     {
-        use sqlx::Connection;
-        let mut conn =
-            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", other.display()))
-                .await
-                .unwrap();
-        sqlx::query("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
-            .execute(&mut conn)
-            .await
+        let conn = connect(&other);
+        conn.execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
             .unwrap();
-        conn.close().await.unwrap();
+        conn.close().unwrap();
     }
     let before = std::fs::read(&other).unwrap();
     let err = SqliteStore::open(&other).await.unwrap_err();
@@ -484,11 +473,13 @@ async fn an_in_memory_database_works_like_a_file() {
     );
 }
 
-/// Fails its first `failures` appends, then passes everything to `inner`.
+/// Fails its first `failures` appends, then passes everything to `inner`;
+/// says when an append was written (`written`).
 struct FlakyStore {
     inner: Arc<SqliteStore>,
     failures: usize,
     calls: AtomicUsize,
+    written: tokio::sync::Notify,
 }
 
 #[async_trait]
@@ -497,7 +488,11 @@ impl AuditStore for FlakyStore {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
             return Err(AuditStoreError::Unavailable("injected fault".into()));
         }
-        self.inner.append(batch).await
+        let done = self.inner.append(batch).await;
+        if done.is_ok() {
+            self.written.notify_waiters();
+        }
+        done
     }
 
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
@@ -523,6 +518,7 @@ async fn swarm_over_flaky_store(
         inner: inner.clone(),
         failures,
         calls: AtomicUsize::new(0),
+        written: tokio::sync::Notify::new(),
     });
     let host = Host::builder()
         .config(HostConfig {
@@ -556,16 +552,22 @@ async fn swarm_over_flaky_store(
         .and_then(|p| std::fs::metadata(p).ok())
         .map(|m| m.len())
         .unwrap_or(0);
-    // The writer retries with a backoff (100 ms, doubling): wait until the
-    // store works again and has taken everything.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while inner.totals().await.unwrap().terminal_records < n as u64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the records never reached the store"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The writer retries with a backoff (100 ms, doubling): wait, append
+    // by append (the store says when one is written), until the store
+    // works again and has taken everything. The bound only turns a hang
+    // into a failure.
+    let all_in = async {
+        loop {
+            let written = flaky.written.notified();
+            if inner.totals().await.unwrap().terminal_records >= n as u64 {
+                return;
+            }
+            written.await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all_in)
+        .await
+        .expect("the records never reached the store");
     assert!(flaky.calls.load(Ordering::SeqCst) > failures);
     host.shutdown().await;
     (results, spooled, inner)
@@ -612,7 +614,12 @@ async fn without_a_spool_the_records_are_held_and_retried() {
     let dir = Scratch::new("held");
     let n = 100;
     let (results, _, store) = swarm_over_flaky_store(&dir, None, n, 3).await;
-    assert!(results.iter().all(|r| r.status == RunStatus::Ok));
+    // While records are held (nothing else takes them) no run is admitted:
+    // a run is either ok or refused for that, and each is on record once.
+    assert!(results.iter().all(|r| r.status == RunStatus::Ok
+        || (r.status == RunStatus::Rejected
+            && r.error_kind.as_deref() == Some("store_unavailable"))));
+    assert!(results.iter().any(|r| r.status == RunStatus::Ok));
     assert_eq!(store.totals().await.unwrap().terminal_records, n as u64);
 }
 
@@ -702,10 +709,14 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
         saved_at: 20 + u64::from(iteration),
     };
     let (a, b) = (RunId::new(), RunId::new());
+    let lease = agentvisor::ports::checkpoint::Lease {
+        owner: "test".into(),
+        ttl: Duration::from_secs(60),
+    };
     {
         let store = SqliteStore::open(&path).await.unwrap();
-        store.save(&[at(a, 1), at(b, 1)]).await.unwrap();
-        store.save(&[at(a, 2)]).await.unwrap();
+        store.save(&[at(a, 1), at(b, 1)], &lease).await.unwrap();
+        store.save(&[at(a, 2)], &lease).await.unwrap();
         store.clear(&[b]).await.unwrap();
         store.close().await;
     }
@@ -724,34 +735,9 @@ async fn a_version_1_file_is_migrated_and_its_records_still_read_back() {
     let (old_id, old_run) = rekey(&records, |_| {});
     {
         // A file as schema version 1 left it: one row per record.
-        use sqlx::Connection;
-        let mut conn = file_at_version(&path, 1).await;
-        for r in &old_run {
-            let (kind, body) = match &r.entry {
-                AuditEntry::RunStarted(info) => ("run.start", serde_json::to_string(info).unwrap()),
-                AuditEntry::Event(ev) => {
-                    let v = serde_json::to_value(ev).unwrap();
-                    let kind = v["type"].as_str().unwrap().to_string();
-                    (Box::leak(kind.into_boxed_str()) as &str, v.to_string())
-                }
-                AuditEntry::Terminal(res) => {
-                    insert_whole_run(&mut conn, old_id, res).await;
-                    ("run.end", String::new())
-                }
-            };
-            sqlx::query(
-                "INSERT INTO audit_records (run_id, seq, at_ms, kind, body) VALUES (?, ?, ?, ?, ?)",
-            )
-            .bind(old_id.to_string())
-            .bind(i64::from(r.seq))
-            .bind(r.at_ms as i64)
-            .bind(kind)
-            .bind(body)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        }
-        conn.close().await.unwrap();
+        let conn = file_at_version(&path, 1);
+        insert_version_1_records(&conn, old_id, &old_run);
+        conn.close().unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
@@ -799,32 +785,113 @@ async fn records_split_over_batches_in_any_order_read_back_once_each() {
     assert_eq!(store.totals().await.unwrap().terminal_records, 2);
 }
 
+/// A connection of another program to the file (created if missing).
+fn connect(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn
+}
+
+/// The migrations of every schema version, as the files hold them.
+const MIGRATIONS: [(i64, &str); 6] = [
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_segments.sql")),
+    (3, include_str!("../migrations/0003_run_tail.sql")),
+    (4, include_str!("../migrations/0004_compact_rows.sql")),
+    (
+        5,
+        include_str!("../migrations/0005_partial_status_index.sql"),
+    ),
+    (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
+];
+
+/// Writes a run's records as schema version 1 did: one `audit_records`
+/// row per record, the whole result in `runs`.
+fn insert_version_1_records(conn: &rusqlite::Connection, id: RunId, run: &[AuditRecord]) {
+    for r in run {
+        let (kind, body) = match &r.entry {
+            AuditEntry::RunStarted(info) => ("run.start", serde_json::to_string(info).unwrap()),
+            AuditEntry::Event(ev) => {
+                let v = serde_json::to_value(ev).unwrap();
+                let kind = v["type"].as_str().unwrap().to_string();
+                (Box::leak(kind.into_boxed_str()) as &str, v.to_string())
+            }
+            AuditEntry::Terminal(res) => {
+                insert_whole_run(conn, id, res);
+                ("run.end", String::new())
+            }
+        };
+        conn.execute(
+            "INSERT INTO audit_records (run_id, seq, at_ms, kind, body) VALUES (?, ?, ?, ?, ?)",
+            rusqlite::params![id.to_string(), i64::from(r.seq), r.at_ms as i64, kind, body],
+        )
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_file_of_every_earlier_schema_version_opens_and_reads() {
+    let (_, records) = real_run().await;
+    for version in 1..agentvisor::stores::sqlite::SCHEMA_VERSION {
+        let dir = Scratch::new("every-version");
+        let path = dir.path("a.db");
+        let (id, run) = rekey(&records, |_| {});
+        let AuditEntry::Terminal(res) = &run[run.len() - 1].entry else {
+            panic!("the last record is not terminal");
+        };
+        {
+            // Rows in the oldest form that version still reads.
+            let conn = file_at_version(&path, version);
+            if version == 1 {
+                insert_version_1_records(&conn, id, &run);
+            } else {
+                insert_whole_segment(&conn, id, &run);
+                insert_whole_run(&conn, id, res);
+            }
+            conn.close().unwrap();
+        }
+        let store = SqliteStore::open(&path).await.unwrap();
+        assert_eq!(
+            store.version().await.unwrap(),
+            agentvisor::stores::sqlite::SCHEMA_VERSION,
+            "version {version} is migrated"
+        );
+        store.check().await.unwrap();
+        assert_eq!(
+            store.run_records(id).await.unwrap(),
+            run,
+            "version {version}"
+        );
+        assert_eq!(
+            store.run_result(id).await.unwrap().as_ref(),
+            Some(&**res),
+            "version {version}"
+        );
+        let listed = store.list_runs(&RunFilter::default()).await.unwrap();
+        assert_eq!(listed.len(), 1, "version {version}");
+        // And it takes new runs.
+        let (new_id, new_run) = rekey(&records, |_| {});
+        store.append(&new_run).await.unwrap();
+        assert_eq!(store.run_records(new_id).await.unwrap(), new_run);
+        store.close().await;
+    }
+}
+
 /// A new file with the schema of `version` (migrations 1 to `version`).
-async fn file_at_version(path: &Path, version: i64) -> sqlx::SqliteConnection {
-    use sqlx::Connection;
-    let mut conn =
-        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-            .await
-            .unwrap();
-    sqlx::query(
+fn file_at_version(path: &Path, version: i64) -> rusqlite::Connection {
+    let conn = connect(path);
+    conn.execute_batch(
         "CREATE TABLE schema_version \
          (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
     )
-    .execute(&mut conn)
-    .await
     .unwrap();
-    let migrations = [
-        (1, include_str!("../migrations/0001_init.sql")),
-        (2, include_str!("../migrations/0002_segments.sql")),
-        (3, include_str!("../migrations/0003_run_tail.sql")),
-    ];
-    for (v, sql) in migrations.into_iter().filter(|(v, _)| *v <= version) {
-        sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
-        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)")
-            .bind(v)
-            .execute(&mut conn)
-            .await
-            .unwrap();
+    for (v, sql) in MIGRATIONS.into_iter().filter(|(v, _)| *v <= version) {
+        conn.execute_batch(sql).unwrap();
+        conn.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?, 0)",
+            [v],
+        )
+        .unwrap();
     }
     conn
 }
@@ -853,36 +920,36 @@ fn whole_segment(run: &[AuditRecord]) -> String {
 
 /// Writes a `runs` row as versions 1 and 2 wrote it: the whole result,
 /// no tail.
-async fn insert_whole_run(conn: &mut sqlx::SqliteConnection, id: RunId, res: &RunResult) {
-    sqlx::query(
+fn insert_whole_run(conn: &rusqlite::Connection, id: RunId, res: &RunResult) {
+    conn.execute(
         "INSERT INTO runs (run_id, agent, status, started_at, finished_at, result) \
          VALUES (?, ?, ?, ?, ?, ?)",
+        rusqlite::params![
+            id.to_string(),
+            res.agent,
+            res.status.as_str(),
+            res.started_at as i64,
+            res.finished_at as i64,
+            serde_json::to_string(res).unwrap()
+        ],
     )
-    .bind(id.to_string())
-    .bind(&res.agent)
-    .bind(res.status.as_str())
-    .bind(res.started_at as i64)
-    .bind(res.finished_at as i64)
-    .bind(serde_json::to_string(res).unwrap())
-    .execute(conn)
-    .await
     .unwrap();
 }
 
 /// Writes `part` (a run's records, its `run.start` first) as a version-2
 /// or -3 segment row.
-async fn insert_whole_segment(conn: &mut sqlx::SqliteConnection, id: RunId, part: &[AuditRecord]) {
-    sqlx::query(
+fn insert_whole_segment(conn: &rusqlite::Connection, id: RunId, part: &[AuditRecord]) {
+    conn.execute(
         "INSERT INTO audit_segments (run_id, first_seq, last_seq, records, has_start, body) \
          VALUES (?, ?, ?, ?, 1, ?)",
+        rusqlite::params![
+            id.to_string(),
+            i64::from(part[0].seq),
+            i64::from(part[part.len() - 1].seq),
+            part.len() as i64,
+            whole_segment(part)
+        ],
     )
-    .bind(id.to_string())
-    .bind(i64::from(part[0].seq))
-    .bind(i64::from(part[part.len() - 1].seq))
-    .bind(part.len() as i64)
-    .bind(whole_segment(part))
-    .execute(conn)
-    .await
     .unwrap();
 }
 
@@ -897,18 +964,17 @@ async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
     let (split_id, split_run) = rekey(&records, |_| {});
     let cut = 3;
     {
-        use sqlx::Connection;
-        let mut conn = file_at_version(&path, 2).await;
+        let conn = file_at_version(&path, 2);
         // Version 2's form: every payload as the record's own JSON (events
         // with their `type` tag, limits with every key), `null` for run.end.
         for (id, part) in [(old_id, &old_run[..]), (split_id, &split_run[..cut])] {
-            insert_whole_segment(&mut conn, id, part).await;
+            insert_whole_segment(&conn, id, part);
         }
         let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
             panic!("the last record is not terminal");
         };
-        insert_whole_run(&mut conn, old_id, res).await;
-        conn.close().await.unwrap();
+        insert_whole_run(&conn, old_id, res);
+        conn.close().unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
@@ -933,25 +999,24 @@ async fn a_version_2_file_is_migrated_and_its_segments_still_read_back() {
     assert_eq!(totals.records, all);
     assert_eq!(totals.terminal_records, 3);
     // The view sees every record of every generation, each once.
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
-        .await
+    let conn = connect(&path);
+    let (rows, kinds): (i64, i64) = conn
+        .query_row(
+            "SELECT COUNT(*), COUNT(DISTINCT kind) FROM audit_log",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .unwrap();
-    let (rows, kinds): (i64, i64) =
-        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT kind) FROM audit_log")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
     assert_eq!(rows as u64, all);
     assert!(kinds >= 5, "{kinds} kinds");
-    let untagged: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM audit_log WHERE kind = 'step.start' AND run_id = ?",
-    )
-    .bind(new_id.to_string())
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let untagged: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM audit_log WHERE kind = 'step.start' AND run_id = ?",
+            [new_id.to_string()],
+            |r| r.get(0),
+        )
+        .unwrap();
     assert!(untagged > 0);
-    pool.close().await;
 }
 
 /// `records` re-keyed to a new run, their times spread over `step` ms each
@@ -965,11 +1030,13 @@ fn rekey_spread(records: &[AuditRecord], at: u64, step: u64) -> (RunId, Vec<Audi
 }
 
 /// Every `(seq, at_ms)` the `audit_log` view gives for a run, in order.
-async fn view_times(pool: &sqlx::SqlitePool, id: RunId) -> Vec<(i64, i64)> {
-    sqlx::query_as("SELECT seq, at_ms FROM audit_log WHERE run_id = ? ORDER BY seq")
-        .bind(id.to_string())
-        .fetch_all(pool)
-        .await
+fn view_times(conn: &rusqlite::Connection, id: RunId) -> Vec<(i64, i64)> {
+    let mut stmt = conn
+        .prepare("SELECT seq, at_ms FROM audit_log WHERE run_id = ? ORDER BY seq")
+        .unwrap();
+    stmt.query_map([id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
         .unwrap()
 }
 
@@ -990,30 +1057,29 @@ async fn a_version_3_file_is_migrated_and_its_rows_still_read_back() {
     let (split_id, split_run) = rekey_spread(&records, 1_700_000_100_000, 1000);
     let cut = 4;
     {
-        use sqlx::Connection;
-        let mut conn = file_at_version(&path, 3).await;
+        let conn = file_at_version(&path, 3);
         // Version 3's form: absolute times; a whole result in `runs.result`.
-        insert_whole_segment(&mut conn, split_id, &split_run[..cut]).await;
+        insert_whole_segment(&conn, split_id, &split_run[..cut]);
         let AuditEntry::Terminal(res) = &old_run[old_run.len() - 1].entry else {
             panic!("the last record is not terminal");
         };
-        sqlx::query(
+        conn.execute(
             "INSERT INTO runs (run_id, agent, caller_id, status, started_at, finished_at, result, \
              tail_first_seq, tail_records, tail) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+            rusqlite::params![
+                old_id.to_string(),
+                res.agent,
+                res.caller_id,
+                res.status.as_str(),
+                res.started_at as i64,
+                res.finished_at as i64,
+                serde_json::to_string(&**res).unwrap(),
+                old_run.len() as i64,
+                whole_segment(&old_run)
+            ],
         )
-        .bind(old_id.to_string())
-        .bind(&res.agent)
-        .bind(&res.caller_id)
-        .bind(res.status.as_str())
-        .bind(res.started_at as i64)
-        .bind(res.finished_at as i64)
-        .bind(serde_json::to_string(&**res).unwrap())
-        .bind(old_run.len() as i64)
-        .bind(whole_segment(&old_run))
-        .execute(&mut conn)
-        .await
         .unwrap();
-        conn.close().await.unwrap();
+        conn.close().unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
@@ -1052,20 +1118,19 @@ async fn a_version_3_file_is_migrated_and_its_rows_still_read_back() {
     );
     assert_eq!(totals.terminal_records, 2 + 1);
     // The view gives absolute times for rows of both versions.
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    assert_eq!(view_times(&pool, old_id).await, times(&old_run));
-    assert_eq!(view_times(&pool, split_id).await, times(&split_run));
-    assert_eq!(view_times(&pool, new_id).await, times(&new_run));
+    let conn = connect(&path);
+    assert_eq!(view_times(&conn, old_id), times(&old_run));
+    assert_eq!(view_times(&conn, split_id), times(&split_run));
+    assert_eq!(view_times(&conn, new_id), times(&new_run));
     // New rows store offsets: the times cost a few digits each.
-    let tail: String = sqlx::query_scalar("SELECT tail FROM runs WHERE run_id = ?")
-        .bind(new_id.to_string())
-        .fetch_one(&pool)
-        .await
+    let tail: String = conn
+        .query_row(
+            "SELECT tail FROM runs WHERE run_id = ?",
+            [new_id.to_string()],
+            |r| r.get(0),
+        )
         .unwrap();
     assert!(!tail.contains("1700000"), "{tail}");
-    pool.close().await;
 }
 
 #[tokio::test]
@@ -1088,7 +1153,9 @@ async fn committed_rows_reach_the_database_file_before_the_wal_is_full() {
     }
     let wal = std::fs::metadata(dir.path("a.db-wal")).unwrap().len();
     assert!(wal < 60 << 20, "the writer's own checkpoint ran: WAL {wal}");
-    // The checkpoint runs on its own thread: wait for it, a bounded while.
+    // The checkpoint runs on its own thread, which says nothing when it is
+    // done (a store has no hook for it): poll the file's size, a bounded
+    // while — the one wall-clock wait here, with its reason.
     let mut grown = 0;
     for _ in 0..200 {
         grown = std::fs::metadata(&path)
@@ -1119,41 +1186,31 @@ async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
     .await;
 }
 
-/// Holds the database's write lock from another connection until the
-/// transaction is dropped or committed: the writer waits at its `BEGIN`,
-/// so appends queue up behind it without one answering.
-async fn write_lock(pool: &sqlx::SqlitePool) -> sqlx::Transaction<'static, sqlx::Sqlite> {
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("UPDATE fault SET on_ = on_")
-        .execute(&mut *tx)
-        .await
+/// Holds the database's write lock from another connection until
+/// `COMMIT`: the writer waits at its `BEGIN` (well within its busy
+/// timeout), so appends queue up behind it without one answering.
+fn write_lock(conn: &rusqlite::Connection) {
+    conn.execute_batch("BEGIN IMMEDIATE; UPDATE fault SET on_ = on_;")
         .unwrap();
-    tx
 }
 
 /// A trigger that fails every insert into `runs` while `fault.on_` is 1,
 /// and those of the run `fault.run_id` always.
-async fn fault_switch(path: &Path) -> sqlx::SqlitePool {
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    for sql in [
-        "CREATE TABLE fault (on_ INTEGER NOT NULL, run_id TEXT)",
-        "INSERT INTO fault (on_) VALUES (0)",
-        "CREATE TRIGGER fault_runs BEFORE INSERT ON runs \
+fn fault_switch(path: &Path) -> rusqlite::Connection {
+    let conn = connect(path);
+    conn.execute_batch(
+        "CREATE TABLE fault (on_ INTEGER NOT NULL, run_id TEXT); \
+         INSERT INTO fault (on_) VALUES (0); \
+         CREATE TRIGGER fault_runs BEFORE INSERT ON runs \
          WHEN (SELECT on_ FROM fault) = 1 OR NEW.run_id = (SELECT run_id FROM fault) \
-         BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
-    ] {
-        sqlx::query(sql).execute(&pool).await.unwrap();
-    }
-    pool
+         BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+    )
+    .unwrap();
+    conn
 }
 
-async fn set_fault(pool: &sqlx::SqlitePool, on: bool) {
-    sqlx::query("UPDATE fault SET on_ = ?")
-        .bind(i64::from(on))
-        .execute(pool)
-        .await
+fn set_fault(conn: &rusqlite::Connection, on: bool) {
+    conn.execute("UPDATE fault SET on_ = ?", [i64::from(on)])
         .unwrap();
 }
 
@@ -1163,24 +1220,22 @@ async fn a_batch_queued_behind_a_failed_one_is_not_written() {
     let path = dir.path("a.db");
     let store = SqliteStore::open(&path).await.unwrap();
     assert!(store.pipelines());
-    let faults = fault_switch(&path).await;
+    let faults = fault_switch(&path);
     let (_, records) = real_run().await;
     let (first_id, first) = rekey(&records, |_| {});
     let (second_id, second) = rekey(&records, |_| {});
-    sqlx::query("UPDATE fault SET run_id = ?")
-        .bind(first_id.to_string())
-        .execute(&faults)
-        .await
+    faults
+        .execute("UPDATE fault SET run_id = ?", [first_id.to_string()])
         .unwrap();
     // Both queued before either answers (the writer waits for the lock),
     // in this order: the first fails, so the second, which would be
     // written on its own, is not.
-    let lock = write_lock(&faults).await;
+    write_lock(&faults);
     let mut a = Box::pin(store.append(&first));
     poll_once(&mut a).await;
     let mut b = Box::pin(store.append(&second));
     poll_once(&mut b).await;
-    lock.commit().await.unwrap();
+    faults.execute_batch("COMMIT").unwrap();
     let (ra, rb) = (a.await, b.await);
     assert!(ra.unwrap_err().to_string().contains("injected fault"));
     let e = rb.expect_err("written ahead of the batch before it");
@@ -1192,12 +1247,12 @@ async fn a_batch_queued_behind_a_failed_one_is_not_written() {
     // And one queued behind a batch that was written is written too.
     let (third_id, third) = rekey(&records, |_| {});
     let (fourth_id, fourth) = rekey(&records, |_| {});
-    let lock = write_lock(&faults).await;
+    write_lock(&faults);
     let mut c = Box::pin(store.append(&third));
     poll_once(&mut c).await;
     let mut d = Box::pin(store.append(&fourth));
     poll_once(&mut d).await;
-    lock.commit().await.unwrap();
+    faults.execute_batch("COMMIT").unwrap();
     c.await.unwrap();
     d.await.unwrap();
     assert_eq!(store.run_records(third_id).await.unwrap(), third);
@@ -1210,7 +1265,7 @@ async fn a_store_failing_under_pipelined_batches_loses_and_reorders_nothing() {
     let path = dir.path("a.db");
     let spool = dir.path("audit.spool");
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let faults = fault_switch(&path).await;
+    let faults = fault_switch(&path);
     let host = Host::builder()
         .config(HostConfig {
             audit_spool: Some(spool.clone()),
@@ -1236,10 +1291,10 @@ async fn a_store_failing_under_pipelined_batches_loses_and_reorders_nothing() {
     for (i, h) in handles.into_iter().enumerate() {
         // The store fails for the middle third of the results.
         if i == n / 3 {
-            set_fault(&faults, true).await;
+            set_fault(&faults, true);
         }
         if i == 2 * n / 3 {
-            set_fault(&faults, false).await;
+            set_fault(&faults, false);
         }
         results.push(
             tokio::time::timeout(Duration::from_secs(20), h)
@@ -1247,7 +1302,7 @@ async fn a_store_failing_under_pipelined_batches_loses_and_reorders_nothing() {
                 .expect("a run blocked on its audit record"),
         );
     }
-    set_fault(&faults, false).await;
+    set_fault(&faults, false);
     host.shutdown().await;
     assert!(results.iter().all(|r| r.status == RunStatus::Ok));
     assert_eq!(store.totals().await.unwrap().terminal_records, n as u64);
@@ -1320,8 +1375,7 @@ async fn a_runs_steps_are_stored_once_and_read_back_whole() {
         (unlike_id, &unlike, false),
         (split_id, &split, false),
     ];
-    let conn_url = format!("sqlite://{}", path.display());
-    let pool = sqlx::SqlitePool::connect(&conn_url).await.unwrap();
+    let conn = connect(&path);
     for (id, run, from_tail) in runs {
         let AuditEntry::Terminal(res) = &run.last().unwrap().entry else {
             panic!("the last record is not terminal");
@@ -1329,13 +1383,14 @@ async fn a_runs_steps_are_stored_once_and_read_back_whole() {
         assert_eq!(res.steps.len(), 2);
         assert_eq!(store.run_result(id).await.unwrap().as_ref(), Some(&**res));
         assert_eq!(&store.run_records(id).await.unwrap(), run);
-        let stored: String = sqlx::query_scalar("SELECT result FROM runs WHERE run_id = ?")
-            .bind(id.to_string())
-            .fetch_one(&pool)
-            .await
+        let stored: String = conn
+            .query_row(
+                "SELECT result FROM runs WHERE run_id = ?",
+                [id.to_string()],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(stored.contains(r#""steps":"tail""#), from_tail, "{stored}");
         assert_eq!(stored.contains(r#""steps":["#), !from_tail, "{stored}");
     }
-    pool.close().await;
 }

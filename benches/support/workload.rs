@@ -235,6 +235,8 @@ impl Floor {
                 on_delta: None,
                 deadline: None,
                 on_retry: None,
+                options: None,
+                observer: None,
             };
             let Ok(response) = self.model.complete(request).await else {
                 return false;
@@ -248,6 +250,7 @@ impl Floor {
                 content: response.text,
                 tool_calls: response.tool_calls,
                 tool_call_id: None,
+                attachments: Vec::new(),
             });
             for call in calls {
                 let content = match self.tools.prepare(&call) {
@@ -266,6 +269,7 @@ impl Floor {
                     content,
                     tool_calls: Vec::new(),
                     tool_call_id: Some(call.id),
+                    attachments: Vec::new(),
                 });
             }
         }

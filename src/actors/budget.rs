@@ -3,16 +3,37 @@
 //! The only round trip is the first admission of a caller, which loads its
 //! limits and its spend over the window from the ledger into an [`Account`].
 //! After that, runs charge the account's atomic counters themselves (so a
-//! run that crosses its limit sees it before its very next model call) and
+//! run that crosses a limit sees it before its very next model call) and
 //! cast `Meter` / `Commit` here; the actor batches that spend into the ledger
 //! every `flush_every`, and `Drain` writes what is pending before it answers.
-//! Accounts are reloaded from the ledger when older than `refresh_every`, so
-//! a sliding window moves and limits changed in the ledger take effect.
+//!
+//! # Accounts refresh in place
+//! Every `refresh_every` the actor reloads each account's limits and its
+//! spend over the window from the ledger, into the same account: tickets
+//! of runs in flight keep pointing at it, so a reload never loses or leaks
+//! a concurrency slot or a reservation. The window moves with it: a caller
+//! refused at its limit is admitted again once its spend has left the
+//! window. An account's spend is `base + charged`: `charged` is what this
+//! host's runs charged (monotonic), `base` the ledger's spend over the
+//! window at the last refresh minus what this actor had flushed to it by
+//! then (wrapping arithmetic), so spend charged but not yet written is
+//! counted once, whether it is still in a run, in the mailbox or pending.
+//!
+//! # Reservations: what a limit guarantees under concurrency
+//! A caller with a token limit reserves, before every model call, an
+//! estimate of the call's tokens (the first call's at admission:
+//! `HostConfig::budget_reserve_tokens`; later calls: the run's previous
+//! call's), and a call starts only while spent + reserved is under the
+//! limit. The reservation is settled when the call's usage is known. So
+//! the caller's runs together pass the limit by less than one reservation,
+//! plus what calls in flight used beyond their estimates: with estimates
+//! that hold, by less than one model reply in all. Cost and run-time limits
+//! are checked before every call (no reservation): they are passed by at
+//! most the calls in flight when they were reached, one reply per run.
 //!
 //! Rate: at most one `Meter` per run handler (a model call that answered
-//! after a wait) and one `Commit` per run; both are
-//! O(1) map updates. What is lost on a crash: spend not yet flushed (at most
-//! `flush_every` of it).
+//! after a wait) and one `Commit` per run; both are O(1) map updates. What
+//! is lost on a crash: spend not yet flushed (at most `flush_every` of it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -24,52 +45,142 @@ use tokio::time::Instant;
 
 use crate::ports::budget::{BudgetLedger, BudgetLimits, Spend};
 
-/// A caller's live account.
+/// "No limit" in an account's atomic limit fields.
+const UNLIMITED: u64 = u64::MAX;
+
+/// A caller's live account, shared by the host (admission), the runs that
+/// hold its tickets and the budget actor (refresh).
 #[derive(Debug)]
 pub struct Account {
     caller: Arc<str>,
-    limits: BudgetLimits,
-    tokens: AtomicU64,
+    limit_tokens: AtomicU64,
+    limit_cost: AtomicU64,
+    limit_runtime_ms: AtomicU64,
+    limit_concurrent: AtomicU32,
+    /// Spent on this host since the account was made: tokens, cost, ms.
+    charged: [AtomicU64; 3],
+    /// The ledger's spend at the last refresh minus what had been flushed
+    /// (wrapping).
+    base: [AtomicU64; 3],
+    /// Tokens reserved by calls about to start or in flight.
+    reserved: AtomicU64,
     in_flight: AtomicU32,
-    loaded: Instant,
 }
 
+const TOKENS: usize = 0;
+const COST: usize = 1;
+const RUNTIME: usize = 2;
+
 impl Account {
+    fn new(caller: Arc<str>) -> Account {
+        Account {
+            caller,
+            limit_tokens: AtomicU64::new(UNLIMITED),
+            limit_cost: AtomicU64::new(UNLIMITED),
+            limit_runtime_ms: AtomicU64::new(UNLIMITED),
+            limit_concurrent: AtomicU32::new(u32::MAX),
+            charged: Default::default(),
+            base: Default::default(),
+            reserved: AtomicU64::new(0),
+            in_flight: AtomicU32::new(0),
+        }
+    }
+
+    /// Sets limits and spend from the ledger (`flushed`: what this actor
+    /// has written to the ledger for this caller so far).
+    fn refresh(&self, limits: BudgetLimits, spent: &Spend, flushed: &Spend) {
+        self.limit_tokens
+            .store(limits.tokens.unwrap_or(UNLIMITED), Ordering::Relaxed);
+        self.limit_cost
+            .store(limits.cost_micros.unwrap_or(UNLIMITED), Ordering::Relaxed);
+        self.limit_runtime_ms.store(
+            limits
+                .runtime_secs
+                .map_or(UNLIMITED, |s| s.saturating_mul(1000)),
+            Ordering::Relaxed,
+        );
+        self.limit_concurrent.store(
+            limits.concurrent_runs.unwrap_or(u32::MAX),
+            Ordering::Relaxed,
+        );
+        let pairs = [
+            (spent.tokens, flushed.tokens),
+            (spent.cost_micros, flushed.cost_micros),
+            (spent.runtime_ms, flushed.runtime_ms),
+        ];
+        for (i, (s, f)) in pairs.into_iter().enumerate() {
+            self.base[i].store(s.wrapping_sub(f), Ordering::Relaxed);
+        }
+    }
+
     /// The caller.
     #[allow(dead_code)]
     pub fn caller(&self) -> &str {
         &self.caller
     }
 
-    /// The caller's limits.
-    #[allow(dead_code)]
-    pub fn limits(&self) -> BudgetLimits {
-        self.limits
+    fn used(&self, i: usize) -> u64 {
+        self.base[i]
+            .load(Ordering::Relaxed)
+            .wrapping_add(self.charged[i].load(Ordering::Relaxed))
     }
 
-    /// Tokens spent in the window so far.
-    pub fn tokens(&self) -> u64 {
-        self.tokens.load(Ordering::Relaxed)
-    }
-
-    /// Runs of this caller in flight.
-    pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    fn over_tokens(&self) -> bool {
-        self.limits.tokens.is_some_and(|l| self.tokens() >= l)
-    }
-
-    /// Admits one more run, or says why not.
-    pub(crate) fn admit(self: &Arc<Self>) -> Result<Ticket, Denied> {
-        if self.over_tokens() {
-            return Err(Denied::Tokens);
+    /// The first limit other than tokens that is spent, if any.
+    fn over_other(&self) -> Option<Denied> {
+        let cost = self.limit_cost.load(Ordering::Relaxed);
+        if cost != UNLIMITED && self.used(COST) >= cost {
+            return Some(Denied::Cost);
         }
-        let cap = self.limits.concurrent_runs.unwrap_or(u32::MAX);
+        let runtime = self.limit_runtime_ms.load(Ordering::Relaxed);
+        if runtime != UNLIMITED && self.used(RUNTIME) >= runtime {
+            return Some(Denied::Runtime);
+        }
+        None
+    }
+
+    /// Reserves `estimate` tokens if spent + reserved is under the token
+    /// limit (or there is none): the amount reserved, or `Denied::Tokens`.
+    fn reserve(&self, estimate: u64) -> Result<u64, Denied> {
+        let limit = self.limit_tokens.load(Ordering::Relaxed);
+        if limit == UNLIMITED {
+            return Ok(0);
+        }
+        let used = self.used(TOKENS);
+        let mut cur = self.reserved.load(Ordering::Relaxed);
+        loop {
+            if used.saturating_add(cur) >= limit {
+                return Err(Denied::Tokens);
+            }
+            match self.reserved.compare_exchange_weak(
+                cur,
+                cur.saturating_add(estimate),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(estimate),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn release(&self, held: u64) {
+        if held > 0 {
+            self.reserved.fetch_sub(held, Ordering::AcqRel);
+        }
+    }
+
+    /// Admits one more run, reserving `estimate` tokens for its first call,
+    /// or says why not.
+    pub(crate) fn admit(self: &Arc<Self>, estimate: u64) -> Result<Ticket, Denied> {
+        if let Some(d) = self.over_other() {
+            return Err(d);
+        }
+        let held = self.reserve(estimate)?;
+        let cap = self.limit_concurrent.load(Ordering::Relaxed);
         let mut cur = self.in_flight.load(Ordering::Relaxed);
         loop {
             if cur >= cap {
+                self.release(held);
                 return Err(Denied::Concurrency);
             }
             match self.in_flight.compare_exchange_weak(
@@ -81,6 +192,10 @@ impl Account {
                 Ok(_) => {
                     return Ok(Ticket {
                         account: self.clone(),
+                        held,
+                        estimate,
+                        unmetered: Spend::default(),
+                        runtime_charged_ms: 0,
                     })
                 }
                 Err(now) => cur = now,
@@ -89,31 +204,99 @@ impl Account {
     }
 }
 
-/// Why admission said no.
+/// Why admission (or a run's next call) said no.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Denied {
-    /// The caller's token budget is spent.
+    /// The caller's token budget is spent (or reserved by calls in flight).
     Tokens,
+    /// The caller's cost budget is spent.
+    Cost,
+    /// The caller's run-time budget is spent.
+    Runtime,
     /// The caller has as many runs in flight as it may.
     Concurrency,
 }
 
-/// One admitted run's hold on its caller's account; dropping it releases
-/// the concurrency slot (so a panicked run releases it too).
+impl Denied {
+    /// Which budget, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            Denied::Tokens => "token",
+            Denied::Cost => "cost",
+            Denied::Runtime => "run-time",
+            Denied::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// One admitted run's hold on its caller's account: its concurrency slot,
+/// its reservation, and the spend it has charged but not yet sent to the
+/// budget actor. Dropping it releases the slot and the reservation (so a
+/// panicked run releases them too).
 #[derive(Debug)]
 pub struct Ticket {
     account: Arc<Account>,
+    /// Tokens reserved for the call about to start or in flight.
+    held: u64,
+    /// The next call's estimate.
+    estimate: u64,
+    unmetered: Spend,
+    runtime_charged_ms: u64,
 }
 
 impl Ticket {
-    /// Charges tokens to the caller.
-    pub fn charge(&self, tokens: u64) {
-        self.account.tokens.fetch_add(tokens, Ordering::Relaxed);
+    /// Before a model call: charges the run time so far if the caller has
+    /// a run-time limit, checks the cost and run-time limits, and reserves
+    /// the call's tokens (the first call's were reserved at admission).
+    /// `Some` says which budget is spent: the call must not start.
+    pub fn begin_call(&mut self, started: Instant) -> Option<Denied> {
+        let a = &self.account;
+        if a.limit_runtime_ms.load(Ordering::Relaxed) != UNLIMITED {
+            self.charge_runtime(started.elapsed());
+        }
+        if let Some(d) = self.account.over_other() {
+            return Some(d);
+        }
+        if self.held > 0 {
+            return None;
+        }
+        match self.account.reserve(self.estimate) {
+            Ok(held) => {
+                self.held = held;
+                None
+            }
+            Err(d) => Some(d),
+        }
     }
 
-    /// Whether the caller's token budget is spent.
-    pub fn exhausted(&self) -> bool {
-        self.account.over_tokens()
+    /// Charges a model call's tokens and cost to the caller and settles the
+    /// call's reservation; the call's tokens are the next call's estimate.
+    pub fn charge(&mut self, tokens: u64, cost_micros: u64) {
+        let a = &self.account;
+        a.charged[TOKENS].fetch_add(tokens, Ordering::Relaxed);
+        if cost_micros > 0 {
+            a.charged[COST].fetch_add(cost_micros, Ordering::Relaxed);
+        }
+        a.release(std::mem::take(&mut self.held));
+        self.estimate = tokens;
+        self.unmetered.tokens += tokens;
+        self.unmetered.cost_micros += cost_micros;
+    }
+
+    /// Charges the run time up to `elapsed` (what was not charged yet).
+    pub fn charge_runtime(&mut self, elapsed: Duration) {
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        let new = ms.saturating_sub(self.runtime_charged_ms);
+        if new > 0 {
+            self.runtime_charged_ms = ms;
+            self.account.charged[RUNTIME].fetch_add(new, Ordering::Relaxed);
+            self.unmetered.runtime_ms += new;
+        }
+    }
+
+    /// The spend charged since the last call, for the budget actor.
+    pub fn take_unmetered(&mut self) -> Spend {
+        std::mem::take(&mut self.unmetered)
     }
 
     /// The caller.
@@ -130,6 +313,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        self.account.release(self.held);
         self.account.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -143,25 +327,27 @@ pub enum BudgetMsg {
         /// The answer: the account, or the ledger's error text.
         reply: RpcReplyPort<Result<Arc<Account>, String>>,
     },
-    /// Tokens a run used in one model call.
+    /// Spend a run charged since its last meter (one model call's tokens
+    /// and cost, run time when the caller has a run-time limit).
     Meter {
         /// The caller.
         caller: Arc<str>,
-        /// Input + output tokens.
-        tokens: u64,
+        /// The spend (`runs` is 0).
+        spend: Spend,
     },
-    /// A run ended.
+    /// A run ended: the rest of its spend, `runs` = 1.
     Commit {
         /// The caller.
         caller: Arc<str>,
-        /// Tokens not metered yet (a run meters at most once per handler
-        /// and leaves its last model call's tokens to the commit).
-        tokens: u64,
-        /// Its run time.
-        runtime_ms: u64,
+        /// The spend not metered yet, its run time included.
+        spend: Spend,
     },
     /// Write pending spend to the ledger (timer).
     Flush,
+    /// Reload every account's limits and spend from the ledger (timer).
+    Refresh,
+    /// Reload every account now and answer (`Host::reload_budgets`).
+    RefreshNow(RpcReplyPort<()>),
     /// Write pending spend and answer (shutdown).
     Drain(RpcReplyPort<()>),
 }
@@ -178,7 +364,10 @@ pub struct Budget {
 pub struct BudgetState {
     accounts: HashMap<Arc<str>, Arc<Account>>,
     pending: HashMap<Arc<str>, Spend>,
+    /// What was written to the ledger per caller, since its account was made.
+    flushed: HashMap<Arc<str>, Spend>,
     flush_armed: bool,
+    refresh_armed: bool,
 }
 
 impl Actor for Budget {
@@ -194,7 +383,9 @@ impl Actor for Budget {
         Ok(BudgetState {
             accounts: HashMap::new(),
             pending: HashMap::new(),
+            flushed: HashMap::new(),
             flush_armed: false,
+            refresh_armed: false,
         })
     }
 
@@ -206,35 +397,31 @@ impl Actor for Budget {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             BudgetMsg::GetAccount { caller, reply } => {
-                let fresh = st
-                    .accounts
-                    .get(&caller)
-                    .filter(|a| a.loaded.elapsed() < self.refresh_every)
-                    .cloned();
-                let answer = match fresh {
-                    Some(a) => Ok(a),
-                    None => self.load(st, caller).await,
+                let answer = match st.accounts.get(&caller) {
+                    Some(a) => Ok(a.clone()),
+                    None => self.open(st, caller).await,
                 };
+                if answer.is_ok() && !st.refresh_armed {
+                    st.refresh_armed = true;
+                    myself.send_after(self.refresh_every, || BudgetMsg::Refresh);
+                }
                 let _ = reply.send(answer);
             }
-            BudgetMsg::Meter { caller, tokens } => {
-                st.pending.entry(caller).or_default().tokens += tokens;
-                self.arm(&myself, st);
-            }
-            BudgetMsg::Commit {
-                caller,
-                tokens,
-                runtime_ms,
-            } => {
-                let s = st.pending.entry(caller).or_default();
-                s.tokens += tokens;
-                s.runtime_ms += runtime_ms;
-                s.runs += 1;
+            BudgetMsg::Meter { caller, spend } | BudgetMsg::Commit { caller, spend } => {
+                st.pending.entry(caller).or_default().add(&spend);
                 self.arm(&myself, st);
             }
             BudgetMsg::Flush => {
                 st.flush_armed = false;
                 self.flush(st).await;
+            }
+            BudgetMsg::Refresh => {
+                self.refresh_all(st).await;
+                myself.send_after(self.refresh_every, || BudgetMsg::Refresh);
+            }
+            BudgetMsg::RefreshNow(reply) => {
+                self.refresh_all(st).await;
+                let _ = reply.send(());
             }
             BudgetMsg::Drain(reply) => {
                 self.flush(st).await;
@@ -246,28 +433,42 @@ impl Actor for Budget {
 }
 
 impl Budget {
-    async fn load(&self, st: &mut BudgetState, caller: Arc<str>) -> Result<Arc<Account>, String> {
-        let limits = self
-            .ledger
-            .limits(&caller)
-            .await
-            .map_err(|e| e.to_string())?;
-        let spent = self
-            .ledger
-            .spent(&caller, self.window)
-            .await
-            .map_err(|e| e.to_string())?;
-        let unflushed = st.pending.get(&caller).map(|s| s.tokens).unwrap_or(0);
-        let in_flight = st.accounts.get(&caller).map(|a| a.in_flight()).unwrap_or(0);
-        let account = Arc::new(Account {
-            caller: caller.clone(),
-            limits,
-            tokens: AtomicU64::new(spent.tokens + unflushed),
-            in_flight: AtomicU32::new(in_flight),
-            loaded: Instant::now(),
-        });
+    /// Makes a caller's account from the ledger.
+    async fn open(&self, st: &mut BudgetState, caller: Arc<str>) -> Result<Arc<Account>, String> {
+        let account = Arc::new(Account::new(caller.clone()));
+        self.load(st, &account).await?;
         st.accounts.insert(caller, account.clone());
         Ok(account)
+    }
+
+    /// Loads an account's limits and windowed spend from the ledger into it.
+    async fn load(&self, st: &BudgetState, account: &Account) -> Result<(), String> {
+        let caller = account.caller();
+        let limits = self
+            .ledger
+            .limits(caller)
+            .await
+            .map_err(|e| e.to_string())?;
+        let window = limits.window_secs.map_or(self.window, Duration::from_secs);
+        let spent = self
+            .ledger
+            .spent(caller, window)
+            .await
+            .map_err(|e| e.to_string())?;
+        let flushed = st.flushed.get(caller).copied().unwrap_or_default();
+        account.refresh(limits, &spent, &flushed);
+        Ok(())
+    }
+
+    /// Reloads every account in place; one whose ledger read fails keeps
+    /// what it had.
+    async fn refresh_all(&self, st: &mut BudgetState) {
+        let accounts: Vec<Arc<Account>> = st.accounts.values().cloned().collect();
+        for a in accounts {
+            if let Err(e) = self.load(st, &a).await {
+                tracing::warn!(caller = %a.caller(), error = %e, "budget refresh failed; keeping the account as it was");
+            }
+        }
     }
 
     fn arm(&self, myself: &ActorRef<BudgetMsg>, st: &mut BudgetState) {
@@ -281,15 +482,19 @@ impl Budget {
         if st.pending.is_empty() {
             return;
         }
-        let batch: Vec<(String, Spend)> = st
-            .pending
-            .drain()
-            .map(|(c, s)| (c.to_string(), s))
-            .collect();
-        if let Err(e) = self.ledger.commit(&batch).await {
-            tracing::warn!(error = %e, "budget ledger commit failed; keeping the spend for the next flush");
-            for (c, s) in batch {
-                st.pending.entry(Arc::from(c)).or_default().add(&s);
+        let batch: Vec<(Arc<str>, Spend)> = st.pending.drain().collect();
+        let rows: Vec<(String, Spend)> = batch.iter().map(|(c, s)| (c.to_string(), *s)).collect();
+        match self.ledger.commit(&rows).await {
+            Ok(()) => {
+                for (c, s) in batch {
+                    st.flushed.entry(c).or_default().add(&s);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "budget ledger commit failed; keeping the spend for the next flush");
+                for (c, s) in batch {
+                    st.pending.entry(c).or_default().add(&s);
+                }
             }
         }
     }

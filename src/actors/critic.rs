@@ -20,6 +20,12 @@
 //! The records the handler made go to the audit actor as one message.
 //!
 //! # Timing
+//! A streaming model call waits for its first token under its own bound
+//! (`first_token_timeout`, default `stall_timeout`) instead of the stall
+//! timeout; its streamed chunks are heartbeats (`Beat::Streaming`, which
+//! also ends the wait). A stall kill during that wait is told apart:
+//! `error_kind` [`FIRST_TOKEN_TIMEOUT`].
+//!
 //! Deadlines sit in one ordered timer set per shard (`BTreeSet<(Instant,
 //! key)>`) and one sleeper task per shard wakes the critic at the earliest
 //! one: no task per timer, no scan of every run per tick. Timers are lazy:
@@ -92,6 +98,10 @@ use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
+
+/// The `error_kind` of a run killed while its streaming model call still
+/// waited for its first token (see `Limits::first_token_timeout`).
+pub const FIRST_TOKEN_TIMEOUT: &str = "first_token_timeout";
 
 /// Steps a run takes in one handler at most when its calls answer at once.
 pub const INLINE_STEPS: u32 = 8;
@@ -400,7 +410,7 @@ impl Critic {
         run.begin(now);
         let span = run.span().clone();
         let _enter = span.enter();
-        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let handled = crate::panics::catch(AssertUnwindSafe(|| {
             f(self, run);
             self.review(myself, run);
             let mut inline = 0;
@@ -416,7 +426,7 @@ impl Critic {
         }));
         if let Err(panic) = handled {
             let text = panic_text(&panic);
-            tracing::error!(run_id = %run.shared.run_id, "run panicked: {text}");
+            tracing::warn!(run_id = %run.shared.run_id, "run panicked: {text}");
             run.panicked(&text);
         }
         let took = Instant::now().saturating_duration_since(now);
@@ -479,7 +489,7 @@ impl Critic {
         let w = &mut run.watch;
         let trigger = if now >= w.hard_deadline {
             Trigger::HardDeadline
-        } else if now >= w.last_beat + run.limits.stall_timeout {
+        } else if now >= w.last_beat + w.stall_bound(&run.limits) {
             // Whatever is decided, the next stall is judged a whole stall
             // window from now: the timer never fires again at this instant.
             w.last_beat = now;
@@ -624,8 +634,20 @@ impl Critic {
                 run.raise_iterations(by);
             }
             Decision::Kill(kill) => {
-                let dec = decision(run, CriticAction::Kill, kill.as_str(), None);
-                self.stop(run, Ending::killed(kill), Some(dec));
+                let mut ending = Ending::killed(kill);
+                let mut detail = None;
+                if matches!(trigger, Trigger::Stall) && run.watch.awaiting_first {
+                    // Told apart from a stall: the server never started answering.
+                    let waited = run.limits.first_token();
+                    ending.error_kind = Some(FIRST_TOKEN_TIMEOUT.to_string());
+                    ending.error = Some(format!(
+                        "killed: no first token within {} (a server that queues requests, or one that does not answer; see `limits.first_token_timeout`)",
+                        crate::spec::format_duration(waited)
+                    ));
+                    detail = Some(FIRST_TOKEN_TIMEOUT.to_string());
+                }
+                let dec = decision(run, CriticAction::Kill, kill.as_str(), detail);
+                self.stop(run, ending, Some(dec));
             }
         }
         run.watch.progress_at_decision = run.watch.progress();

@@ -16,4 +16,5 @@ pub mod host;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod run;
+pub mod run_observer;
 pub mod watch;

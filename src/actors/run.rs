@@ -27,6 +27,12 @@
 //! the summary, or keeps the transcript whole if the call fails (see
 //! `crate::compaction`).
 //!
+//! A run on a model that streams hands each call an observer
+//! (`crate::actors::run_observer`): streamed chunks are heartbeats, the
+//! call's wait for its first token is bounded by `first_token_timeout`
+//! instead of the stall timeout, streamed text is kept as partial output,
+//! and a provider's fallbacks and estimates become `warning` events.
+//!
 //! Audit records are collected while a message is handled and sent to the
 //! audit actor as one batch at the end of it. The partial result lives in
 //! the shared record (`RunShared`) that the run's handle reads.
@@ -34,9 +40,7 @@
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
 //! partial output, steps and usage are kept on every ending.
 
-use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -50,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::audit::{send_finished, AuditMsg};
 use crate::actors::budget::{BudgetMsg, Ticket};
+use crate::actors::run_observer::RunObserver;
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
@@ -57,7 +62,8 @@ use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::Checkpoint;
 use crate::ports::model::{
-    ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role, ToolCallRequest,
+    CallObserver, ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
+    ToolCallRequest,
 };
 use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
@@ -153,6 +159,15 @@ pub enum RunMsg {
     /// A tool call in flight reported an event (an MCP server's start or
     /// exit, a call's outcome); recorded in the run's order, and a beat.
     ToolEvent(RunEvent),
+    /// A model call went on despite something (a provider's fallback or
+    /// estimate, through the run's call observer): a `warning` the run
+    /// records in its own order.
+    Warned {
+        /// The warning's stable kind.
+        kind: String,
+        /// What happened.
+        message: String,
+    },
 }
 
 /// How a run's tasks reach the critic shard that hosts it (the shard
@@ -242,8 +257,6 @@ pub struct RunState {
     /// Ended, waiting for its child runs to end (until the instant).
     stopping: Option<(Ending, Instant)>,
     pending_audit: Vec<AuditRecord>,
-    /// Tokens charged to the ticket but not yet sent to the budget actor.
-    unmetered: u64,
     /// The next step is due: the shard takes it in the same handler (up
     /// to `INLINE_STEPS` of them), not through the mailbox.
     pub(crate) step_due: bool,
@@ -254,6 +267,9 @@ pub struct RunState {
     clock_ms: Option<u64>,
     /// What the retry layer reports through, made at the first call.
     retry: Option<RetrySink>,
+    /// What a streaming model reports through (heartbeats, partial
+    /// output, warnings), made at the first call.
+    observer: Option<Arc<RunObserver>>,
     /// The critic's record of this run (C8: small).
     pub(crate) watch: Watched,
     span: tracing::Span,
@@ -287,6 +303,7 @@ impl RunState {
             args.limits.context_window,
             args.agent.price().map(|p| p.context),
         );
+        let compaction = Compaction::new(window).reply_room(args.agent.spec().max_tokens);
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
@@ -303,7 +320,7 @@ impl RunState {
             inflight: None,
             epoch: 0,
             error_steps: 0,
-            compaction: Compaction::new(window),
+            compaction,
             started,
             done: false,
             finalized: false,
@@ -311,12 +328,12 @@ impl RunState {
             // Grown on demand: a run spends most of its life waiting on a
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
-            unmetered: 0,
             step_due: true,
             durable: args.durable,
             now: started,
             clock_ms: None,
             retry: None,
+            observer: None,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -374,6 +391,7 @@ impl RunState {
             RunMsg::ModelPanicked { epoch, text } => {
                 if epoch == self.epoch && self.inflight.is_some() {
                     self.inflight = None;
+                    tracing::warn!(run_id = %self.shared.run_id, "model call panicked: {text}");
                     let e = Ending::failed(
                         RunStatus::Error,
                         "panic",
@@ -406,6 +424,9 @@ impl RunState {
                 self.beat(Beat::Alive);
                 self.event(ev);
             }
+            RunMsg::Warned { kind, message } => {
+                self.event(RunEvent::Warning { kind, message });
+            }
         }
     }
 
@@ -436,10 +457,15 @@ impl RunState {
     }
 
     pub(crate) fn next_step(&mut self) {
-        if let Some(t) = &self.ticket {
-            if t.exhausted() {
+        // Budget (see `actors::budget`): limits checked, tokens reserved.
+        if let Some(t) = &mut self.ticket {
+            if let Some(d) = t.begin_call(self.started) {
                 let mut e = Ending::killed(KillReason::Budget);
-                e.error = Some(format!("caller `{}` is over its token budget", t.caller()));
+                e.error = Some(format!(
+                    "caller `{}` is over its {} budget",
+                    t.caller(),
+                    d.what()
+                ));
                 return self.finish(e);
             }
         }
@@ -496,6 +522,8 @@ impl RunState {
             // a retry layer then stops early rather than late).
             deadline: Some(self.started + self.limits.hard_timeout),
             on_retry: self.retry_sink(),
+            options: self.agent.call_options(),
+            observer: self.call_observer(),
         };
         let done = |epoch, result| RunMsg::ModelDone { epoch, result };
         if let Some(result) = self.start_call(request, done) {
@@ -536,7 +564,10 @@ impl RunState {
         };
         let me = self.addr.clone();
         let task = tokio::spawn(async move {
-            let msg = match AssertUnwindSafe(fut).catch_unwind().await {
+            let msg = match AssertUnwindSafe(crate::panics::quietly(fut))
+                .catch_unwind()
+                .await
+            {
                 Ok(result) => done(epoch, result),
                 Err(panic) => RunMsg::ModelPanicked {
                     epoch,
@@ -604,13 +635,18 @@ impl RunState {
                 }
             }
         };
-        match summary {
-            Ok(resp) => {
-                let before = self.transcript.len();
-                let after = compaction::compacted(&self.transcript, due.cut, &resp.text);
-                self.transcript = Arc::new(after);
-                self.compaction.replaced();
-                let tokens_after = self.compaction.estimate(&self.transcript);
+        let before = self.transcript.len();
+        let text = summary
+            .as_ref()
+            .map(|r| r.text.as_str())
+            .map_err(String::clone);
+        match self.compaction.settle(&self.transcript, due, text) {
+            compaction::Settled::Summarized {
+                transcript,
+                tokens_after,
+            } => {
+                self.transcript = Arc::new(transcript);
+                let resp = summary.unwrap_or_default();
                 self.event(RunEvent::TranscriptCompacted {
                     iteration: self.iteration + 1,
                     messages_before: before as u32,
@@ -621,7 +657,22 @@ impl RunState {
                     summary: resp.text,
                 });
             }
-            Err(why) => {
+            compaction::Settled::Trimmed {
+                transcript,
+                dropped,
+                tokens_after,
+                why,
+            } => {
+                self.transcript = Arc::new(transcript);
+                self.event(RunEvent::Warning {
+                    kind: "transcript_trimmed".into(),
+                    message: format!(
+                        "{why}: the {dropped} oldest messages after the first prompt were dropped instead ({} → {tokens_after} tokens)",
+                        due.tokens
+                    ),
+                });
+            }
+            compaction::Settled::Kept { why } => {
                 self.compaction.failed(self.iteration);
                 self.event(RunEvent::Warning {
                     kind: "compaction_failed".into(),
@@ -637,20 +688,22 @@ impl RunState {
     /// budget; returns its tokens.
     fn charge(&mut self, usage: &Usage, answer: Option<&str>) -> u64 {
         let tokens = usage.total();
+        let mut cost = 0;
         {
             let mut p = self.shared.partial();
             p.usage.add(usage);
             if let Some(price) = self.agent.price() {
-                p.cost_micros = price.cost_micros(&p.usage);
+                let total = price.cost_micros(&p.usage);
+                cost = total.saturating_sub(p.cost_micros);
+                p.cost_micros = total;
             }
             if let Some(text) = answer.filter(|t| !t.trim().is_empty()) {
                 p.last_text = Some(text.to_string());
             }
         }
-        if let Some(t) = &self.ticket {
+        if let Some(t) = &mut self.ticket {
             // The account sees it now; the ledger with the handler's end.
-            t.charge(tokens);
-            self.unmetered += tokens;
+            t.charge(tokens, cost);
         }
         tokens
     }
@@ -715,6 +768,7 @@ impl RunState {
             content: resp.text,
             tool_calls: resp.tool_calls,
             tool_call_id: None,
+            attachments: Vec::new(),
         });
         if let Some(outcomes) = ready {
             self.tools_done(outcomes);
@@ -739,12 +793,11 @@ impl RunState {
         // one before (its argument check included).
         let mut mark = self.now;
         for call in calls {
-            let mut h = DefaultHasher::new();
-            call.name.hash(&mut h);
-            call.arguments.hash(&mut h);
-            // The critic counts repeats; one that reaches the limit is
-            // decided on before the next step (the shard reviews the run).
-            self.beat(Beat::ToolStarted { hash: h.finish() });
+            // The critic counts repeats (arguments compared as canonical
+            // JSON); one that reaches the limit is decided on before the
+            // next step (the shard reviews the run).
+            let hash = crate::tools::validate::canonical_hash(&call.name, &call.arguments);
+            self.beat(Beat::ToolStarted { hash });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
                 iteration: self.iteration,
@@ -897,6 +950,7 @@ impl RunState {
                 content,
                 tool_calls: Vec::new(),
                 tool_call_id: Some(o.call_id),
+                attachments: Vec::new(),
             });
         }
         if any_ok {
@@ -976,11 +1030,13 @@ impl RunState {
         self.finalized = true;
         let records = std::mem::take(&mut self.pending_audit);
         send_finished(&self.audit, self.shared.finish_after(ending, records));
-        if let Some(t) = self.ticket.take() {
+        if let Some(mut t) = self.ticket.take() {
+            t.charge_runtime(self.started.elapsed());
+            let mut spend = t.take_unmetered();
+            spend.runs = 1;
             let _ = self.budget.cast(BudgetMsg::Commit {
                 caller: t.caller_arc(),
-                tokens: std::mem::take(&mut self.unmetered),
-                runtime_ms: self.started.elapsed().as_millis() as u64,
+                spend,
             });
         }
     }
@@ -1009,6 +1065,28 @@ impl RunState {
         });
         self.retry = Some(sink.clone());
         Some(sink)
+    }
+
+    /// The observer for the model call about to start (see
+    /// `run_observer`): made once, for a model that streams, whose calls
+    /// then have a first-token phase. `None` for other models.
+    fn call_observer(&mut self) -> Option<Arc<dyn CallObserver>> {
+        if self.observer.is_none() {
+            if !self.agent.model().streams() {
+                return None;
+            }
+            let throttle =
+                RunObserver::throttle(self.limits.stall_timeout, self.limits.first_token());
+            self.observer = Some(Arc::new(RunObserver::new(
+                self.addr.clone(),
+                self.shared.clone(),
+                throttle,
+            )));
+        }
+        let observer = self.observer.as_ref()?;
+        observer.call_started();
+        self.watch.await_first_token();
+        Some(observer.clone())
     }
 
     /// Saves a durable run's progress (through the audit actor, which writes
@@ -1046,14 +1124,17 @@ impl RunState {
     /// Sends the tokens charged since the last meter to the budget actor
     /// (once per handler; a finished run's go with its commit).
     fn flush_meter(&mut self) {
-        if self.unmetered == 0 || self.done {
+        if self.done {
             return;
         }
-        if let Some(t) = &self.ticket {
-            let _ = self.budget.cast(BudgetMsg::Meter {
-                caller: t.caller_arc(),
-                tokens: std::mem::take(&mut self.unmetered),
-            });
+        if let Some(t) = &mut self.ticket {
+            let spend = t.take_unmetered();
+            if spend != Default::default() {
+                let _ = self.budget.cast(BudgetMsg::Meter {
+                    caller: t.caller_arc(),
+                    spend,
+                });
+            }
         }
     }
 

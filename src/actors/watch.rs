@@ -30,8 +30,11 @@ pub enum Beat {
     },
     /// A tool call finished.
     ToolFinished,
-    /// Still alive (a retry, a streamed chunk).
+    /// Still alive (a retry, a caller's heartbeat).
     Alive,
+    /// A model call streamed something (text, tool-call arguments,
+    /// reasoning): alive, and past its wait for the first token.
+    Streaming,
 }
 
 /// The critic's record of one run (C8: small; it lives in the run's state).
@@ -59,6 +62,10 @@ pub struct Watched {
     pub(crate) repeat_due: bool,
     /// A question is pending with a policy that answers later.
     pub(crate) pending: bool,
+    /// A streaming model call waits for its first token: the stall bound
+    /// is `first_token_timeout` until it comes (a queueing server is not a
+    /// stalled one), and a kill then says `first_token_timeout`.
+    pub(crate) awaiting_first: bool,
 }
 
 impl Watched {
@@ -82,6 +89,21 @@ impl Watched {
             runaway_steered: false,
             repeat_due: false,
             pending: false,
+            awaiting_first: false,
+        }
+    }
+
+    /// The model call just started streams: it waits for its first token.
+    pub(crate) fn await_first_token(&mut self) {
+        self.awaiting_first = true;
+    }
+
+    /// The stall bound in force (see `awaiting_first`).
+    pub(crate) fn stall_bound(&self, limits: &Limits) -> Duration {
+        if self.awaiting_first {
+            limits.first_token()
+        } else {
+            limits.stall_timeout
         }
     }
 
@@ -93,7 +115,9 @@ impl Watched {
             Beat::StepFinished { tokens } => {
                 self.steps_done += 1;
                 self.tokens += tokens;
+                self.awaiting_first = false;
             }
+            Beat::Streaming => self.awaiting_first = false,
             Beat::ToolFinished => self.tool_calls += 1,
             Beat::Alive => {}
             Beat::ToolStarted { hash } => {
@@ -115,7 +139,7 @@ impl Watched {
     }
 
     pub(crate) fn next_due(&self, limits: &Limits) -> Instant {
-        let stall = self.last_beat + limits.stall_timeout;
+        let stall = self.last_beat + self.stall_bound(limits);
         self.hard_deadline.min(stall).min(self.next_soft)
     }
 

@@ -8,14 +8,30 @@
 //! audit log (read back by `agentvisor runs`) and the budget ledger, so a
 //! caller's token budget holds across invocations, and durable runs'
 //! checkpoints, which `agentvisor recover` resumes after a crash. While it cannot be
-//! written, audit batches go to `PATH.spool` and are replayed later. A
-//! database that cannot be opened is refused with exit code 2.
+//! written, audit batches go to `PATH.spool` (or `--spool`) and are
+//! replayed later; records that neither takes are counted, and the command
+//! says so and exits non-zero. A database that cannot be opened (or, with
+//! `--check`, is damaged) is refused with exit code 2.
 
+/// Prints a line to stdout. Once stdout is gone (the reader of a pipe, such
+/// as `head -1`, went away) nothing more is printed, and the command goes on
+/// quietly: it still finishes its runs and writes their records.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::cli::write_line(false, format_args!($($t)*)) };
+}
+
+/// Prints a line to stderr, quietly giving up if stderr is gone.
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::cli::write_line(true, format_args!($($t)*)) };
+}
+
+mod budget;
 mod mcp;
 mod recover;
 mod replay;
 mod run;
 mod runs;
+mod signals;
 mod soak;
 mod swarm;
 
@@ -43,6 +59,14 @@ pub(crate) struct Cli {
     /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Where audit records go while the database cannot be written (put it
+    /// on another disk); default: `PATH.spool` beside the database.
+    #[arg(long, global = true, env = "AGENTVISOR_SPOOL", value_name = "PATH")]
+    spool: Option<PathBuf>,
+    /// Check the whole database file when it is opened (`PRAGMA
+    /// quick_check`): a damaged file is refused with exit code 2.
+    #[arg(long, global = true)]
+    check: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -87,10 +111,31 @@ enum Command {
     /// MCP servers: `mcp tools FILE [--json]` starts a manifest's servers
     /// and prints every tool as the model sees it.
     Mcp(mcp::McpArgs),
+    /// Per-caller budgets in the database: set limits, show them and the
+    /// spend in their window.
+    Budget(budget::BudgetArgs),
+}
+
+/// Store options every command that opens a database follows (`--spool`,
+/// `--check`), set once from the command line.
+#[derive(Debug, Default)]
+struct StoreOptions {
+    spool: Option<PathBuf>,
+    check: bool,
+}
+
+static STORE_OPTIONS: std::sync::OnceLock<StoreOptions> = std::sync::OnceLock::new();
+
+fn store_options() -> &'static StoreOptions {
+    STORE_OPTIONS.get_or_init(StoreOptions::default)
 }
 
 /// Runs the chosen command.
 pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
+    let _ = STORE_OPTIONS.set(StoreOptions {
+        spool: cli.spool.clone(),
+        check: cli.check,
+    });
     let db = Db::from_flag(cli.db);
     match cli.command {
         Command::Run(a) => run::run(a, &db).await,
@@ -100,6 +145,32 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
         Command::Mcp(a) => mcp::mcp(a).await,
+        Command::Budget(a) => budget::budget(a, &db).await,
+    }
+}
+
+/// Stdout or stderr was found closed: print nothing more to it.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static STDERR_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes one line to stdout (`err`: stderr); a write that fails (a closed
+/// pipe, a full disk) stops output to that stream for the rest of the
+/// process instead of panicking as `println!` does.
+pub(crate) fn write_line(err: bool, args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let gone = if err { &STDERR_GONE } else { &STDOUT_GONE };
+    if gone.load(Ordering::Relaxed) {
+        return;
+    }
+    let written = if err {
+        writeln!(std::io::stderr().lock(), "{args}")
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{args}").and_then(|()| out.flush())
+    };
+    if written.is_err() {
+        gone.store(true, Ordering::Relaxed);
     }
 }
 
@@ -113,9 +184,50 @@ pub(crate) fn init_tracing() {
         .try_init();
 }
 
+/// The largest input `--input -` reads from stdin (16 MiB).
+const MAX_STDIN_INPUT: u64 = 16 * 1024 * 1024;
+
+/// The prompt a `--input` flag gives: `-` reads it from stdin (to its end,
+/// at most 16 MiB of UTF-8), anything else is the text itself.
+pub(crate) fn input_text(flag: Option<String>) -> Result<Option<String>, ExitCode> {
+    match flag.as_deref() {
+        Some("-") => {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .take(MAX_STDIN_INPUT + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| refuse(format!("--input -: cannot read stdin: {e}")))?;
+            if bytes.len() as u64 > MAX_STDIN_INPUT {
+                return Err(refuse("--input -: stdin holds more than 16 MiB"));
+            }
+            String::from_utf8(bytes)
+                .map(Some)
+                .map_err(|_| refuse("--input -: stdin is not UTF-8 text"))
+        }
+        _ => Ok(flag),
+    }
+}
+
+/// The inputs an `--inputs JSON` flag gives: a JSON object whose values
+/// fill the manifest's `{{inputs.NAME}}` placeholders.
+pub(crate) fn inputs_flag(
+    flag: Option<&str>,
+) -> Result<std::collections::BTreeMap<String, serde_json::Value>, ExitCode> {
+    match flag {
+        None => Ok(Default::default()),
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            refuse(format!(
+                "--inputs: not a JSON object of named inputs ({e}); e.g. --inputs '{{\"city\": \"Oslo\"}}'"
+            ))
+        }),
+    }
+}
+
 /// Input refused before any run: print it and exit 2.
 pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
+    errln!("error: {message}");
     ExitCode::from(2)
 }
 
@@ -136,10 +248,33 @@ pub(crate) async fn prepare(
     db: &Db,
     model: Option<String>,
 ) -> Result<(Host, Agent), ExitCode> {
+    let config = providers(model.clone())?;
+    if let Some(flag) = &model {
+        check_model_flag(flag, &config)?;
+    }
     prepare_with(file, budget_tokens, db, |_, builder| {
-        Ok(builder.providers(providers(model)?))
+        Ok(builder.providers(config))
     })
     .await
+}
+
+/// Refuses a `--model` value that names no model (exit 2), naming the
+/// flag and the value, not the manifest.
+fn check_model_flag(flag: &str, config: &ProviderConfig) -> Result<(), ExitCode> {
+    let resolver = ModelResolver::new(config.clone());
+    let known = || resolver.known().join(", ");
+    match resolver.follow_tiers(flag) {
+        Ok(target) if agentvisor::providers::ModelSpec::parse(&target).is_some() => Ok(()),
+        Ok(target) if target != flag.trim() => Err(refuse(format!(
+            "--model `{flag}`: the tier maps to `{target}`, which is not a model (known: {})",
+            known()
+        ))),
+        Ok(_) => Err(refuse(format!(
+            "--model `{flag}`: unknown model (use one of: {})",
+            known()
+        ))),
+        Err(e) => Err(refuse(format!("--model `{flag}`: {e}"))),
+    }
 }
 
 /// [`prepare`], with `customize` given the manifest and the host builder
@@ -174,6 +309,9 @@ pub(crate) async fn prepare_with(
     };
     let host = builder.build().await.map_err(refuse)?;
     let agent = host.prepare(spec).await.map_err(|e| {
+        if let SubmitError::NoModel(_) = e {
+            return refuse(format!("{}: {e}", file.display()));
+        }
         let line = match &e {
             SubmitError::Tool(RegistryError::UnknownTool { name, .. }) => {
                 std::fs::read_to_string(file)
@@ -210,9 +348,55 @@ pub(crate) fn providers(model: Option<String>) -> Result<ProviderConfig, ExitCod
 }
 
 /// Opens (or creates) the database, or refuses with exit 2 and a message
-/// naming the path.
+/// naming the path; with `--check`, a damaged file is refused too.
 pub(crate) async fn open_db(path: &Path) -> Result<SqliteStore, ExitCode> {
-    SqliteStore::open(path).await.map_err(refuse)
+    let store = SqliteStore::open(path).await.map_err(refuse)?;
+    if store_options().check {
+        check_db(&store).await?;
+    }
+    Ok(store)
+}
+
+/// Opens an existing database (readers: `runs`, `replay`), or refuses with
+/// exit 2; with `--check`, a damaged file is refused too.
+pub(crate) async fn open_existing_db(path: &Path) -> Result<SqliteStore, ExitCode> {
+    let store = SqliteStore::open_existing(path).await.map_err(refuse)?;
+    if store_options().check {
+        check_db(&store).await?;
+    }
+    Ok(store)
+}
+
+/// `PRAGMA quick_check` of the whole file: damage is refused with exit 2
+/// and a message naming the path.
+pub(crate) async fn check_db(store: &SqliteStore) -> Result<(), ExitCode> {
+    store.check().await.map_err(refuse)
+}
+
+/// After a host's shutdown: says on stderr how many audit records could not
+/// be written (neither the database nor the spool took them) and where the
+/// spool is, and how many wait in the spool. Returns whether records were
+/// lost (the command then exits non-zero).
+pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::AuditStats) -> bool {
+    let spool = host
+        .config()
+        .audit_spool
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |p| p.display().to_string());
+    if stats.spooled > 0 {
+        eprintln!(
+            "warning: {} audit record(s) are in the spool {spool}, not yet in the database; the next command on this database replays them",
+            stats.spooled
+        );
+    }
+    if stats.unwritten > 0 {
+        eprintln!(
+            "error: {} audit record(s) could not be written: neither the database nor the spool ({spool}) took them",
+            stats.unwritten
+        );
+        return true;
+    }
+    false
 }
 
 /// A host on the SQLite store at `path` (audit, ledger, checkpoints).
@@ -232,12 +416,15 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
 /// (a transaction costs the same for 1 or 4096 records), and a spool beside
 /// the database.
 fn sqlite_config(path: &Path) -> HostConfig {
-    let mut spool = path.as_os_str().to_owned();
-    spool.push(".spool");
+    let spool = store_options().spool.clone().unwrap_or_else(|| {
+        let mut spool = path.as_os_str().to_owned();
+        spool.push(".spool");
+        PathBuf::from(spool)
+    });
     HostConfig {
         audit_batch: 4096,
         audit_max_age: Duration::from_millis(5),
-        audit_spool: Some(PathBuf::from(spool)),
+        audit_spool: Some(spool),
         ..HostConfig::default()
     }
 }

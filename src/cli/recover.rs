@@ -6,7 +6,9 @@
 //!
 //! Exit 0 once recovery is done, whatever the resumed runs' statuses (they
 //! are in the summary and in `agentvisor runs`); 1 when the stores cannot
-//! be read; 2 when the database cannot be opened.
+//! be read or records could not be written; 2 when the database cannot be
+//! opened or is damaged (`PRAGMA quick_check`, always run here). Runs
+//! another live host holds are left to it (`leased`).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -33,6 +35,8 @@ struct Summary {
     crash_loop: Vec<RunId>,
     unrecoverable: Vec<RunId>,
     interrupted: Vec<RunId>,
+    /// Durable runs another live host holds (not resumed here).
+    leased: Vec<RunId>,
 }
 
 pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
@@ -44,6 +48,16 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
             )
         }
     };
+    // Damage anywhere in the file is refused before anything is resumed.
+    match super::open_db(path).await {
+        Ok(store) => {
+            if let Err(code) = super::check_db(&store).await {
+                return code;
+            }
+            store.close().await;
+        }
+        Err(code) => return code,
+    }
     let host = match super::sqlite_host(path).await {
         Ok(h) => h,
         Err(code) => return code,
@@ -51,7 +65,7 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
     let recovery = match host.recover().await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot recover from {}: {e}", path.display());
+            errln!("error: cannot recover from {}: {e}", path.display());
             host.shutdown().await;
             return ExitCode::from(1);
         }
@@ -63,26 +77,33 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
         crash_loop: recovery.crash_loops,
         unrecoverable: recovery.unrecoverable,
         interrupted: recovery.interrupted,
+        leased: recovery.leased,
     };
     let results = futures_util::future::join_all(recovery.resumed).await;
     for r in &results {
         *summary.by_status.entry(r.status.to_string()).or_default() += 1;
     }
-    host.shutdown().await;
+    let stats = host.shutdown().await;
+    let lost = super::report_unwritten(&host, &stats);
     if a.json {
-        println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     } else {
-        println!(
-            "resumed {} run(s); {} already finished; {} crash loop(s); {} unrecoverable; {} interrupted (not durable)",
+        outln!(
+            "resumed {} run(s); {} already finished; {} crash loop(s); {} unrecoverable; {} interrupted (not durable); {} held by a live host",
             summary.resumed,
             summary.already_finished,
             summary.crash_loop.len(),
             summary.unrecoverable.len(),
-            summary.interrupted.len()
+            summary.interrupted.len(),
+            summary.leased.len()
         );
         for (status, n) in &summary.by_status {
-            println!("  {status}: {n}");
+            outln!("  {status}: {n}");
         }
     }
-    ExitCode::SUCCESS
+    if lost {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

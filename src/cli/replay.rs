@@ -9,7 +9,6 @@ use clap::Args;
 
 use agentvisor::ports::audit::AuditStore;
 use agentvisor::replay::replay;
-use agentvisor::stores::SqliteStore;
 use agentvisor::tools::ToolRegistry;
 use agentvisor::RunId;
 
@@ -36,16 +35,16 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
         Ok(id) if a.run_id.len() == 32 => id,
         _ => return super::refuse(format!("`{}` is not a run id (32 hex digits)", a.run_id)),
     };
-    let store = match SqliteStore::open_existing(path).await {
+    let store = match super::open_existing_db(path).await {
         Ok(s) => s,
-        Err(e) => return super::refuse(e),
+        Err(code) => return code,
     };
     let records = store.run_records(run_id).await;
     store.close().await;
     let records = match records {
         Ok(r) if !r.is_empty() => r,
         Ok(_) => {
-            eprintln!("error: no run {run_id} in {}", path.display());
+            errln!("error: no run {run_id} in {}", path.display());
             return ExitCode::from(1);
         }
         Err(e) => return super::refuse(format!("{}: {e}", path.display())),
@@ -53,25 +52,25 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
     let report = match replay(&records, &ToolRegistry::with_builtins()).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(1);
         }
     };
     if a.json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else if report.same {
-        println!(
+        outln!(
             "replay of {run_id}: same trace ({} items)",
             report.recorded.len()
         );
     } else {
         let i = report.first_difference.unwrap_or(0);
-        println!("replay of {run_id}: the trace differs at item {i}");
-        println!(
+        outln!("replay of {run_id}: the trace differs at item {i}");
+        outln!(
             "  recorded: {}",
             serde_json::to_string(&report.recorded.get(i)).unwrap_or_default()
         );
-        println!(
+        outln!(
             "  replayed: {}",
             serde_json::to_string(&report.replayed.get(i)).unwrap_or_default()
         );

@@ -1,21 +1,36 @@
 //! `agentvisor run FILE`: one run, its events (with `--events`), its result.
-//! Ctrl-C cancels the run; the result is still printed (status `cancelled`).
+//! Ctrl-C cancels the run; the result is still printed (status `cancelled`,
+//! with the text streamed so far as its output). SIGTERM or SIGHUP give the
+//! run `--drain` (default 10 s) to finish, then cancel it, print its result
+//! and exit 143 / 129 (a second signal cancels at once); see `signals`.
+//!
+//! `--attach PATH` (repeatable) sends a file with the prompt: a PNG, JPEG,
+//! GIF or WebP image as an image, a UTF-8 file as text; at most 5 MiB each
+//! (`ports::model::MAX_ATTACHMENT_BYTES`). A file that cannot be read, is
+//! too large or is neither is refused with exit 2 before anything runs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
+use agentvisor::spec::Attachment;
 use agentvisor::{Invocation, RunResult, RunStatus};
+
+use super::signals::{Caught, Signals};
 
 /// Flags of `agentvisor run`.
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
     /// The agent manifest (YAML).
     file: PathBuf,
-    /// The prompt (default: the manifest's `prompt`).
-    #[arg(long)]
+    /// The prompt (default: the manifest's `prompt`); `-` reads it from stdin.
+    #[arg(long, allow_hyphen_values = true)]
     input: Option<String>,
+    /// Named inputs as a JSON object (`{"city": "Oslo"}`): they fill the
+    /// manifest's `{{inputs.NAME}}` placeholders in `prompt` and `system`.
+    #[arg(long, value_name = "JSON")]
+    inputs: Option<String>,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -23,41 +38,100 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     events: bool,
     /// The caller's token budget for this run.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     budget_tokens: Option<u64>,
     /// The caller id the run is charged to.
     #[arg(long, default_value = "cli")]
     caller: String,
+    /// After SIGTERM or SIGHUP, how long the run may go on before it is
+    /// cancelled (default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = super::signals::drain_flag)]
+    drain: Option<std::time::Duration>,
     /// Run on this model instead of the manifest's (`openai:MODEL`,
     /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).
     #[arg(long, value_name = "SPEC")]
     model: Option<String>,
+    /// Send this file with the prompt (an image, or a text file; at most
+    /// 5 MiB). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    attach: Vec<PathBuf>,
 }
 
-pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
+/// Reads the `--attach` files, or refuses (exit 2) naming the one that
+/// cannot be sent.
+fn attachments(paths: &[PathBuf]) -> Result<Vec<Attachment>, ExitCode> {
+    paths
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).map_err(|e| {
+                super::refuse(format!("--attach {}: cannot read it: {e}", path.display()))
+            })?;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.display().to_string());
+            Attachment::from_bytes(name, &bytes)
+                .map_err(|e| super::refuse(format!("--attach {}: {e}", path.display())))
+        })
+        .collect()
+}
+
+pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
+    let mut signals = match Signals::listen() {
+        Ok(s) => s,
+        Err(e) => return super::refuse(format!("cannot listen for signals: {e}")),
+    };
+    let attachments = match attachments(&a.attach) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    a.input = match super::input_text(a.input.take()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let (host, agent) = match super::prepare(&a.file, a.budget_tokens, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
     };
+    let inputs = match super::inputs_flag(a.inputs.as_deref()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let inv = Invocation {
         prompt: a.input.unwrap_or_default(),
+        inputs,
         caller_id: Some(a.caller),
+        attachments,
         ..Default::default()
     };
+    let mut caught: Option<Caught> = None;
     let result = match host.submit_streaming(&agent, inv).await {
         Ok((mut handle, mut events)) => {
             let mut cancelled = false;
+            let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
+            let mut drain_until: Option<tokio::time::Instant> = None;
             loop {
                 tokio::select! {
                     ev = events.next() => match ev {
                         Some(ev) => {
                             if a.events {
-                                println!("{}", serde_json::to_string(&ev).unwrap_or_default());
+                                outln!("{}", serde_json::to_string(&ev).unwrap_or_default());
                             }
                         }
                         None => break,
                     },
-                    _ = tokio::signal::ctrl_c(), if !cancelled => {
+                    s = signals.next() => {
+                        if s == Caught::Int || caught.is_some() {
+                            // Ctrl-C, or a second signal: cancel now.
+                            cancelled = true;
+                            handle.cancel();
+                        } else {
+                            caught = Some(s);
+                            errln!("{}: the run may finish within {}; then it is cancelled", s.name(), agentvisor::spec::format_duration(drain));
+                            drain_until = Some(tokio::time::Instant::now() + drain);
+                        }
+                    }
+                    _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() && !cancelled => {
                         cancelled = true;
                         handle.cancel();
                     }
@@ -67,13 +141,20 @@ pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
         }
         Err(e) => return super::refuse(e),
     };
-    host.shutdown().await;
+    // The result is on record (in the database or its spool) once it is
+    // delivered: print it now, before the shutdown drains the rest.
     if a.json {
-        println!("{}", serde_json::to_string(&result).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&result).unwrap_or_default());
     } else {
         print_human(&result);
     }
-    if result.status == RunStatus::Ok {
+    let stats = host.shutdown().await;
+    if super::report_unwritten(&host, &stats) {
+        return ExitCode::from(1);
+    }
+    if let Some(s) = caught {
+        ExitCode::from(s.exit_code())
+    } else if result.status == RunStatus::Ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -82,21 +163,24 @@ pub(crate) async fn run(a: RunArgs, db: &super::Db) -> ExitCode {
 
 pub(crate) fn print_human(r: &RunResult) {
     let reason = r.kill_reason.map(|k| format!(" ({k})")).unwrap_or_default();
-    println!("run {}: {}{reason}", r.run_id, r.status);
+    outln!("run {}: {}{reason}", r.run_id, r.status);
     if let Some(kind) = &r.error_kind {
-        println!("error: {kind}: {}", r.error.as_deref().unwrap_or(""));
+        outln!("error: {kind}: {}", r.error.as_deref().unwrap_or(""));
     }
     for s in &r.steps {
         let mark = if s.ok { "ok" } else { "error" };
-        println!(
+        outln!(
             "  step {} {} {} → {mark} ({} ms)",
-            s.iteration, s.tool, s.args, s.duration_ms
+            s.iteration,
+            s.tool,
+            s.args,
+            s.duration_ms
         );
     }
     for d in &r.critic {
-        println!("  critic {:?} ({}) at {} ms", d.action, d.reason, d.at_ms);
+        outln!("  critic {:?} ({}) at {} ms", d.action, d.reason, d.at_ms);
     }
-    println!(
+    outln!(
         "usage: {} input / {} output tokens, {} iterations, {} ms",
         r.usage.input_tokens,
         r.usage.output_tokens,
@@ -104,6 +188,6 @@ pub(crate) fn print_human(r: &RunResult) {
         r.duration_ms()
     );
     if let Some(out) = &r.output {
-        println!("output: {out}");
+        outln!("output: {out}");
     }
 }

@@ -83,9 +83,9 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
         }
         Db::File(p) => p,
     };
-    let store = match SqliteStore::open_existing(path).await {
+    let store = match super::open_existing_db(path).await {
         Ok(s) => s,
-        Err(e) => return super::refuse(e),
+        Err(code) => return code,
     };
     let code = match a.command {
         RunsCommand::List(l) => list(&store, l).await,
@@ -106,19 +106,24 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
         Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
     };
     if a.json {
-        println!("{}", serde_json::to_string(&runs).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&runs).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
     if runs.is_empty() {
-        println!("no runs in {}", store.path().display());
+        outln!("no runs in {}", store.path().display());
         return ExitCode::SUCCESS;
     }
-    println!(
+    outln!(
         "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
-        "RUN_ID", "STATUS", "AGENT", "CALLER", "FINISHED (UTC)", "MS"
+        "RUN_ID",
+        "STATUS",
+        "AGENT",
+        "CALLER",
+        "FINISHED (UTC)",
+        "MS"
     );
     for r in &runs {
-        println!(
+        outln!(
             "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
             r.run_id,
             status_text(r),
@@ -153,7 +158,7 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     if result.is_none() && records.is_empty() {
-        eprintln!("error: no run {run_id} in {}", store.path().display());
+        errln!("error: no run {run_id} in {}", store.path().display());
         return ExitCode::from(1);
     }
     if a.json {
@@ -161,14 +166,14 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
             result: result.as_ref(),
             records: &records,
         };
-        println!("{}", serde_json::to_string(&shown).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&shown).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
     match &result {
         Some(r) => super::run::print_human(r),
-        None => println!("run {run_id}: no terminal record yet (still running, or interrupted)"),
+        None => outln!("run {run_id}: no terminal record yet (still running, or interrupted)"),
     }
-    println!("records:");
+    outln!("records:");
     for r in &records {
         let seq = if r.seq == u32::MAX {
             "end".to_string()
@@ -177,7 +182,7 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
         };
         let at = utc(r.at_ms);
         let time = at.split_once(' ').map(|(_, t)| t).unwrap_or(&at);
-        println!(
+        outln!(
             "  {seq:>4}  {time}.{:03}  {}",
             r.at_ms % 1000,
             describe(&r.entry)

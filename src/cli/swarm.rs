@@ -2,6 +2,11 @@
 //! at most C in flight, with a progress bar on a terminal and a summary:
 //! runs, statuses, runs/s, latency p50/p99, peak RSS. Exit 0 iff every run
 //! ended `ok`.
+//!
+//! SIGTERM, SIGHUP and Ctrl-C stop admitting runs and give those in flight
+//! `--drain` (default 10 s) to finish; then what still runs is cancelled,
+//! every record is written, the summary printed, and the exit code is 143,
+//! 129 or 130. A second signal cancels at once (see `signals`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,23 +22,38 @@ use serde::Serialize;
 use agentvisor::soak::{mib, percentile_us, round3, LatencyHistogram};
 use agentvisor::{Invocation, RunStatus};
 
+use super::signals::{Caught, Signals};
+
+/// The most runs one swarm makes.
+const MAX_RUNS: u64 = 1_000_000_000;
+/// The most runs one swarm keeps in flight.
+const MAX_CONCURRENCY: u64 = 1_000_000;
+
 /// Flags of `agentvisor swarm`.
 #[derive(Args, Debug)]
 pub(crate) struct SwarmArgs {
     /// The agent manifest (YAML).
     file: PathBuf,
-    /// How many runs.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How many runs (1 to 1000000000).
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_RUNS))]
     runs: u64,
-    /// How many in flight at once.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How many in flight at once (1 to 1000000).
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_CONCURRENCY))]
     concurrency: u64,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
-    /// The prompt of every run (default: the manifest's `prompt`).
-    #[arg(long)]
+    /// Named inputs of every run as a JSON object (see `run --inputs`).
+    #[arg(long, value_name = "JSON")]
+    inputs: Option<String>,
+    /// The prompt of every run (default: the manifest's `prompt`); `-`
+    /// reads it from stdin.
+    #[arg(long, allow_hyphen_values = true)]
     input: Option<String>,
+    /// After SIGTERM, SIGHUP or Ctrl-C, how long runs in flight may go on
+    /// before they are cancelled (default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = super::signals::drain_flag)]
+    drain: Option<std::time::Duration>,
     /// Run on this model instead of the manifest's (see `run --model`).
     #[arg(long, value_name = "SPEC")]
     model: Option<String>,
@@ -54,11 +74,27 @@ struct Summary {
     audit_terminal_records: u64,
 }
 
-pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
+pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
+    let mut signals = match Signals::listen() {
+        Ok(s) => s,
+        Err(e) => return super::refuse(format!("cannot listen for signals: {e}")),
+    };
+    a.input = match super::input_text(a.input.take()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
+    let inputs = match super::inputs_flag(a.inputs.as_deref()) {
+        Ok(i) => i,
+        Err(code) => return code,
+    };
     let (host, agent) = match super::prepare(&a.file, None, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
     };
+    if let Err(e) = agent.spec().check_inputs(&inputs) {
+        host.shutdown().await;
+        return super::refuse(format!("{}: {e}", a.file.display()));
+    }
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         ProgressBar::with_draw_target(Some(a.runs), ProgressDrawTarget::stderr_with_hz(4))
     } else {
@@ -69,6 +105,7 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let next = Arc::new(AtomicU64::new(0));
+    let announced = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let statuses: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
     let latency = Arc::new(LatencyHistogram::default());
@@ -77,6 +114,8 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
     let workers = a.concurrency.min(a.runs);
     let mut tasks = Vec::with_capacity(workers as usize);
     for _ in 0..workers {
+        let inputs = inputs.clone();
+        let announced = announced.clone();
         let (host, agent, next, stop, statuses, bar, prompt, latency) = (
             host.clone(),
             agent.clone(),
@@ -95,11 +134,17 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
                 let t0 = Instant::now();
                 let inv = Invocation {
                     prompt: prompt.clone(),
+                    inputs: inputs.clone(),
                     caller_id: Some("swarm".into()),
                     ..Default::default()
                 };
                 let status = match host.submit(&agent, inv).await {
-                    Ok(h) => h.shared().await.status,
+                    Ok(h) => {
+                        if !announced.swap(true, Ordering::Relaxed) {
+                            tracing::info!("swarm: runs in flight");
+                        }
+                        h.shared().await.status
+                    }
                     Err(_) => RunStatus::Error,
                 };
                 latency.record(t0.elapsed().as_micros() as u64);
@@ -112,21 +157,50 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
             }
         }));
     }
-    let ctrl_c = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                stop.store(true, Ordering::Relaxed);
-            }
-        })
+    // The workers end when every run is done, or once `stop` is set and
+    // their runs in flight ended (finished, or cancelled by the shutdown).
+    let mut joined = std::pin::pin!(futures_util::future::join_all(tasks));
+    let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
+    let mut caught: Option<Caught> = None;
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    let mut shutting: Option<tokio::task::JoinHandle<agentvisor::ports::audit::AuditStats>> = None;
+    let cancel_now = |shutting: &mut Option<_>| {
+        if shutting.is_none() {
+            let host = host.clone();
+            *shutting = Some(tokio::spawn(async move { host.shutdown().await }));
+        }
     };
-    for t in tasks {
-        let _ = t.await;
-    }
+    let finished = loop {
+        tokio::select! {
+            done = &mut joined => break done,
+            s = signals.next() => {
+                if caught.is_none() {
+                    caught = Some(s);
+                    stop.store(true, Ordering::Relaxed);
+                    errln!(
+                        "{}: no new runs; runs in flight may finish within {}, then they are cancelled",
+                        s.name(),
+                        agentvisor::spec::format_duration(drain)
+                    );
+                    drain_until = Some(tokio::time::Instant::now() + drain);
+                } else {
+                    drain_until = None;
+                    cancel_now(&mut shutting);
+                }
+            }
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() => {
+                drain_until = None;
+                cancel_now(&mut shutting);
+            }
+        }
+    };
+    drop(finished);
     let elapsed = started.elapsed().as_secs_f64();
-    ctrl_c.abort();
     bar.finish_and_clear();
-    let stats = host.shutdown().await;
+    let stats = match shutting {
+        Some(t) => t.await.unwrap_or_default(),
+        None => host.shutdown().await,
+    };
     let counts = latency.counts();
     let pct = |p: f64| percentile_us(&counts, p) / 1000.0;
     let by_status = statuses.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -146,26 +220,31 @@ pub(crate) async fn swarm(a: SwarmArgs, db: &super::Db) -> ExitCode {
         audit_terminal_records: stats.terminal_records,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&s).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&s).unwrap_or_default());
     } else {
-        println!("runs:          {} (concurrency {})", s.runs, s.concurrency);
+        outln!("runs:          {} (concurrency {})", s.runs, s.concurrency);
         for (k, v) in &s.by_status {
-            println!("  {k:<13}{v}");
+            outln!("  {k:<13}{v}");
         }
-        println!("elapsed:       {:.3} s", s.elapsed_s);
-        println!("runs/s:        {:.0}", s.runs_per_sec);
-        println!(
+        outln!("elapsed:       {:.3} s", s.elapsed_s);
+        outln!("runs/s:        {:.0}", s.runs_per_sec);
+        outln!(
             "latency:       p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-            s.p50_ms, s.p99_ms, s.max_ms
+            s.p50_ms,
+            s.p99_ms,
+            s.max_ms
         );
-        println!("peak RSS:      {:.1} MiB", s.peak_rss_mib);
-        println!(
+        outln!("peak RSS:      {:.1} MiB", s.peak_rss_mib);
+        outln!(
             "audit:         {} terminal records",
             s.audit_terminal_records
         );
     }
+    let lost = super::report_unwritten(&host, &stats);
     let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;
-    if all_ok {
+    if let Some(s) = caught {
+        ExitCode::from(s.exit_code())
+    } else if all_ok && !lost {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

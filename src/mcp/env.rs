@@ -5,7 +5,8 @@
 //! when set there, then what its manifest entry names — never the host's
 //! whole environment, so no credential of the host's leaks into a server
 //! by accident. A secret comes only by explicit reference (`{ secret: NAME }`
-//! reads `AGENTVISOR_SECRET_NAME`); its value is returned in
+//! reads `AGENTVISOR_SECRET_NAME`); its value is registered with
+//! [`crate::secrets`] (redacted everywhere from then on) and returned in
 //! [`Resolved::secrets`] so the caller can scrub it from whatever the server
 //! writes back (its stderr tail), and no error names more than its name.
 
@@ -75,6 +76,9 @@ fn resolve_into(
                 match host(&var) {
                     Some(v) => {
                         if !v.is_empty() {
+                            // Redacted process-wide from here on: tool
+                            // results, errors, events, log lines.
+                            crate::secrets::register(&v);
                             out.secrets.push(v.clone());
                         }
                         v
@@ -95,9 +99,10 @@ fn resolve_into(
     Ok(())
 }
 
-/// `text` with every secret value replaced by `[redacted]`.
+/// `text` with every secret value replaced by `[redacted]` (those given,
+/// whatever their length, and every secret the process knows).
 pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_string();
+    let mut out = crate::secrets::redact(text).into_owned();
     for s in secrets {
         if !s.is_empty() && out.contains(s.as_str()) {
             out = out.replace(s.as_str(), "[redacted]");

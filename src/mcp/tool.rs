@@ -164,6 +164,9 @@ impl Tool for McpTool {
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
         let t0 = Instant::now();
         let outcome = self.call_inner(args, &ctx, t0).await;
+        // Server events of the call's time (an exit seen after the call
+        // failed, a restart it waited for) go to its run.
+        self.deliver_pending(&ctx);
         let duration_ms = t0.elapsed().as_millis() as u64;
         let tool = self.spec.name.clone();
         match &outcome {
@@ -194,15 +197,7 @@ impl McpTool {
         t0: Instant,
     ) -> Result<String, ToolError> {
         let server = &self.server;
-        if ctx.listens() {
-            let pending: Vec<RunEvent> = match server.link.pending.lock() {
-                Ok(mut p) => std::mem::take(&mut *p),
-                Err(_) => Vec::new(),
-            };
-            for ev in pending {
-                ctx.event(ev);
-            }
-        }
+        self.deliver_pending(ctx);
         let mut params = CallToolRequestParams::new(self.remote.to_string());
         params.arguments = match args {
             Value::Object(m) => Some(m),
@@ -264,6 +259,20 @@ impl McpTool {
                 "the server answered tools/call with something other than a tool result".into(),
             )),
             Err(e) => Err(self.service_error(e)),
+        }
+    }
+
+    /// Gives the call's run the server events no call was in flight for.
+    fn deliver_pending(&self, ctx: &ToolContext) {
+        if !ctx.listens() {
+            return;
+        }
+        let pending: Vec<RunEvent> = match self.server.link.pending.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => Vec::new(),
+        };
+        for ev in pending {
+            ctx.event(ev);
         }
     }
 

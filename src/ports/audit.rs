@@ -83,6 +83,17 @@ pub struct AuditStats {
     pub terminal_records: u64,
     /// Batches written.
     pub batches: u64,
+    /// Records that could be written neither to the store nor to the spool
+    /// and were dropped, or were still held in memory when the host shut
+    /// down (set by the audit actor; a store reports 0). Not 0 means
+    /// records are lost: the CLI says how many and exits non-zero.
+    #[serde(default)]
+    pub unwritten: u64,
+    /// Records left in the spool, not yet in the store, when the host shut
+    /// down (set by the audit actor): the next host on that spool replays
+    /// them.
+    #[serde(default)]
+    pub spooled: u64,
 }
 
 /// An audit store failure.

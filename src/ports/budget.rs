@@ -1,6 +1,7 @@
 //! The `BudgetLedger` port: per-caller limits and what each caller spent over
 //! a window. The budget actor owns the live accounts; the ledger is where
-//! limits come from and where committed spend goes.
+//! limits come from (and are set: `agentvisor budget set`) and where
+//! committed spend goes.
 
 use std::time::Duration;
 
@@ -18,6 +19,10 @@ pub struct BudgetLimits {
     pub runtime_secs: Option<u64>,
     /// Runs in flight at once.
     pub concurrent_runs: Option<u32>,
+    /// The window spend is counted over, in seconds (`None`: the host's,
+    /// `HostConfig::budget_window`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_secs: Option<u64>,
 }
 
 /// What a caller spent.
@@ -34,12 +39,12 @@ pub struct Spend {
 }
 
 impl Spend {
-    /// Adds another spend into this one.
+    /// Adds another spend into this one (saturating).
     pub fn add(&mut self, other: &Spend) {
-        self.tokens += other.tokens;
-        self.cost_micros += other.cost_micros;
-        self.runtime_ms += other.runtime_ms;
-        self.runs += other.runs;
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.cost_micros = self.cost_micros.saturating_add(other.cost_micros);
+        self.runtime_ms = self.runtime_ms.saturating_add(other.runtime_ms);
+        self.runs = self.runs.saturating_add(other.runs);
     }
 }
 
@@ -63,4 +68,12 @@ pub trait BudgetLedger: Send + Sync + 'static {
 
     /// Adds committed spend (a batch of callers at once).
     async fn commit(&self, spends: &[(String, Spend)]) -> Result<(), BudgetLedgerError>;
+
+    /// Sets one caller's limits (they hold for every host on this ledger;
+    /// a host picks them up at its next account refresh).
+    async fn set_limits(&self, caller: &str, limits: BudgetLimits)
+        -> Result<(), BudgetLedgerError>;
+
+    /// The callers that have limits of their own, with them, by caller.
+    async fn list_limits(&self) -> Result<Vec<(String, BudgetLimits)>, BudgetLedgerError>;
 }

@@ -4,6 +4,13 @@
 //!
 //! A call is a future the run actor spawns and can abort at any await, so a
 //! provider must be cancel-safe: dropping the future abandons the request.
+//!
+//! Besides the transcript a request carries the agent's [`CallOptions`]
+//! (sampling keys and `tool_choice`, passed through to the wire) and, for
+//! models that stream, a [`CallObserver`]: every streamed piece is a sign
+//! of life the run turns into a heartbeat for its critic, streamed text is
+//! kept as the run's partial output, and a provider that falls back from
+//! something the server refused says so through it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +50,169 @@ pub struct ToolCallRequest {
     pub arguments: Arc<str>,
 }
 
+/// A file or image handed to a run with its prompt
+/// (`Invocation.attachments`, `agentvisor run --attach PATH`). It rides on
+/// the first user message; providers that accept it send an image as an
+/// image part (OpenAI `image_url` with a data URL, an Anthropic `image`
+/// block) and a text file as text. See [`Attachment::check`] for the size cap.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attachment {
+    /// File name (shown to the model with a text file).
+    pub name: String,
+    /// MIME type: `image/png`, `image/jpeg`, `image/gif`, `image/webp` are
+    /// images; anything else is read as text.
+    pub mime: String,
+    /// The content: base64 for an image, the text itself otherwise.
+    pub content: String,
+}
+
+/// The largest attachment: 5 MiB of file (an image's, decoded from its
+/// base64; a text file's text), the Anthropic API's image limit.
+pub const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
+
+/// The image types providers accept.
+pub const IMAGE_MIME_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// Why an attachment cannot be sent.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttachmentError {
+    /// Larger than [`MAX_ATTACHMENT_BYTES`].
+    #[error("attachment `{name}` is {bytes} bytes, over the {max} byte cap")]
+    TooLarge {
+        /// Its name.
+        name: String,
+        /// Its size.
+        bytes: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// An image whose content is not base64, or of a type no provider takes.
+    #[error("attachment `{name}`: {why}")]
+    Invalid {
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl Attachment {
+    /// Whether it is an image (sent as an image part, else as text).
+    pub fn is_image(&self) -> bool {
+        self.mime.starts_with("image/")
+    }
+
+    /// An attachment made from a file's bytes: a PNG, JPEG, GIF or WebP
+    /// image (recognised by its first bytes) is base64-encoded, UTF-8 text
+    /// is kept as text; anything else, or more than
+    /// [`MAX_ATTACHMENT_BYTES`], is refused.
+    pub fn from_bytes(name: impl Into<String>, bytes: &[u8]) -> Result<Self, AttachmentError> {
+        let name = name.into();
+        if bytes.len() > MAX_ATTACHMENT_BYTES {
+            return Err(AttachmentError::TooLarge {
+                name,
+                bytes: bytes.len(),
+                max: MAX_ATTACHMENT_BYTES,
+            });
+        }
+        let image = if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some("image/png")
+        } else if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some("image/jpeg")
+        } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+            Some("image/gif")
+        } else if bytes.len() > 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP" {
+            Some("image/webp")
+        } else {
+            None
+        };
+        if let Some(mime) = image {
+            return Ok(Attachment {
+                name,
+                mime: mime.to_string(),
+                content: base64(bytes),
+            });
+        }
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(Attachment {
+                name,
+                mime: "text/plain".to_string(),
+                content: text.to_string(),
+            }),
+            Err(_) => Err(AttachmentError::Invalid {
+                name,
+                why: "not text, and not a PNG, JPEG, GIF or WebP image".into(),
+            }),
+        }
+    }
+
+    /// Checks the size cap and, for an image, its type and base64 content.
+    pub fn check(&self) -> Result<(), AttachmentError> {
+        let bytes = if self.is_image() {
+            self.content.len() / 4 * 3
+        } else {
+            self.content.len()
+        };
+        if bytes > MAX_ATTACHMENT_BYTES {
+            return Err(AttachmentError::TooLarge {
+                name: self.name.clone(),
+                bytes,
+                max: MAX_ATTACHMENT_BYTES,
+            });
+        }
+        if self.is_image() {
+            if !IMAGE_MIME_TYPES.contains(&self.mime.as_str()) {
+                return Err(AttachmentError::Invalid {
+                    name: self.name.clone(),
+                    why: format!(
+                        "image type `{}` is not one of {}",
+                        self.mime,
+                        IMAGE_MIME_TYPES.join(", ")
+                    ),
+                });
+            }
+            let base64ish = self.content.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\n' | b'\r')
+            });
+            if !base64ish || self.content.is_empty() {
+                return Err(AttachmentError::Invalid {
+                    name: self.name.clone(),
+                    why: "an image's content must be base64".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The text a provider sends for a text attachment.
+    pub fn as_text(&self) -> String {
+        format!("[Attached file `{}`]\n{}", self.name, self.content)
+    }
+}
+
+/// Standard base64 (with padding), for images.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// One transcript message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
@@ -56,6 +226,9 @@ pub struct Message {
     /// The call answered (tool messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<Arc<str>>,
+    /// Files and images that come with it (user messages only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
 }
 
 impl Message {
@@ -66,8 +239,92 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            attachments: Vec::new(),
         }
     }
+}
+
+/// Which tool the model must call, as a manifest's `tool_choice` says:
+/// `auto` (the default, sent whenever tools are: some servers ignore the
+/// tools without it), `required`, `none`, or a tool's name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// The model must call some tool.
+    Required,
+    /// The model must not call a tool.
+    None,
+    /// The model must call this tool.
+    Tool(String),
+}
+
+impl ToolChoice {
+    /// The manifest's spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ToolChoice::Auto => "auto",
+            ToolChoice::Required => "required",
+            ToolChoice::None => "none",
+            ToolChoice::Tool(name) => name,
+        }
+    }
+}
+
+impl Serialize for ToolChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.trim() {
+            "auto" => ToolChoice::Auto,
+            "required" | "any" => ToolChoice::Required,
+            "none" => ToolChoice::None,
+            "" => return Err(serde::de::Error::custom("`tool_choice` must not be empty")),
+            name => ToolChoice::Tool(name.to_string()),
+        })
+    }
+}
+
+/// How every call of an agent is made: the manifest's sampling keys and
+/// `tool_choice`, passed through to both providers (Anthropic has no
+/// `seed`: it is left out there). Unset keys are not sent, so the server's
+/// defaults apply.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallOptions {
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// The reply's token cap.
+    pub max_tokens: Option<u32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f64>,
+    /// Sampling seed.
+    pub seed: Option<i64>,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+    /// Which tool the model must call (sent only with tools).
+    pub tool_choice: ToolChoice,
+}
+
+/// Told about a call as it goes (see the module doc). Every method has a
+/// default that does nothing, so an observer implements what it needs.
+pub trait CallObserver: Send + Sync {
+    /// Something arrived from the server: a streamed chunk (text, tool-call
+    /// arguments, reasoning) or a whole body. A sign of life, and the end
+    /// of the wait for the first token.
+    fn alive(&self) {}
+
+    /// Streamed answer text (already redacted), as the listener gets it.
+    fn text(&self, _piece: &str) {}
+
+    /// The call went on despite something (`kind` is a stable snake_case
+    /// name such as `response_format_unsupported`).
+    fn warning(&self, _kind: &str, _message: &str) {}
 }
 
 /// Receives streamed text as it arrives (a chat bot shows it token by token).
@@ -96,6 +353,10 @@ pub struct ChatRequest {
     pub deadline: Option<tokio::time::Instant>,
     /// Told about each retry (a heartbeat for the critic).
     pub on_retry: Option<RetrySink>,
+    /// The agent's sampling keys and tool choice (`None`: the defaults).
+    pub options: Option<Arc<CallOptions>>,
+    /// Told about streamed pieces and fallbacks (models that stream).
+    pub observer: Option<Arc<dyn CallObserver>>,
 }
 
 impl ChatRequest {
@@ -109,6 +370,21 @@ impl ChatRequest {
             on_delta: None,
             deadline: None,
             on_retry: None,
+            options: None,
+            observer: None,
+        }
+    }
+
+    /// The tool choice to send (`auto` unless the options say otherwise).
+    pub fn tool_choice(&self) -> &ToolChoice {
+        static AUTO: ToolChoice = ToolChoice::Auto;
+        self.options.as_ref().map_or(&AUTO, |o| &o.tool_choice)
+    }
+
+    /// Tells the observer, if any, that something arrived.
+    pub fn alive(&self) {
+        if let Some(o) = &self.observer {
+            o.alive();
         }
     }
 }
@@ -257,5 +533,64 @@ pub trait ChatModel: Send + Sync + 'static {
     /// what it wraps). A run builds that sink only for a model that does.
     fn reports_retries(&self) -> bool {
         false
+    }
+
+    /// Whether this model streams and reports through the request's
+    /// `observer` (the HTTP providers do; a wrapper answers for what it
+    /// wraps). A run builds an observer only for a model that does, and
+    /// only such a run has a first-token phase (`first_token_timeout`).
+    fn streams(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard() {
+        for (raw, enc) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foobar", "Zm9vYmFy"),
+            (&[0xFF, 0xEE, 0x00, 0x01], "/+4AAQ=="),
+        ] {
+            assert_eq!(base64(raw), enc);
+        }
+    }
+
+    #[test]
+    fn attachments_are_typed_capped_and_checked() {
+        let png = [b"\x89PNG\r\n\x1a\n".as_slice(), &[0u8; 20]].concat();
+        let a = Attachment::from_bytes("a.png", &png).unwrap();
+        assert_eq!(a.mime, "image/png");
+        assert!(a.is_image() && a.check().is_ok());
+        let t = Attachment::from_bytes("notes.txt", "héllo".as_bytes()).unwrap();
+        assert_eq!(
+            (t.mime.as_str(), t.content.as_str()),
+            ("text/plain", "héllo")
+        );
+        assert!(t.as_text().contains("notes.txt"));
+        let bin = Attachment::from_bytes("x.bin", &[0xC3, 0x28, 0, 1]).unwrap_err();
+        assert!(bin.to_string().contains("x.bin"), "{bin}");
+        let big = vec![b'a'; MAX_ATTACHMENT_BYTES + 1];
+        let e = Attachment::from_bytes("big.txt", &big).unwrap_err();
+        assert!(matches!(e, AttachmentError::TooLarge { .. }), "{e}");
+        let bad = Attachment {
+            name: "i.png".into(),
+            mime: "image/png".into(),
+            content: "not base64!".into(),
+        };
+        assert!(bad.check().is_err());
+        let tiff = Attachment {
+            mime: "image/tiff".into(),
+            content: "AAAA".into(),
+            ..bad
+        };
+        assert!(tiff.check().unwrap_err().to_string().contains("image/tiff"));
     }
 }

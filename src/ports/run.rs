@@ -239,6 +239,15 @@ pub struct Usage {
     /// Reasoning tokens (part of the output on most providers).
     #[serde(default)]
     pub reasoning_tokens: u64,
+    /// Some of these counts are estimates (about four characters a token
+    /// over the request and the reply): the server reported no usage for
+    /// at least one call. Left out of JSON when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub estimated: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Usage {
@@ -254,6 +263,7 @@ impl Usage {
         self.cache_read_tokens += other.cache_read_tokens;
         self.cache_write_tokens += other.cache_write_tokens;
         self.reasoning_tokens += other.reasoning_tokens;
+        self.estimated |= other.estimated;
     }
 }
 

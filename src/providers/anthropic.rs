@@ -2,20 +2,30 @@
 //!
 //! # Wire
 //!
-//! `POST {base_url}/messages` with `x-api-key` (marked sensitive) and
-//! `anthropic-version: 2023-06-01`. System messages become the `system`
+//! `POST {base}/v1/messages` with `x-api-key` (marked sensitive) and
+//! `anthropic-version: 2023-06-01`. The base is written as the official
+//! Anthropic SDKs write `ANTHROPIC_BASE_URL`: the host
+//! (`http://127.0.0.1:4011`), to which `/v1/messages` is added; a base that
+//! already ends in `/v1` gets `/messages` only, so both spellings work. System messages become the `system`
 //! field; the transcript becomes alternating user/assistant turns of
 //! content blocks: an assistant turn carries `text` and `tool_use` blocks,
 //! and the tool results that answer it go back as `tool_result` blocks in
 //! one user turn (with any user text that follows them), as the API wants.
 //! A response schema is asked for in the system prompt (the Messages API
 //! has no `response_format`); the run validates the answer either way.
+//! With tools, `tool_choice` goes out as `{type: auto | any | none | tool}`;
+//! the manifest's `temperature`, `top_p`, `max_tokens` (over the config's)
+//! and `stop` (as `stop_sequences`) are sent when set; `seed` is not (the
+//! API has none). A user turn's attachments become `image` blocks (base64)
+//! and text blocks.
 //!
 //! Streaming (same [`StreamMode`] as the OpenAI provider) reads the event
 //! sequence `message_start` → `content_block_start` / `content_block_delta`
 //! (`text_delta`, `input_json_delta`) / `content_block_stop` →
 //! `message_delta` → `message_stop`; `ping` and unknown events (thinking
-//! blocks, signatures) are skipped, an `error` event is a typed error. A
+//! blocks, signatures) are skipped, an `error` event is a typed error.
+//! Every chunk is a sign of life for the request's observer; text goes to
+//! the listener and the observer redacted (see [`crate::secrets`]). A
 //! stream that ends before `message_stop` is a `Transport` error, wrapped in
 //! `Interrupted` once text reached the listener.
 //!
@@ -37,12 +47,23 @@ use super::http::StreamMode;
 use super::http::{self, Secret};
 use super::sse::{SseEvent, SseParser};
 use crate::ports::model::{
-    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest,
+    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest, ToolChoice,
 };
 use crate::ports::run::Usage;
+use crate::secrets::StreamRedactor;
 
-/// The public Anthropic endpoint.
-pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
+/// The public Anthropic endpoint (the host, as the SDKs write it).
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+
+/// The Messages URL for a base written either way (see the module doc).
+pub fn messages_url(base_url: &str) -> String {
+    let base = http::trim_base(base_url);
+    if base.ends_with("/v1") {
+        format!("{base}/messages")
+    } else {
+        format!("{base}/v1/messages")
+    }
+}
 
 /// The API version header this provider speaks.
 pub const API_VERSION: &str = "2023-06-01";
@@ -54,7 +75,7 @@ pub struct AnthropicConfig {
     pub name: String,
     /// The model id sent on the wire.
     pub model: String,
-    /// The API base, ending before `/messages`.
+    /// The API base: the host, with or without a trailing `/v1`.
     pub base_url: String,
     /// The key.
     pub api_key: Option<Secret>,
@@ -83,14 +104,17 @@ impl AnthropicConfig {
 pub struct AnthropicModel {
     config: AnthropicConfig,
     url: String,
+    /// The URL as errors show it.
+    endpoint: String,
     client: reqwest::Client,
 }
 
 impl AnthropicModel {
     /// A model with its own connection pool.
     pub fn new(config: AnthropicConfig) -> Self {
-        let url = format!("{}/messages", http::trim_base(&config.base_url));
+        let url = messages_url(&config.base_url);
         AnthropicModel {
+            endpoint: http::endpoint(&url),
             config,
             url,
             client: http::client(),
@@ -111,16 +135,29 @@ impl AnthropicModel {
             .collect();
         let schema_note;
         if let Some(schema) = &request.response_schema {
-            schema_note = format!(
-                "Your final answer must be only a JSON value that follows this JSON Schema, with no other text:\n{schema}"
-            );
+            schema_note = http::schema_note(schema);
             system.push(&schema_note);
         }
+        let options = request.options.as_deref();
+        let max_tokens = options
+            .and_then(|o| o.max_tokens)
+            .unwrap_or(self.config.max_tokens);
         let mut body = json!({
             "model": self.config.model,
-            "max_tokens": self.config.max_tokens,
+            "max_tokens": max_tokens,
             "messages": wire_messages(&request.messages),
         });
+        if let Some(o) = options {
+            if let Some(t) = o.temperature {
+                body["temperature"] = json!(t);
+            }
+            if let Some(p) = o.top_p {
+                body["top_p"] = json!(p);
+            }
+            if !o.stop.is_empty() {
+                body["stop_sequences"] = json!(o.stop);
+            }
+        }
         if !system.is_empty() {
             body["system"] = Value::String(system.join("\n\n"));
         }
@@ -136,6 +173,12 @@ impl AnthropicModel {
                     })
                 })
                 .collect();
+            body["tool_choice"] = match request.tool_choice() {
+                ToolChoice::Auto => json!({"type": "auto"}),
+                ToolChoice::Required => json!({"type": "any"}),
+                ToolChoice::None => json!({"type": "none"}),
+                ToolChoice::Tool(name) => json!({"type": "tool", "name": name}),
+            };
         }
         if stream {
             body["stream"] = Value::Bool(true);
@@ -150,7 +193,21 @@ fn wire_messages(messages: &[Message]) -> Vec<Value> {
     for m in messages {
         let (role, blocks) = match m.role {
             Role::System => continue,
-            Role::User => ("user", text_block(&m.content)),
+            Role::User => {
+                let mut blocks = text_block(&m.content);
+                for a in &m.attachments {
+                    blocks.push(if a.is_image() {
+                        let data: String = a.content.split_whitespace().collect();
+                        json!({
+                            "type": "image",
+                            "source": { "type": "base64", "media_type": a.mime, "data": data },
+                        })
+                    } else {
+                        json!({ "type": "text", "text": a.as_text() })
+                    });
+                }
+                ("user", blocks)
+            }
             Role::Tool => (
                 "user",
                 vec![json!({
@@ -261,6 +318,7 @@ impl WireUsage {
             cache_read_tokens: read,
             cache_write_tokens: write,
             reasoning_tokens: 0,
+            estimated: false,
         }
     }
 }
@@ -323,6 +381,7 @@ struct StreamState {
     usage: WireUsage,
     stopped: bool,
     delivered: bool,
+    redactor: StreamRedactor,
 }
 
 #[derive(Deserialize)]
@@ -437,14 +496,15 @@ impl StreamState {
     }
 
     fn push_text(&mut self, t: &str, request: &ChatRequest) {
-        if let Some(sink) = &request.on_delta {
-            sink(t);
-            self.delivered = true;
-        }
+        let out = self.redactor.push(t);
+        self.delivered |= http::deliver(request, &out);
         self.text.push_str(t);
     }
 
-    fn into_response(self, call_index: u32) -> ChatResponse {
+    fn into_response(mut self, request: &ChatRequest) -> ChatResponse {
+        let call_index = request.call_index;
+        let rest = self.redactor.finish();
+        http::deliver(request, &rest);
         let mut tool_calls = Vec::new();
         for (j, block) in self.blocks.into_values().enumerate() {
             if let OpenBlock::Tool {
@@ -500,11 +560,12 @@ async fn read_stream(
             Ok(None) => break,
             Err(e) => return Err(st.fail(http::transport(e, secret))),
         };
+        request.alive();
         parser.feed(&chunk, &mut events);
         for ev in events.drain(..) {
             st.apply(&ev, request, secret).map_err(|e| st.fail(e))?;
             if st.stopped {
-                return Ok(st.into_response(request.call_index));
+                return Ok(st.into_response(request));
             }
         }
     }
@@ -523,12 +584,16 @@ impl ChatModel for AnthropicModel {
         Some(&self.config.model)
     }
 
+    fn streams(&self) -> bool {
+        true
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let secret = self.config.api_key.as_ref();
         let stream = match self.config.stream {
             StreamMode::Always => true,
             StreamMode::Never => false,
-            StreamMode::WhenListened => request.on_delta.is_some(),
+            StreamMode::WhenListened => request.on_delta.is_some() || request.observer.is_some(),
         };
         let body = serde_json::to_vec(&self.body(&request, stream))
             .map_err(|e| ModelError::BadRequest(format!("cannot encode the request: {e}")))?;
@@ -549,28 +614,38 @@ impl ChatModel for AnthropicModel {
         if let Some(key) = secret {
             req = req.header("x-api-key", http::secret_header(key.expose())?);
         }
-        let mut resp = req.send().await.map_err(|e| http::transport(e, secret))?;
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| http::send_error(e, secret, &self.endpoint))?;
         let status = resp.status().as_u16();
         if !resp.status().is_success() {
             let headers = resp.headers().clone();
             let body = http::read_body(&mut resp, secret).await.unwrap_or_default();
-            return Err(http::status_error(status, &headers, &body, secret));
+            return Err(http::status_error(
+                status,
+                &headers,
+                &body,
+                secret,
+                &self.endpoint,
+            ));
         }
         let is_sse = resp
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        if stream && is_sse {
-            read_stream(&mut resp, &request, secret).await
+        let response = if stream && is_sse {
+            read_stream(&mut resp, &request, secret).await?
         } else {
             let body = http::read_body(&mut resp, secret).await?;
-            let response = parse_plain(&body, request.call_index, secret)?;
-            if let (Some(sink), false) = (&request.on_delta, response.text.is_empty()) {
-                sink(&response.text);
-            }
-            Ok(response)
-        }
+            request.alive();
+            let mut response = parse_plain(&body, request.call_index, secret)?;
+            response.text = crate::secrets::redact_string(response.text);
+            http::deliver(&request, &response.text);
+            response
+        };
+        Ok(http::finish_response(&request, response))
     }
 }
 
@@ -591,6 +666,7 @@ mod tests {
             content: "3".into(),
             tool_calls: Vec::new(),
             tool_call_id: Some(id.into()),
+            attachments: Vec::new(),
         };
         let msgs = vec![
             Message::text(Role::System, "sys"),
@@ -600,6 +676,7 @@ mod tests {
                 content: String::new(),
                 tool_calls: vec![call("a"), call("b")],
                 tool_call_id: None,
+                attachments: Vec::new(),
             },
             tool("a"),
             tool("b"),

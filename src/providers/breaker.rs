@@ -16,6 +16,16 @@
 //!   the circuit; its failure opens it for another cool-down; a trial that
 //!   is dropped (its run was killed) lets the next call try.
 //!
+//! # A request's fault is not the endpoint's
+//!
+//! A 500 that answers the same request shape (the roles and kinds of its
+//! messages, its tools, whether it asks for a schema) with the same message
+//! again, from an endpoint that has just answered other calls, is the
+//! request's fault (a server that chokes on something it was sent), not a
+//! sign the endpoint is down: the repeat is not counted. The first such 500
+//! counts; a 500 for another shape counts and stops the endpoint from
+//! passing as healthy, so a server that fails every request still opens.
+//!
 //! The state is one small mutex held for a few instructions; time is
 //! `tokio::time`, so paused-time tests drive the cool-down. Retries sit
 //! outside the breaker (`Retrying(CircuitBreaking(provider))`): each attempt
@@ -78,6 +88,16 @@ pub struct Breaker {
     label: String,
     policy: BreakerPolicy,
     state: Mutex<State>,
+    suspects: Mutex<Suspects>,
+}
+
+/// What tells a request's fault from the endpoint's (see the module doc).
+#[derive(Debug, Default)]
+struct Suspects {
+    /// The shape and message of the last 500.
+    last: Option<u64>,
+    /// A call succeeded since a 500 of another shape.
+    healthy: bool,
 }
 
 impl Breaker {
@@ -88,7 +108,25 @@ impl Breaker {
             label: label.into(),
             policy,
             state: Mutex::new(State::Closed { failures: 0 }),
+            suspects: Mutex::new(Suspects::default()),
         }
+    }
+
+    fn suspects(&self) -> MutexGuard<'_, Suspects> {
+        self.suspects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a 500 with this shape-and-message `key` is a repeat of the
+    /// last one from an endpoint that answers other calls (then it is not
+    /// counted); remembers it either way.
+    fn request_fault(&self, key: u64) -> bool {
+        let mut s = self.suspects();
+        let repeat = s.last == Some(key) && s.healthy;
+        if s.last != Some(key) && s.last.is_some() {
+            s.healthy = false;
+        }
+        s.last = Some(key);
+        repeat
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -176,6 +214,35 @@ impl Permit {
         self.settled = true;
         self.breaker.settle(self.trial, healthy);
     }
+
+    /// The call failed for its own reasons: no failure is counted (a
+    /// trial's endpoint answered, so the circuit closes).
+    fn settle_neutral(mut self) {
+        self.settled = true;
+        if self.trial {
+            self.breaker.settle(true, true);
+        }
+    }
+}
+
+/// A hash of what a request is made of, not what it says: each message's
+/// role, whether its text is empty, its tool calls and attachments; the
+/// tools offered; whether a schema is asked for.
+fn shape_of(request: &ChatRequest) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for m in request.messages.iter() {
+        (m.role as u8).hash(&mut h);
+        m.content.is_empty().hash(&mut h);
+        m.tool_calls.len().hash(&mut h);
+        m.tool_call_id.is_some().hash(&mut h);
+        m.attachments.len().hash(&mut h);
+    }
+    for t in request.tools.iter() {
+        t.name.hash(&mut h);
+    }
+    request.response_schema.is_some().hash(&mut h);
+    h.finish()
 }
 
 impl Drop for Permit {
@@ -232,14 +299,36 @@ impl ChatModel for CircuitBreaking {
         self.inner.reports_retries()
     }
 
+    fn streams(&self) -> bool {
+        self.inner.streams()
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let permit = self.breaker.enter()?;
+        let shape = shape_of(&request);
         let result = self.inner.complete(request).await;
-        let healthy = match &result {
-            Ok(_) => true,
-            Err(e) => !e.is_endpoint_failure(),
-        };
-        permit.settle(healthy);
+        match &result {
+            Ok(_) => {
+                self.breaker.suspects().healthy = true;
+                permit.settle(true);
+            }
+            Err(ModelError::Server {
+                status: 500,
+                message,
+            }) => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                shape.hash(&mut h);
+                message.hash(&mut h);
+                if self.breaker.request_fault(h.finish()) {
+                    tracing::debug!(circuit = %self.breaker.label, "a repeated 500 for one request shape is not counted");
+                    permit.settle_neutral();
+                } else {
+                    permit.settle(false);
+                }
+            }
+            Err(e) => permit.settle(!e.is_endpoint_failure()),
+        }
         result
     }
 }

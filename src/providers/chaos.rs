@@ -248,6 +248,10 @@ impl ChatModel for ChaosModel {
         self.inner.reports_retries()
     }
 
+    fn streams(&self) -> bool {
+        self.inner.streams()
+    }
+
     async fn complete(&self, mut request: ChatRequest) -> Result<ChatResponse, ModelError> {
         match self.draw() {
             None => {}
@@ -399,6 +403,7 @@ mod tests {
             content: r.text,
             tool_calls: r.tool_calls,
             tool_call_id: None,
+            attachments: Vec::new(),
         };
         let transcript = vec![
             Message::text(Role::User, "hi"),

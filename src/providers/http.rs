@@ -9,7 +9,7 @@
 //! | 429, or 400/403 whose body speaks of quota, billing or credit | `Quota` when the body says so, else `RateLimited` (with `retry-after-ms` or `retry-after`) |
 //! | 408, 409, 5xx, 529 | `Server` |
 //! | 401, 403 | `Auth` (no message: servers echo keys there) |
-//! | other 4xx (400, 404, 413, 422 …) | `BadRequest` |
+//! | other 4xx (400, 404, 413, 422 …) | `BadRequest` (a 404 names the URL called) |
 //! | a body we cannot parse | `Malformed` |
 //! | connect failure, reset, a body cut off | `Transport` |
 //!
@@ -19,8 +19,10 @@
 //! which has no `Display`; it reaches the wire only as a header value
 //! marked sensitive. No request header is ever formatted. Every text that
 //! goes into an error — a server's message, a transport error's chain — is
-//! capped and passed through [`scrub`], which replaces the key itself and
+//! capped and passed through [`scrub`], which replaces every known secret
+//! (case-insensitively, see [`crate::secrets`]) with `[REDACTED]` and
 //! anything shaped like an API key (`sk-…`, `Bearer …`) with `[redacted]`.
+//! A URL in an error is an [`endpoint`]: no user info, no query.
 
 use std::time::Duration;
 
@@ -45,13 +47,16 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 pub struct Secret(String);
 
 impl Secret {
-    /// Wraps a key. An empty or blank key is no key (`None`).
+    /// Wraps a key. An empty or blank key is no key (`None`). The key is
+    /// registered as a secret ([`crate::secrets::register`]): wherever it
+    /// comes back — in an answer, a tool result, an error — it is redacted.
     pub fn new(key: impl Into<String>) -> Option<Secret> {
         let key = key.into();
         let trimmed = key.trim();
         if trimmed.is_empty() {
             None
         } else {
+            crate::secrets::register(trimmed);
             Some(Secret(trimmed.to_string()))
         }
     }
@@ -121,10 +126,11 @@ fn tls_config() -> Option<rustls::ClientConfig> {
 /// Replaces the key and anything shaped like an API key with `[redacted]`,
 /// then caps the text.
 pub(crate) fn scrub(text: &str, secret: Option<&Secret>) -> String {
-    let mut s = text.to_string();
+    let mut s = crate::secrets::redact(text).into_owned();
     if let Some(k) = secret {
-        if !k.0.is_empty() {
-            s = s.replace(k.0.as_str(), "[redacted]");
+        // A key too short to register is still this call's key.
+        if !k.0.is_empty() && s.contains(k.0.as_str()) {
+            s = s.replace(k.0.as_str(), crate::secrets::REDACTED);
         }
     }
     let mut out = String::with_capacity(s.len().min(MESSAGE_BYTES + 16));
@@ -163,6 +169,30 @@ pub(crate) fn transport(e: reqwest::Error, secret: Option<&Secret>) -> ModelErro
         source = s.source();
     }
     ModelError::Transport(scrub(&text, secret))
+}
+
+/// A URL as errors may show it: without user info and query (either may
+/// carry credentials).
+pub(crate) fn endpoint(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "the configured endpoint".to_string(),
+    }
+}
+
+/// A request that could not be sent: a transport error that names the
+/// endpoint (a DNS failure then says which host it could not find).
+pub(crate) fn send_error(e: reqwest::Error, secret: Option<&Secret>, endpoint: &str) -> ModelError {
+    match transport(e, secret) {
+        ModelError::Transport(text) => ModelError::Transport(format!("POST {endpoint}: {text}")),
+        other => other,
+    }
 }
 
 /// The server's retry hint: `retry-after-ms` (milliseconds), else
@@ -228,15 +258,20 @@ fn says_quota(message: &str, kind: &str) -> bool {
 }
 
 /// The typed error for a non-success HTTP answer (see the module doc).
+/// `endpoint` (see [`endpoint`]) is named in a 404.
 pub(crate) fn status_error(
     status: u16,
     headers: &HeaderMap,
     body: &[u8],
     secret: Option<&Secret>,
+    endpoint: &str,
 ) -> ModelError {
     let (message, kind) = error_text(body);
     let message = scrub(&message, secret);
     match status {
+        404 => ModelError::BadRequest(format!(
+            "404 Not Found from POST {endpoint}: {message} (is the base URL right? see `base_url`)"
+        )),
         429 | 400 | 403 if says_quota(&message, &kind) => ModelError::Quota(message),
         429 => ModelError::RateLimited {
             retry_after: retry_after(headers),
@@ -307,6 +342,101 @@ pub(crate) fn malformed(
     ))
 }
 
+/// The instruction that asks for structured output in the system prompt,
+/// where the server takes no `response_format` (Anthropic; an
+/// OpenAI-compatible server that refused it). The run validates the answer
+/// either way.
+pub(crate) fn schema_note(schema: &Value) -> String {
+    format!(
+        "Your final answer must be only a JSON value that follows this JSON Schema, with no other text:\n{schema}"
+    )
+}
+
+/// A usage estimate for a call whose server reported none: about four
+/// characters a token over the request (messages, attachments given as
+/// text, tool schemas) and the reply (text and tool calls), marked
+/// `estimated`. Tokenizer-free on purpose: it has to work for any model.
+pub(crate) fn estimate_usage(
+    request: &crate::ports::model::ChatRequest,
+    response: &crate::ports::model::ChatResponse,
+) -> crate::ports::run::Usage {
+    let mut input_chars: usize = 0;
+    for m in request.messages.iter() {
+        input_chars += m.content.chars().count() + 4;
+        for c in &m.tool_calls {
+            input_chars += c.name.chars().count() + c.arguments.chars().count();
+        }
+        for a in &m.attachments {
+            // An image costs what its pixels cost; its base64 length is a
+            // poor guess either way, so it counts as a small text.
+            input_chars += if a.is_image() {
+                1024
+            } else {
+                a.content.chars().count()
+            };
+        }
+    }
+    for t in request.tools.iter() {
+        input_chars += t.name.len() + t.description.len() + t.parameters.to_string().len();
+    }
+    let mut output_chars = response.text.chars().count();
+    for c in &response.tool_calls {
+        output_chars += c.name.chars().count() + c.arguments.chars().count();
+    }
+    crate::ports::run::Usage {
+        input_tokens: input_chars.div_ceil(4) as u64,
+        output_tokens: output_chars.div_ceil(4).max(1) as u64,
+        estimated: true,
+        ..Default::default()
+    }
+}
+
+/// The last touches every HTTP provider gives a response: known secrets
+/// redacted from the text and the tool-call arguments, and a usage
+/// estimate (with a `usage_estimated` warning to the observer) when the
+/// server reported none.
+pub(crate) fn finish_response(
+    request: &crate::ports::model::ChatRequest,
+    mut response: crate::ports::model::ChatResponse,
+) -> crate::ports::model::ChatResponse {
+    if crate::secrets::any() {
+        response.text = crate::secrets::redact_string(std::mem::take(&mut response.text));
+        for call in &mut response.tool_calls {
+            if let std::borrow::Cow::Owned(clean) = crate::secrets::redact(&call.arguments) {
+                call.arguments = clean.into();
+            }
+        }
+    }
+    if response.usage.total() == 0 {
+        response.usage = estimate_usage(request, &response);
+        if let Some(o) = &request.observer {
+            o.warning(
+                "usage_estimated",
+                "the server reported no token usage: usage is estimated (about four characters a token over the request and the reply) and counts toward budgets and cost",
+            );
+        }
+    }
+    response
+}
+
+/// Hands streamed (or whole) answer text to the request's listener and
+/// observer; whether anyone got it.
+pub(crate) fn deliver(request: &crate::ports::model::ChatRequest, text: &str) -> bool {
+    if text.is_empty() {
+        return false;
+    }
+    let mut delivered = false;
+    if let Some(sink) = &request.on_delta {
+        sink(text);
+        delivered = true;
+    }
+    if let Some(o) = &request.observer {
+        o.text(text);
+        delivered = true;
+    }
+    delivered
+}
+
 /// Base URL without a trailing slash.
 pub(crate) fn trim_base(url: &str) -> String {
     url.trim().trim_end_matches('/').to_string()
@@ -329,7 +459,7 @@ mod tests {
     #[test]
     fn statuses_map_to_typed_errors() {
         let h = HeaderMap::new();
-        let e = |s: u16, b: &str| status_error(s, &h, b.as_bytes(), None);
+        let e = |s: u16, b: &str| status_error(s, &h, b.as_bytes(), None, "http://h/v1/x");
         assert_eq!(e(429, "{}").kind(), "rate_limited");
         assert_eq!(
             e(429, r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}"#).kind(),

@@ -11,7 +11,6 @@
 //! - [`retry`]: the one retry layer (jittered backoff, `retry-after`, the
 //!   run's deadline, a heartbeat per retry).
 //! - [`breaker`]: the circuit breaker per endpoint + model.
-//! - [`chaos`]: wraps a model and injects provider faults (soaks).
 //! - [`chaos`]: wraps a model and, at a seeded random rate, makes calls
 //!   slow, hang, fail with a 429 or answer with malformed tool arguments
 //!   (`agentvisor soak --chaos`).
@@ -25,7 +24,13 @@
 //! `HostBuilder::model` wins over all of these.
 //!
 //! The base URL is the manifest's `base_url`, else `OPENAI_BASE_URL` /
-//! `ANTHROPIC_BASE_URL`, else the public endpoint. The key is read from the
+//! `ANTHROPIC_BASE_URL`, else the public endpoint, written as the official
+//! SDKs write it: an OpenAI base ends in `/v1` (`http://127.0.0.1:8080/v1`;
+//! requests go to `{base}/chat/completions`), an Anthropic base is the host,
+//! with or without a trailing `/v1` (`http://127.0.0.1:4011` and
+//! `http://127.0.0.1:4011/v1` both reach `/v1/messages`). A manifest that
+//! names no model runs on the default tier only if something configures it
+//! (see [`ResolveError::NoModel`]). The key is read from the
 //! variable the manifest's `api_key_env` names (which must then be set),
 //! else from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`; no key is fine (local
 //! servers). A key is never printed, logged or put in an error.
@@ -130,10 +135,22 @@ impl ModelSpec {
     }
 }
 
+/// What [`ResolveError::NoModel`] tells the user to do.
+pub const HOW_TO_SET_A_MODEL: &str = "set `model:` in the manifest (e.g. `model: ollama:llama3.2` or `model: openai:gpt-4o-mini`), pass `--model SPEC`, map the `fast` tier with `AGENTVISOR_TIERS=fast=SPEC`, or point `OPENAI_BASE_URL` at an OpenAI-compatible server (with `OPENAI_API_KEY` for the public OpenAI API)";
+
 /// Why a model spec could not be made into a model.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ResolveError {
+    /// The manifest names no model and nothing configures the default tier
+    /// (no `AGENTVISOR_TIERS` mapping, no `OPENAI_BASE_URL` or
+    /// `OPENAI_API_KEY`): the run would call the public OpenAI endpoint
+    /// without a key, which cannot work.
+    #[error("no model configured for agent `{agent}`: {HOW_TO_SET_A_MODEL}")]
+    NoModel {
+        /// The agent's name.
+        agent: String,
+    },
     /// Neither a provider spec, a tier nor a registered name.
     #[error("unknown model `{0}`")]
     Unknown(String),
@@ -184,7 +201,6 @@ impl Default for ProviderConfig {
 }
 
 impl ProviderConfig {
-    #[cfg(any(feature = "openai", feature = "anthropic"))]
     fn var(&self, name: &str) -> Option<String> {
         match &self.env {
             Some(map) => map.get(name).cloned(),
@@ -212,8 +228,16 @@ impl std::fmt::Debug for ModelResolver {
 }
 
 impl ModelResolver {
-    /// A resolver with these settings.
+    /// A resolver with these settings. The provider keys its environment
+    /// holds are registered as secrets (see [`crate::secrets`]), whether or
+    /// not a run uses them: a model or tool that echoes any of them is
+    /// redacted.
     pub fn new(config: ProviderConfig) -> Self {
+        for name in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"] {
+            if let Some(key) = config.var(name) {
+                crate::secrets::register(&key);
+            }
+        }
         ModelResolver {
             config,
             cache: DashMap::new(),
@@ -268,6 +292,16 @@ impl ModelResolver {
         Ok(tiers)
     }
 
+    /// Whether a manifest that names no model has somewhere to go: the
+    /// default tier is mapped to something else than the built-in default,
+    /// or `OPENAI_BASE_URL` / `OPENAI_API_KEY` is set.
+    fn default_configured(&self) -> bool {
+        let c = &self.config;
+        c.tiers.get(DEFAULT_TIER) != default_tiers().get(DEFAULT_TIER)
+            || c.var("OPENAI_BASE_URL").is_some()
+            || c.var("OPENAI_API_KEY").is_some()
+    }
+
     /// What a caller may name, for error messages.
     pub fn known(&self) -> Vec<String> {
         let mut known = vec![
@@ -283,9 +317,15 @@ impl ModelResolver {
     /// The model for `spec` (`model` already followed through the tiers
     /// by the caller or not: it is followed again here).
     pub fn resolve(&self, spec: &AgentSpec) -> Result<Arc<dyn ChatModel>, ResolveError> {
-        let target = self.follow_tiers(self.model_of(spec))?;
+        let named = self.model_of(spec);
+        if named == DEFAULT_TIER && spec.model.trim().is_empty() && !self.default_configured() {
+            return Err(ResolveError::NoModel {
+                agent: spec.name.clone(),
+            });
+        }
+        let target = self.follow_tiers(named)?;
         let parsed =
-            ModelSpec::parse(&target).ok_or_else(|| ResolveError::Unknown(spec.model.clone()))?;
+            ModelSpec::parse(&target).ok_or_else(|| ResolveError::Unknown(named.to_string()))?;
         match parsed {
             ModelSpec::Scripted => Ok(Arc::new(ScriptedModel::new(spec.script.clone()))),
             #[cfg(not(feature = "openai"))]

@@ -3,16 +3,35 @@
 //!
 //! # Wire
 //!
-//! `POST {base_url}/chat/completions` with `model`, `messages` (system,
-//! user, assistant with `tool_calls`, tool with `tool_call_id`), `tools`
-//! (functions, left out when there are none) and, when the request carries a
-//! schema, `response_format: {type: json_schema}`. The key goes in
-//! `Authorization: Bearer`, marked sensitive; no key is sent when there is
-//! none (local servers).
+//! `POST {base_url}/chat/completions` (the base ends in `/v1`, as the
+//! OpenAI SDKs write `OPENAI_BASE_URL`) with `model`, `messages` (system,
+//! user — with image parts and text files when it has attachments —,
+//! assistant with `tool_calls` and `content: ""`, never `null`, which some
+//! servers answer with a 500; tool with `tool_call_id`), `tools` (functions,
+//! left out when there are none) with `tool_choice` (`auto` unless the
+//! manifest says otherwise: some servers ignore tools without it), the
+//! manifest's `temperature`, `max_tokens`, `top_p`, `seed` and `stop` when
+//! set, and, when the request carries a schema, `response_format: {type:
+//! json_schema}`. The key goes in `Authorization: Bearer`, marked
+//! sensitive; no key is sent when there is none (local servers).
+//!
+//! # Structured output fallback
+//!
+//! A server that refuses `response_format` — a 4xx, or a 5xx to the first
+//! call that carries it — is asked again at once with the schema in the
+//! system prompt instead (the run validates the answer and repairs it
+//! either way). The refusal is remembered for this model (one per endpoint
+//! and model on a host), so later calls go straight to the fallback, and
+//! every run that uses it gets a `response_format_unsupported` warning.
+//!
+//! # Streaming
 //!
 //! Streaming (`stream: true`, `stream_options.include_usage`) is used when
 //! [`StreamMode`] says so — by default, when someone listens to the run's
-//! deltas. Text deltas go to the request's sink as they come; tool-call
+//! deltas or observes the call (a run does, for its heartbeats). Every
+//! chunk is a sign of life for the request's observer; text deltas go to
+//! the request's sink and observer as they come (redacted, see
+//! [`crate::secrets`]); tool-call
 //! deltas are reassembled by their `index` (id and name arrive first, the
 //! arguments in pieces); usage comes in a final chunk with no choices. A
 //! stream is complete at `[DONE]` or once a `finish_reason` and the body's
@@ -25,14 +44,18 @@
 //!
 //! Our own serde types accept what real servers send: `content` null or
 //! missing, tool calls without an id (one is made up: `call_{index}_{j}`),
-//! `arguments` as an object instead of a string, usage missing (zero).
-//! Arguments are passed on as raw text: arguments that are not JSON reach
-//! the run, which gives the model a typed tool error.
+//! `arguments` as an object instead of a string, usage missing. A server
+//! that reports no usage (many local ones, when streaming) gets an estimate
+//! (see `http::estimate_usage`), marked `estimated`, with a `usage_estimated`
+//! warning to the observer. Arguments are passed on as raw text (redacted):
+//! arguments that are not JSON reach the run, which gives the model a typed
+//! tool error.
 //!
 //! This module does one call; retries and the circuit breaker wrap it
 //! (`super::retry`, `super::breaker`).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
@@ -43,9 +66,10 @@ pub use super::http::StreamMode;
 use super::http::{self, Secret};
 use super::sse::{SseEvent, SseParser};
 use crate::ports::model::{
-    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest,
+    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest, ToolChoice,
 };
 use crate::ports::run::Usage;
+use crate::secrets::StreamRedactor;
 
 /// The public OpenAI endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -86,7 +110,13 @@ impl OpenAiConfig {
 pub struct OpenAiModel {
     config: OpenAiConfig,
     url: String,
+    /// The URL as errors show it.
+    endpoint: String,
     client: reqwest::Client,
+    /// The server refused `response_format`: the schema goes in the prompt.
+    refuses_schema: AtomicBool,
+    /// A call with `response_format` succeeded: a later 5xx is not blamed on it.
+    schema_ok: AtomicBool,
 }
 
 impl OpenAiModel {
@@ -94,9 +124,12 @@ impl OpenAiModel {
     pub fn new(config: OpenAiConfig) -> Self {
         let url = format!("{}/chat/completions", http::trim_base(&config.base_url));
         OpenAiModel {
+            endpoint: http::endpoint(&url),
             config,
             url,
             client: http::client(),
+            refuses_schema: AtomicBool::new(false),
+            schema_ok: AtomicBool::new(false),
         }
     }
 
@@ -109,8 +142,20 @@ impl OpenAiModel {
         self.config.api_key.as_ref()
     }
 
-    fn body(&self, request: &ChatRequest, stream: bool) -> Value {
-        let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
+    /// The request body; `schema_in_prompt`: the response schema goes in
+    /// the system prompt instead of `response_format`.
+    fn body(&self, request: &ChatRequest, stream: bool, schema_in_prompt: bool) -> Value {
+        let mut messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
+        if let (Some(schema), true) = (&request.response_schema, schema_in_prompt) {
+            let note = http::schema_note(schema);
+            match messages.first_mut() {
+                Some(first) if first["role"] == "system" => {
+                    let text = first["content"].as_str().unwrap_or_default();
+                    first["content"] = Value::String(format!("{text}\n\n{note}"));
+                }
+                _ => messages.insert(0, json!({ "role": "system", "content": note })),
+            }
+        }
         let mut body = json!({
             "model": self.config.model,
             "messages": messages,
@@ -131,8 +176,31 @@ impl OpenAiModel {
                 })
                 .collect();
             body["tools"] = Value::Array(tools);
+            body["tool_choice"] = match request.tool_choice() {
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::None => json!("none"),
+                ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+            };
         }
-        if let Some(schema) = &request.response_schema {
+        if let Some(o) = &request.options {
+            if let Some(t) = o.temperature {
+                body["temperature"] = json!(t);
+            }
+            if let Some(n) = o.max_tokens {
+                body["max_tokens"] = json!(n);
+            }
+            if let Some(p) = o.top_p {
+                body["top_p"] = json!(p);
+            }
+            if let Some(seed) = o.seed {
+                body["seed"] = json!(seed);
+            }
+            if !o.stop.is_empty() {
+                body["stop"] = json!(o.stop);
+            }
+        }
+        if let (Some(schema), false) = (&request.response_schema, schema_in_prompt) {
             body["response_format"] = json!({
                 "type": "json_schema",
                 "json_schema": { "name": "output", "schema": **schema },
@@ -150,6 +218,21 @@ impl OpenAiModel {
 fn wire_message(m: &Message) -> Value {
     match m.role {
         Role::System => json!({ "role": "system", "content": m.content }),
+        Role::User if !m.attachments.is_empty() => {
+            let mut parts = vec![json!({ "type": "text", "text": m.content })];
+            for a in &m.attachments {
+                parts.push(if a.is_image() {
+                    let data: String = a.content.split_whitespace().collect();
+                    json!({
+                        "type": "image_url",
+                        "image_url": { "url": format!("data:{};base64,{data}", a.mime) },
+                    })
+                } else {
+                    json!({ "type": "text", "text": a.as_text() })
+                });
+            }
+            json!({ "role": "user", "content": parts })
+        }
         Role::User => json!({ "role": "user", "content": m.content }),
         Role::Tool => json!({
             "role": "tool",
@@ -157,11 +240,10 @@ fn wire_message(m: &Message) -> Value {
             "content": m.content,
         }),
         Role::Assistant => {
+            // `content` is a string even on a tool-call turn: `null` makes
+            // some servers (llama.cpp-based ones) answer 500.
             let mut v = json!({ "role": "assistant", "content": m.content });
             if !m.tool_calls.is_empty() {
-                if m.content.is_empty() {
-                    v["content"] = Value::Null;
-                }
                 v["tool_calls"] = m
                     .tool_calls
                     .iter()
@@ -263,6 +345,7 @@ impl WireUsage {
                 .completion_tokens_details
                 .and_then(|d| d.reasoning_tokens)
                 .unwrap_or(0),
+            estimated: false,
         }
     }
 }
@@ -346,6 +429,7 @@ struct StreamState {
     finished: bool,
     done: bool,
     delivered: bool,
+    redactor: StreamRedactor,
 }
 
 impl StreamState {
@@ -384,10 +468,8 @@ impl StreamState {
             };
             let piece = content_text(&delta.content);
             if !piece.is_empty() {
-                if let Some(sink) = &request.on_delta {
-                    sink(&piece);
-                    self.delivered = true;
-                }
+                let out = self.redactor.push(&piece);
+                self.delivered |= http::deliver(request, &out);
                 self.text.push_str(&piece);
             }
             for (j, tc) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
@@ -411,7 +493,10 @@ impl StreamState {
         Ok(())
     }
 
-    fn into_response(self, call_index: u32) -> ChatResponse {
+    fn into_response(mut self, request: &ChatRequest) -> ChatResponse {
+        let call_index = request.call_index;
+        let rest = self.redactor.finish();
+        http::deliver(request, &rest);
         let tool_calls = self
             .calls
             .into_values()
@@ -458,16 +543,19 @@ async fn read_stream(
             Ok(None) => break,
             Err(e) => return Err(st.fail(http::transport(e, secret))),
         };
+        // Every chunk is a sign of life: text, tool-call arguments,
+        // reasoning, or a keep-alive comment.
+        request.alive();
         parser.feed(&chunk, &mut events);
         for ev in events.drain(..) {
             st.apply(&ev, request, secret).map_err(|e| st.fail(e))?;
             if st.done {
-                return Ok(st.into_response(request.call_index));
+                return Ok(st.into_response(request));
             }
         }
     }
     if st.finished {
-        return Ok(st.into_response(request.call_index));
+        return Ok(st.into_response(request));
     }
     Err(st.fail(ModelError::Transport(
         "the stream ended before the response was complete".into(),
@@ -484,14 +572,79 @@ impl ChatModel for OpenAiModel {
         self.config.priced.then_some(self.config.model.as_str())
     }
 
+    fn streams(&self) -> bool {
+        true
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        let wants_schema = request.response_schema.is_some();
+        let in_prompt = wants_schema && self.refuses_schema.load(Ordering::Relaxed);
+        let result = match self.call(&request, in_prompt).await {
+            Err(e) if wants_schema && !in_prompt && self.refused_schema(&e) => {
+                self.refuses_schema.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    model = %self.config.name,
+                    error = %e,
+                    "the server refused response_format: the schema goes in the system prompt from now on"
+                );
+                self.schema_fallback_warning(&request, Some(&e));
+                self.call(&request, true).await
+            }
+            Ok(r) if wants_schema && !in_prompt => {
+                self.schema_ok.store(true, Ordering::Relaxed);
+                Ok(r)
+            }
+            other => {
+                if in_prompt {
+                    self.schema_fallback_warning(&request, None);
+                }
+                other
+            }
+        };
+        result.map(|r| http::finish_response(&request, r))
+    }
+}
+
+impl OpenAiModel {
+    /// Whether `e`, the answer to a call that carried `response_format`,
+    /// says the server does not take it: a refused request, or a server
+    /// error while no call with it has ever succeeded here.
+    fn refused_schema(&self, e: &ModelError) -> bool {
+        match e {
+            ModelError::BadRequest(_) => true,
+            ModelError::Server { status, .. } => {
+                *status >= 500 && !self.schema_ok.load(Ordering::Relaxed)
+            }
+            _ => false,
+        }
+    }
+
+    fn schema_fallback_warning(&self, request: &ChatRequest, cause: Option<&ModelError>) {
+        if let Some(o) = &request.observer {
+            let why = cause.map(|e| format!(" ({e})")).unwrap_or_default();
+            o.warning(
+                "response_format_unsupported",
+                &format!(
+                    "{} at {} does not take `response_format`{why}: the output schema is asked for in the system prompt and the answer validated",
+                    self.config.name, self.endpoint
+                ),
+            );
+        }
+    }
+
+    /// One HTTP exchange.
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        schema_in_prompt: bool,
+    ) -> Result<ChatResponse, ModelError> {
         let secret = self.secret();
         let stream = match self.config.stream {
             StreamMode::Always => true,
             StreamMode::Never => false,
-            StreamMode::WhenListened => request.on_delta.is_some(),
+            StreamMode::WhenListened => request.on_delta.is_some() || request.observer.is_some(),
         };
-        let body = serde_json::to_vec(&self.body(&request, stream))
+        let body = serde_json::to_vec(&self.body(request, stream, schema_in_prompt))
             .map_err(|e| ModelError::BadRequest(format!("cannot encode the request: {e}")))?;
         let mut req = self
             .client
@@ -512,12 +665,21 @@ impl ChatModel for OpenAiModel {
                 http::secret_header(&format!("Bearer {}", key.expose()))?,
             );
         }
-        let mut resp = req.send().await.map_err(|e| http::transport(e, secret))?;
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| http::send_error(e, secret, &self.endpoint))?;
         let status = resp.status().as_u16();
         if !resp.status().is_success() {
             let headers = resp.headers().clone();
             let body = http::read_body(&mut resp, secret).await.unwrap_or_default();
-            return Err(http::status_error(status, &headers, &body, secret));
+            return Err(http::status_error(
+                status,
+                &headers,
+                &body,
+                secret,
+                &self.endpoint,
+            ));
         }
         let is_sse = resp
             .headers()
@@ -525,13 +687,13 @@ impl ChatModel for OpenAiModel {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if stream && is_sse {
-            read_stream(&mut resp, &request, secret).await
+            read_stream(&mut resp, request, secret).await
         } else {
             let body = http::read_body(&mut resp, secret).await?;
-            let response = parse_plain(&body, request.call_index, secret)?;
-            if let (Some(sink), false) = (&request.on_delta, response.text.is_empty()) {
-                sink(&response.text);
-            }
+            request.alive();
+            let mut response = parse_plain(&body, request.call_index, secret)?;
+            response.text = crate::secrets::redact_string(response.text);
+            http::deliver(request, &response.text);
             Ok(response)
         }
     }
@@ -568,7 +730,7 @@ mod tests {
             st.apply(&ev, &r, None).unwrap();
         }
         assert!(st.finished);
-        let resp = st.into_response(2);
+        let resp = st.into_response(&r);
         assert_eq!(resp.tool_calls.len(), 2);
         assert_eq!(&*resp.tool_calls[0].name, "add");
         assert_eq!(&*resp.tool_calls[0].arguments, r#"{"a": 2, "b": 3}"#);
@@ -602,9 +764,10 @@ mod tests {
                 arguments: "{}".into(),
             }],
             tool_call_id: None,
+            attachments: Vec::new(),
         };
         let v = wire_message(&m);
-        assert!(v["content"].is_null());
+        assert_eq!(v["content"], "", "never null: some servers answer 500");
         assert_eq!(v["tool_calls"][0]["function"]["name"], "add");
     }
 }

@@ -112,6 +112,10 @@ impl ChatModel for Retrying {
         true
     }
 
+    fn streams(&self) -> bool {
+        self.inner.streams()
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let mut attempt = 0;
         let mut last: Option<ModelError> = None;

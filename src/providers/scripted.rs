@@ -410,6 +410,8 @@ mod tests {
             on_delta: None,
             deadline: None,
             on_retry: None,
+            options: None,
+            observer: None,
         }
     }
 

@@ -215,8 +215,15 @@ impl RunIndex for MemoryAuditStore {
 
 /// Per-caller limits and spend, in memory, bucketed by minute (buckets older
 /// than 24 h are dropped).
+///
+/// Its clock is the runtime's (`tokio::time::Instant`) from the wall-clock
+/// time it was made: the same as the wall clock in a running process, and
+/// paused with the runtime in tests, so a test on paused time sees a
+/// budget window move when it advances time.
 pub struct MemoryBudgetLedger {
     inner: Mutex<LedgerInner>,
+    epoch_ms: u64,
+    epoch: tokio::time::Instant,
 }
 
 #[derive(Default)]
@@ -234,6 +241,8 @@ impl MemoryBudgetLedger {
     pub fn new() -> Self {
         MemoryBudgetLedger {
             inner: Mutex::new(LedgerInner::default()),
+            epoch_ms: unix_ms(),
+            epoch: tokio::time::Instant::now(),
         }
     }
 
@@ -250,6 +259,12 @@ impl MemoryBudgetLedger {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .default_limits = limits;
+    }
+
+    /// Now, in ms since the Unix epoch, on the ledger's clock.
+    fn now_ms(&self) -> u64 {
+        let since = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_add(since)
     }
 
     /// Sets one caller's limits.
@@ -277,7 +292,8 @@ impl BudgetLedger for MemoryBudgetLedger {
 
     async fn spent(&self, caller: &str, window: Duration) -> Result<Spend, BudgetLedgerError> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let since = unix_ms().saturating_sub(window.as_millis() as u64) / MINUTE_MS;
+        let window = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        let since = self.now_ms().saturating_sub(window) / MINUTE_MS;
         let mut total = Spend::default();
         if let Some(buckets) = g.spend.get(caller) {
             for (_, s) in buckets.range(since..) {
@@ -288,7 +304,7 @@ impl BudgetLedger for MemoryBudgetLedger {
     }
 
     async fn commit(&self, spends: &[(String, Spend)]) -> Result<(), BudgetLedgerError> {
-        let now = unix_ms();
+        let now = self.now_ms();
         let minute = now / MINUTE_MS;
         let oldest = now.saturating_sub(KEEP_MS) / MINUTE_MS;
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -303,6 +319,23 @@ impl BudgetLedger for MemoryBudgetLedger {
             }
         }
         Ok(())
+    }
+
+    async fn set_limits(
+        &self,
+        caller: &str,
+        limits: BudgetLimits,
+    ) -> Result<(), BudgetLedgerError> {
+        MemoryBudgetLedger::set_limits(self, caller, limits);
+        Ok(())
+    }
+
+    async fn list_limits(&self) -> Result<Vec<(String, BudgetLimits)>, BudgetLedgerError> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<(String, BudgetLimits)> =
+            g.limits.iter().map(|(c, l)| (c.clone(), *l)).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 }
 

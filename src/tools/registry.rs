@@ -265,6 +265,28 @@ struct ToolSetInner {
 }
 
 impl ToolSet {
+    /// This set with `extra` tools after its own (an agent's sub-agents),
+    /// each schema compiled; a name already in the set is an error.
+    pub fn with_tools(&self, extra: Vec<Arc<dyn Tool>>) -> Result<ToolSet, RegistryError> {
+        if extra.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut reg = ToolRegistry {
+            entries: self.inner.entries.clone(),
+        };
+        let mut specs: Vec<ToolSpec> = self.inner.specs.to_vec();
+        for tool in extra {
+            specs.push(tool.spec().clone());
+            reg.register(tool)?;
+        }
+        Ok(ToolSet {
+            inner: Arc::new(ToolSetInner {
+                entries: reg.entries,
+                specs: specs.into(),
+            }),
+        })
+    }
+
     /// The specs to show the model, in selection order. The same `Arc` on
     /// every call: cloning it allocates nothing.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
@@ -333,19 +355,33 @@ impl PreparedCall {
         max_result_bytes: usize,
     ) -> Result<String, ToolError> {
         let PreparedCall { tool, args } = self;
+        let run_id = ctx.run_id;
+        let called = &tool;
         // `call` runs inside the async block, so even a tool whose `call`
-        // panics before returning its future is caught. It borrows `tool`,
-        // which names the error of a timeout.
-        let guarded = AssertUnwindSafe(async { tool.call(args, ctx).await }).catch_unwind();
+        // panics before returning its future is caught (and marked as
+        // caught, so a quiet panic hook stays silent: one warn line below).
+        // It borrows `tool`, which names the error of a timeout.
+        let guarded = AssertUnwindSafe(crate::panics::quietly(async move {
+            called.call(args, ctx).await
+        }))
+        .catch_unwind();
         let outcome = match tokio::time::timeout(timeout, guarded).await {
             Err(_elapsed) => {
                 Err(tool.timeout_error(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)))
             }
-            Ok(Err(payload)) => Err(ToolError::Panicked(panic_text(payload.as_ref()))),
+            Ok(Err(payload)) => {
+                let text = panic_text(payload.as_ref());
+                let tool = &tool.spec().name;
+                tracing::warn!(run_id = %run_id, tool = %tool, "tool panicked: {text}");
+                Err(ToolError::Panicked(text))
+            }
             Ok(Ok(result)) => result,
         };
+        // Known secrets (API keys) never leave a tool: a tool that prints
+        // its environment or echoes its arguments is redacted here, before
+        // its result reaches the model, an event or the audit log.
         match outcome {
-            Ok(text) => Ok(cap_text(&text, max_result_bytes)),
+            Ok(text) => Ok(cap_text(&crate::secrets::redact(&text), max_result_bytes)),
             Err(error) => Err(cap_error(error)),
         }
     }
@@ -375,7 +411,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Caps the message an error carries, so a tool cannot flood the transcript
 /// through its errors.
 fn cap_error(error: ToolError) -> ToolError {
-    let cap = |s: String| cap_text(&s, MAX_ERROR_BYTES);
+    let cap = |s: String| cap_text(&crate::secrets::redact(&s), MAX_ERROR_BYTES);
     match error {
         ToolError::UnknownTool(s) => ToolError::UnknownTool(cap(s)),
         ToolError::InvalidArguments(s) => ToolError::InvalidArguments(cap(s)),
@@ -398,6 +434,59 @@ mod tests {
 
     fn registry() -> ToolRegistry {
         ToolRegistry::with_builtins()
+    }
+
+    /// A tool that prints a secret in its result, or in its error.
+    struct Leaky(ToolSpec, bool);
+
+    #[async_trait]
+    impl Tool for Leaky {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        async fn call(&self, _: Value, _: ToolContext) -> Result<String, ToolError> {
+            let text = "env: API_KEY=SK-REGISTRY-LEAK-0042".to_string();
+            if self.1 {
+                Err(ToolError::Failed(text))
+            } else {
+                Ok(text)
+            }
+        }
+    }
+
+    #[tokio::test]
+    #[allow(clippy::unwrap_used)]
+    async fn known_secrets_never_leave_a_tool() {
+        crate::secrets::register("sk-registry-leak-0042");
+        for fails in [false, true] {
+            let leaky = Arc::new(Leaky(
+                ToolSpec {
+                    name: "leaky".into(),
+                    description: "prints its environment".into(),
+                    parameters: json!({"type": "object"}),
+                },
+                fails,
+            ));
+            let mut r = ToolRegistry::new();
+            r.register(leaky).unwrap();
+            let set = r.select(&["leaky".to_string()]).unwrap();
+            let call = crate::ports::model::ToolCallRequest {
+                id: "c".into(),
+                name: "leaky".into(),
+                arguments: "{}".into(),
+            };
+            let ctx = ToolContext::new(RunId(1), "c".into());
+            let out = set
+                .prepare(&call)
+                .unwrap()
+                .execute(ctx, Duration::from_secs(1), 1000)
+                .await;
+            let text = match out {
+                Ok(t) => t,
+                Err(e) => e.to_string(),
+            };
+            assert_eq!(text, "env: API_KEY=[REDACTED]", "fails: {fails}");
+        }
     }
 
     fn all(registry: &ToolRegistry) -> ToolSet {

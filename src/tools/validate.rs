@@ -10,6 +10,13 @@
 //! Every failure is a [`ToolError::InvalidArguments`] whose message tells the
 //! model what to fix, capped to [`MAX_ERROR_BYTES`]. Nothing here guesses or
 //! repairs: arguments that fail are never replaced by defaults.
+//!
+//! [`canonical_json`] and [`canonical_hash`] give the form of arguments that
+//! repeat detection compares: object keys sorted, no whitespace, so two
+//! calls that differ only in spacing or key order count as the same call.
+
+use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
 
 use jsonschema::Validator;
 use serde_json::Value;
@@ -122,6 +129,123 @@ pub fn validate_arguments(validator: &Validator, text: &str) -> Result<Value, To
     Ok(args)
 }
 
+/// Arguments in canonical form: compact JSON with every object's keys
+/// sorted. An empty text is `{}` (as [`parse_arguments`] reads it); a text
+/// that is not JSON is returned trimmed, as is.
+pub fn canonical_json(text: &str) -> Cow<'_, str> {
+    if text.trim().is_empty() {
+        return Cow::Borrowed("{}");
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => {
+            let mut out = String::with_capacity(text.len());
+            write_canonical(&v, &mut out);
+            Cow::Owned(out)
+        }
+        Err(_) => Cow::Borrowed(text.trim()),
+    }
+}
+
+/// Hashes a tool call's name and arguments in canonical form (see
+/// [`canonical_json`]) into `h`, without building the canonical text.
+pub fn hash_call<H: Hasher>(name: &str, text: &str, h: &mut H) {
+    name.hash(h);
+    if text.trim().is_empty() {
+        return hash_value(&Value::Object(serde_json::Map::new()), h);
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => hash_value(&v, h),
+        Err(_) => {
+            0xffu8.hash(h);
+            text.trim().hash(h);
+        }
+    }
+}
+
+/// A hash of a tool call in canonical form (see [`hash_call`]).
+pub fn canonical_hash(name: &str, text: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    hash_call(name, text, &mut h);
+    h.finish()
+}
+
+/// Feeds a value to a hasher: each kind tagged, object entries in key order.
+fn hash_value<H: Hasher>(v: &Value, h: &mut H) {
+    match v {
+        Value::Null => 0u8.hash(h),
+        Value::Bool(b) => {
+            1u8.hash(h);
+            b.hash(h);
+        }
+        Value::Number(n) => {
+            2u8.hash(h);
+            // Number's text is canonical for the value serde parsed.
+            let mut buf = itoa::Buffer::new();
+            match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => buf.format(u).hash(h),
+                (_, Some(i)) => buf.format(i).hash(h),
+                _ => n.to_string().hash(h),
+            }
+        }
+        Value::String(s) => {
+            3u8.hash(h);
+            s.hash(h);
+        }
+        Value::Array(a) => {
+            4u8.hash(h);
+            a.len().hash(h);
+            for x in a {
+                hash_value(x, h);
+            }
+        }
+        Value::Object(m) => {
+            5u8.hash(h);
+            m.len().hash(h);
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort_unstable();
+            for k in keys {
+                k.hash(h);
+                if let Some(x) = m.get(k) {
+                    hash_value(x, h);
+                }
+            }
+        }
+    }
+}
+
+/// Writes a value as compact JSON with sorted keys.
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(x, out);
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            out.push('{');
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort_unstable();
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(x) = m.get(k) {
+                    write_canonical(x, out);
+                }
+            }
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +350,35 @@ mod tests {
     fn valid_arguments_pass_through() {
         let args = validate_arguments(&add_schema(), r#"{"a": 2, "b": 3.5}"#).ok();
         assert_eq!(args, Some(json!({"a": 2, "b": 3.5})));
+    }
+
+    #[test]
+    fn canonical_form_ignores_spacing_and_key_order() {
+        let forms = [
+            r#"{"a":1,"b":2}"#,
+            r#"{ "b": 2, "a": 1 }"#,
+            "{\n  \"a\" : 1 ,\n\t\"b\":2}",
+        ];
+        for f in forms {
+            assert_eq!(canonical_json(f), r#"{"a":1,"b":2}"#, "{f}");
+            assert_eq!(canonical_hash("add", f), canonical_hash("add", forms[0]));
+        }
+        assert_ne!(
+            canonical_hash("add", r#"{"a":1,"b":3}"#),
+            canonical_hash("add", forms[0])
+        );
+        assert_ne!(
+            canonical_hash("sub", forms[0]),
+            canonical_hash("add", forms[0])
+        );
+        assert_eq!(
+            canonical_json(r#"{"z":{"y":[1, {"b":1,"a":2}]}}"#),
+            r#"{"z":{"y":[1,{"a":2,"b":1}]}}"#
+        );
+        assert_eq!(canonical_json("  "), "{}");
+        assert_eq!(canonical_hash("f", ""), canonical_hash("f", "{}"));
+        assert_eq!(canonical_json(" not json "), "not json");
+        assert_eq!(canonical_json(r#"{"k":"a\"b"}"#), r#"{"k":"a\"b"}"#);
     }
 
     #[test]

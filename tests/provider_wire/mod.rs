@@ -175,3 +175,5 @@ fn sse(pieces: Vec<String>, drop_after: bool) -> Response {
         .body(Body::from_stream(body))
         .unwrap()
 }
+
+pub(crate) mod vendor;

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Row;
 
 use super::{to_i64, to_u64, SqliteStore};
 use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
@@ -51,12 +50,19 @@ impl SqliteStore {
 #[async_trait]
 impl BudgetLedger for SqliteStore {
     async fn limits(&self, caller: &str) -> Result<BudgetLimits, BudgetLedgerError> {
-        let row: Option<String> =
-            sqlx::query_scalar("SELECT limits FROM budget_limits WHERE caller = ?")
-                .bind(caller)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(unavailable)?;
+        let who = caller.to_string();
+        let row: Option<String> = self
+            .read(move |c| {
+                use rusqlite::OptionalExtension;
+                c.query_row(
+                    "SELECT limits FROM budget_limits WHERE caller = ?1",
+                    [who],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(unavailable)
+            })
+            .await?;
         match row {
             Some(json) => serde_json::from_str(&json).map_err(|e| {
                 BudgetLedgerError::Unavailable(format!(
@@ -72,22 +78,24 @@ impl BudgetLedger for SqliteStore {
 
     async fn spent(&self, caller: &str, window: Duration) -> Result<Spend, BudgetLedgerError> {
         let since = unix_ms().saturating_sub(window.as_millis() as u64) / MINUTE_MS;
-        let row = sqlx::query(
-            "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost_micros), 0), \
-             COALESCE(SUM(runtime_ms), 0), COALESCE(SUM(runs), 0) \
-             FROM budget_spend WHERE caller = ? AND minute >= ?",
-        )
-        .bind(caller)
-        .bind(to_i64(since))
-        .fetch_one(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        let get = |i: usize| row.try_get::<i64, _>(i).map(to_u64).map_err(unavailable);
+        let who = caller.to_string();
+        let sums: [i64; 4] = self
+            .read(move |c| {
+                c.query_row(
+                    "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost_micros), 0), \
+                     COALESCE(SUM(runtime_ms), 0), COALESCE(SUM(runs), 0) \
+                     FROM budget_spend WHERE caller = ?1 AND minute >= ?2",
+                    rusqlite::params![who, to_i64(since)],
+                    |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?]),
+                )
+                .map_err(unavailable)
+            })
+            .await?;
         Ok(Spend {
-            tokens: get(0)?,
-            cost_micros: get(1)?,
-            runtime_ms: get(2)?,
-            runs: get(3)?,
+            tokens: to_u64(sums[0]),
+            cost_micros: to_u64(sums[1]),
+            runtime_ms: to_u64(sums[2]),
+            runs: to_u64(sums[3]),
         })
     }
 
@@ -110,5 +118,37 @@ impl BudgetLedger for SqliteStore {
             .commit(spends, minute)
             .await
             .map_err(unavailable)
+    }
+
+    async fn set_limits(
+        &self,
+        caller: &str,
+        limits: BudgetLimits,
+    ) -> Result<(), BudgetLedgerError> {
+        SqliteStore::set_limits(self, caller, limits).await
+    }
+
+    async fn list_limits(&self) -> Result<Vec<(String, BudgetLimits)>, BudgetLedgerError> {
+        let rows: Vec<(String, String)> = self
+            .read(|c| {
+                let mut stmt = c
+                    .prepare("SELECT caller, limits FROM budget_limits ORDER BY caller")
+                    .map_err(unavailable)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                    .map_err(unavailable)?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(unavailable)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(caller, json)| {
+                let limits = serde_json::from_str(&json).map_err(|e| {
+                    BudgetLedgerError::Unavailable(format!(
+                        "the limits of caller `{caller}` do not decode: {e}"
+                    ))
+                })?;
+                Ok((caller, limits))
+            })
+            .collect()
     }
 }

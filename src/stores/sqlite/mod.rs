@@ -24,39 +24,46 @@
 //!   as it was.
 //! - **Concurrency.** Every write of a store goes through its writer thread
 //!   (`writer`), one transaction at a time, on its own connection: no
-//!   `SQLITE_BUSY` between our own writes, and no store I/O queued behind
-//!   run actors on the host's tokio workers. Other processes on the same
-//!   file wait up to the busy timeout. Reads use a small pool and run in
-//!   parallel with writes (WAL); the writer checkpoints the WAL every 64 MiB.
+//!   `SQLITE_BUSY` between our own writes, and no store I/O on the host's
+//!   tokio workers. Reads run on tokio's blocking pool, on a few kept
+//!   connections, in parallel with writes (WAL); the writer checkpoints the
+//!   WAL every 64 MiB.
+//! - **Another process's lock** is waited for, at most [`BUSY_TIMEOUT`]
+//!   (an audit append: [`APPEND_BUSY_TIMEOUT`], after which its batch goes
+//!   to the spool and the runs' results are delivered); a wait longer than
+//!   [`BUSY_WARN_AFTER`] says so on stderr (a `warn` log line naming the file).
+//! - **One driver.** Everything goes through `rusqlite` on a bundled SQLite:
+//!   a fresh machine needs no system library.
 //!
 //! # Schema and migrations
 //!
 //! The migrations are SQL files under `migrations/` at the crate root,
 //! embedded in the binary with `include_str!` and applied in order inside
-//! one `BEGIN IMMEDIATE` transaction; `schema_version` records each
-//! version applied. `include_str!` rather than `sqlx::migrate!`: the macro
-//! needs sqlx's `macros` and `migrate` features (a proc-macro build the CI
-//! does not otherwise pay for), and its checksum table would not let us
-//! refuse a newer schema with our own typed error. The SQL sticks to what
-//! SQLite and Postgres share, so the Postgres battery can apply the same
-//! files (less one `WITHOUT ROWID`).
+//! one `BEGIN IMMEDIATE` transaction (taken only when the file's version is
+//! behind: opening an up-to-date file writes nothing); `schema_version`
+//! records each version applied, and a newer schema is refused with a
+//! typed error. The SQL sticks to what SQLite and Postgres share, so the
+//! Postgres battery can apply the same files (less one `WITHOUT ROWID`).
 //!
 //! Sessions have their (empty) table already; its port comes with later work.
 
 mod audit;
+mod background;
 mod budget;
 mod checkpoint;
+mod connection;
 mod writer;
 
+use connection::{BusyLimit, ReadFailure, Readers, Target};
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::Row;
+use rusqlite::Connection;
 
-use crate::ports::audit::AuditStats;
+use crate::ports::audit::{AuditStats, AuditStoreError};
 use crate::ports::budget::BudgetLimits;
 
 /// The schema migrations, in order: `(version, SQL)`.
@@ -69,17 +76,30 @@ const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../../migrations/0005_partial_status_index.sql"),
     ),
+    (
+        6,
+        include_str!("../../../migrations/0006_checkpoint_leases.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
-/// How long a write waits for another process's write lock.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a read, or opening the file, waits for another process's lock.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Read connections per file-backed store (readers;
-/// the writer has its own).
-const MAX_READERS: u32 = 3;
+/// How long a write waits for another process's lock before it fails (an
+/// audit batch then goes to the spool and its runs' results are delivered;
+/// budget spend and checkpoints are tried again with the next write), so a
+/// lock held elsewhere holds no result for longer than this.
+pub const APPEND_BUSY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A wait for another process's lock longer than this is logged (`warn`).
+pub const BUSY_WARN_AFTER: Duration = Duration::from_secs(1);
+
+/// Idle read connections kept per store (more are opened while reads
+/// overlap, and closed after).
+const MAX_IDLE_READERS: usize = 3;
 
 /// The page size of a new database file.
 const PAGE_SIZE: u32 = 16_384;
@@ -90,13 +110,13 @@ const PAGE_SIZE: u32 = 16_384;
 /// so the next write starts the WAL over and it stays about this long
 /// however long the host runs: 4096 pages of 16 KiB, 64 MiB. (A checkpoint
 /// on another connection in parallel with the writer never completes under
-/// a writer that does not pause: the WAL grew by gigabytes in a minute of
-/// soak. The writer's background checkpointer does most of the copying and
-/// syncing off the writer thread, and this one finishes the job.)
+/// a writer that does not pause. The writer's background checkpointer does
+/// most of the copying and syncing off the writer thread, and this one
+/// finishes the job.)
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 4096;
 
 /// The WAL file is truncated to this many bytes when it restarts.
-const JOURNAL_SIZE_LIMIT: u64 = 64 << 20;
+const JOURNAL_SIZE_LIMIT: i64 = 64 << 20;
 
 /// Why a database could not be opened. Every variant names the path; none
 /// means the file was changed.
@@ -120,7 +140,8 @@ pub enum StoreError {
         /// SQLite's reason.
         reason: String,
     },
-    /// The file is not a SQLite database, or it is corrupt.
+    /// The file is not a SQLite database, or it is corrupt (also: what
+    /// [`SqliteStore::check`] found).
     #[error("{} is not a usable database (corrupt, or not SQLite): {reason}; it was left unchanged", .path.display())]
     Corrupt {
         /// The database path.
@@ -162,12 +183,12 @@ pub enum StoreError {
     },
 }
 
-/// The SQLite battery for the audit log and the budget ledger. Share it as
-/// `Arc<SqliteStore>`: one handle per database file in a process (each
-/// handle has its own writer thread).
+/// The SQLite battery for the audit log, the budget ledger and
+/// checkpoints. Share it as `Arc<SqliteStore>`: one handle per database
+/// file in a process (each handle has its own writer thread).
 pub struct SqliteStore {
-    /// Reads (and the background checkpoints).
-    pool: SqlitePool,
+    /// Read connections (reads run on tokio's blocking pool).
+    readers: Arc<Readers>,
     /// Where it lives (`:memory:` for [`SqliteStore::open_memory`]).
     path: PathBuf,
     /// Every write goes through it.
@@ -218,28 +239,26 @@ impl SqliteStore {
         let name = format!(
             "/agentvisor-{}-{}",
             std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let opts = SqliteConnectOptions::new()
-            .filename(&name)
-            .vfs("memdb")
-            .create_if_missing(true)
-            .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(false);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(2)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(opts.clone())
-            .await
-            .map_err(|e| open_error(&path, &e))?;
-        let target = writer::Target {
-            name: PathBuf::from(&name),
+        let target = Target {
+            name: PathBuf::from(name),
             vfs: Some("memdb"),
+            path: path.clone(),
         };
-        let writer = writer::Writer::start(opts, target, path.clone()).await?;
-        Ok(Self::assemble(pool, path, writer))
+        let limit = BusyLimit::new(BUSY_TIMEOUT, path.clone());
+        let first = {
+            let target = target.clone();
+            let limit = limit.clone();
+            blocking(move || {
+                target
+                    .connect(true, &limit)
+                    .map_err(|e| open_error(&target.path, &e))
+            })
+            .await?
+        };
+        let writer = writer::Writer::start(target.clone()).await?;
+        Ok(Self::assemble(target, limit, first, writer))
     }
 
     async fn open_file(path: &Path, create: bool) -> Result<Self, StoreError> {
@@ -256,51 +275,56 @@ impl SqliteStore {
                 reason: "it is a directory".into(),
             });
         }
-        // No journal_mode here: switching to WAL writes the file header, and
-        // nothing may be written before the file is known to be ours.
-        let opts = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(create)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(false)
-            // Only takes effect in a new file: fewer, fuller pages for an
-            // append-mostly log.
-            .page_size(PAGE_SIZE)
-            .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string())
-            .pragma("journal_size_limit", JOURNAL_SIZE_LIMIT.to_string())
-            // A statement that may have to undo itself alone keeps a
-            // statement journal: in a temp file it was 40% of the bytes a
-            // swarm of multi-row inserts wrote, in memory it costs a few MiB
-            // at most (one batch's pages). The append connection sets it too.
-            .pragma("temp_store", "memory");
-        let pool = SqlitePoolOptions::new()
-            .max_connections(MAX_READERS)
-            .min_connections(0)
-            .connect_with(opts.clone())
-            .await
-            .map_err(|e| open_error(path, &e))?;
-        check_owner(&pool, path).await?;
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode = WAL")
-            .fetch_one(&pool)
-            .await
-            .map_err(|e| open_error(path, &e))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            tracing::warn!(path = %path.display(), %mode, "the database could not switch to WAL mode");
-        }
-        let target = writer::Target {
+        let target = Target {
             name: owned.clone(),
             vfs: None,
+            path: owned.clone(),
         };
-        let writer = writer::Writer::start(opts, target, owned.clone()).await?;
-        let mut store = Self::assemble(pool, owned, writer);
+        let limit = BusyLimit::new(BUSY_TIMEOUT, owned.clone());
+        let first = {
+            let target = target.clone();
+            let limit = limit.clone();
+            blocking(move || {
+                let path = &target.path;
+                let conn = target
+                    .connect(create, &limit)
+                    .map_err(|e| open_error(path, &e))?;
+                // Only takes effect in a new file: fewer, fuller pages for
+                // an append-mostly log. Writes nothing yet.
+                conn.pragma_update(None, "page_size", PAGE_SIZE)
+                    .map_err(|e| open_error(path, &e))?;
+                check_owner(&conn, path)?;
+                // Switching to WAL writes the file header: only now that
+                // the file is known to be ours (or new).
+                let mode: String = conn
+                    .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                    .map_err(|e| open_error(path, &e))?;
+                if !mode.eq_ignore_ascii_case("wal") {
+                    tracing::warn!(path = %path.display(), %mode, "the database could not switch to WAL mode");
+                }
+                Ok(conn)
+            })
+            .await?
+        };
+        let writer = writer::Writer::start(target.clone()).await?;
+        let mut store = Self::assemble(target, limit, first, writer);
         store.file_backed = true;
         Ok(store)
     }
 
-    fn assemble(pool: SqlitePool, path: PathBuf, writer: writer::Writer) -> Self {
+    fn assemble(
+        target: Target,
+        limit: Arc<BusyLimit>,
+        first: Connection,
+        writer: writer::Writer,
+    ) -> Self {
+        let path = target.path.clone();
         SqliteStore {
-            pool,
+            readers: Arc::new(Readers {
+                target,
+                limit,
+                idle: Mutex::new(vec![first]),
+            }),
             path,
             writer,
             file_backed: false,
@@ -311,6 +335,29 @@ impl SqliteStore {
         }
     }
 
+    /// Runs `f` on a read connection, on tokio's blocking pool.
+    async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<ReadFailure> + Send + 'static,
+    {
+        let readers = self.readers.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let conn = readers
+                .take()
+                .map_err(|e| E::from(ReadFailure(e.to_string())))?;
+            let out = f(&conn);
+            readers.put(conn);
+            out
+        })
+        .await;
+        match done {
+            Ok(out) => out,
+            Err(e) => Err(E::from(ReadFailure(format!("a database read failed: {e}")))),
+        }
+    }
+
     /// Where the database lives (`:memory:` for an in-memory one).
     pub fn path(&self) -> &Path {
         &self.path
@@ -318,32 +365,65 @@ impl SqliteStore {
 
     /// The schema version in the file.
     pub async fn version(&self) -> Result<i64, StoreError> {
-        schema_version(&self.pool, &self.path).await
+        let path = self.path.clone();
+        self.read(move |c| schema_version(c, &path).map_err(OpenRead::Store))
+            .await
+            .map_err(|e| e.at(&self.path))
+    }
+
+    /// Checks the whole file (`PRAGMA quick_check`: every page and index
+    /// entry readable and well-formed; not the index contents against their
+    /// tables). Damage anywhere in the file is a [`StoreError::Corrupt`]
+    /// naming the path and what SQLite found. Takes time in proportion to
+    /// the file's size; writes nothing.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        self.read(move |c| {
+            let fail = |e: rusqlite::Error| OpenRead::Store(open_error(&path, &e));
+            let mut stmt = c.prepare("PRAGMA quick_check(20)").map_err(fail)?;
+            let rows: Vec<String> = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .and_then(|rows| rows.collect())
+                .map_err(fail)?;
+            if rows.len() == 1 && rows[0] == "ok" {
+                Ok(())
+            } else {
+                Err(OpenRead::Store(StoreError::Corrupt {
+                    path: path.clone(),
+                    reason: format!("integrity check: {}", rows.join("; ")),
+                }))
+            }
+        })
+        .await
+        .map_err(|e| e.at(&self.path))
     }
 
     /// Counts in the whole file (every process that ever wrote to it), as
     /// opposed to [`AuditStore::stats`](crate::ports::audit::AuditStore::stats),
     /// which counts what this handle wrote. `batches` is this handle's.
-    pub async fn totals(&self) -> Result<AuditStats, crate::ports::audit::AuditStoreError> {
-        let row = sqlx::query(
-            "SELECT (SELECT COUNT(*) FROM audit_records) \
-                 + (SELECT COALESCE(SUM(records), 0) FROM audit_segments) \
-                 + (SELECT COALESCE(SUM(tail_records), 0) FROM runs), \
-                 (SELECT COUNT(*) FROM runs)",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(audit::unavailable)?;
-        let records: i64 = row.try_get(0).map_err(audit::unavailable)?;
-        let runs: i64 = row.try_get(1).map_err(audit::unavailable)?;
+    pub async fn totals(&self) -> Result<AuditStats, AuditStoreError> {
+        let (records, runs) = self
+            .read(|c| {
+                c.query_row(
+                    "SELECT (SELECT COUNT(*) FROM audit_records) \
+                     + (SELECT COALESCE(SUM(records), 0) FROM audit_segments) \
+                     + (SELECT COALESCE(SUM(tail_records), 0) FROM runs), \
+                     (SELECT COUNT(*) FROM runs)",
+                    [],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                )
+                .map_err(audit::unavailable)
+            })
+            .await?;
         Ok(AuditStats {
             records: to_u64(records),
             terminal_records: to_u64(runs),
-            batches: self.batches.load(std::sync::atomic::Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            ..AuditStats::default()
         })
     }
 
-    /// Checkpoints the WAL into the database file and closes the read
+    /// Checkpoints the WAL into the database file and closes the idle read
     /// connections. Dropping the store without closing loses nothing: the
     /// WAL is replayed by the next open.
     pub async fn close(&self) {
@@ -352,22 +432,61 @@ impl SqliteStore {
                 tracing::debug!(error = %e, "final WAL checkpoint skipped");
             }
         }
-        self.pool.close().await;
+        let idle =
+            std::mem::take(&mut *self.readers.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(idle);
     }
+}
+
+/// A [`StoreError`] through [`SqliteStore::read`].
+enum OpenRead {
+    Store(StoreError),
+    Failure(String),
+}
+
+impl OpenRead {
+    fn at(self, path: &Path) -> StoreError {
+        match self {
+            OpenRead::Store(e) => e,
+            OpenRead::Failure(reason) => StoreError::Open {
+                path: path.to_path_buf(),
+                reason,
+            },
+        }
+    }
+}
+
+impl From<ReadFailure> for OpenRead {
+    fn from(e: ReadFailure) -> Self {
+        OpenRead::Failure(e.0)
+    }
+}
+
+impl From<StoreError> for OpenRead {
+    fn from(e: StoreError) -> Self {
+        OpenRead::Store(e)
+    }
+}
+
+/// Runs blocking open work on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(StoreError::Open {
+            path: PathBuf::new(),
+            reason: format!("opening stopped: {e}"),
+        })
+    })
 }
 
 /// Reads only: refuses a foreign database or a newer schema before anything
 /// is written. The first read is also where SQLite notices a file that is
 /// not a database.
-async fn check_owner(pool: &SqlitePool, path: &Path) -> Result<(), StoreError> {
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(|e| open_error(path, &e))?;
+fn check_owner(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let tables = user_tables(conn).map_err(|e| open_error(path, &e))?;
     if tables.iter().any(|t| t == "schema_version") {
-        let found = schema_version(pool, path).await?;
+        let found = schema_version(conn, path)?;
         if found > SCHEMA_VERSION {
             return Err(StoreError::NewerSchema {
                 path: path.to_path_buf(),
@@ -383,28 +502,31 @@ async fn check_owner(pool: &SqlitePool, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-async fn schema_version(pool: &SqlitePool, path: &Path) -> Result<i64, StoreError> {
-    let v: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM schema_version")
-        .fetch_one(pool)
-        .await
-        .map_err(|e| open_error(path, &e))?;
-    Ok(v.unwrap_or(0))
+/// The file's own tables (not SQLite's).
+fn user_tables(conn: &Connection) -> Result<Vec<String>, rusqlite::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    )?;
+    let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    names.collect()
+}
+
+fn schema_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
+    conn.query_row("SELECT MAX(version) FROM schema_version", [], |r| {
+        r.get::<_, Option<i64>>(0)
+    })
+    .map(|v| v.unwrap_or(0))
+    .map_err(|e| open_error(path, &e))
 }
 
 /// Classifies an error of opening or first reading a file.
-fn open_error(path: &Path, e: &sqlx::Error) -> StoreError {
-    let corrupt = match e {
-        // SQLITE_CORRUPT (11) and SQLITE_NOTADB (26), with extended codes.
-        sqlx::Error::Database(d) => d
-            .code()
-            .and_then(|c| c.parse::<i32>().ok())
-            .is_some_and(|c| matches!(c & 0xff, 11 | 26)),
-        _ => false,
-    };
-    let reason = match e {
-        sqlx::Error::Database(d) => d.message().to_string(),
-        other => other.to_string(),
-    };
+pub(super) fn open_error(path: &Path, e: &rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    let corrupt = matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase)
+    );
+    let reason = e.to_string();
     if corrupt {
         StoreError::Corrupt {
             path: path.to_path_buf(),

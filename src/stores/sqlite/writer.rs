@@ -1,41 +1,45 @@
-//! The store's writer: one thread with its own current-thread runtime,
-//! through which every write of the store goes (migrations, audit batches,
-//! budget spend and limits, forced checkpoints), one job at a time.
-//!
-//! Two connections, never writing at once (jobs run one after another):
-//! audit appends, the hot path, go through a synchronous `rusqlite`
-//! connection on this thread — a prepared single-row `INSERT` per table,
-//! stepped once per row; everything else goes through sqlx (migrations,
-//! budget, checkpoints). Why: through sqlx each statement is a round trip
-//! to the connection's own worker thread, and on two cores each of its
-//! wake-ups waited for a core behind the host's busy workers — measured on
-//! a 20000-run swarm, the `BEGIN` of a batch alone took 1 to 3 µs a run,
-//! and binds and round trips half of the writer's time. Here a batch is
-//! plain calls into SQLite on one thread.
+//! The store's writer: one thread through which every write of the store
+//! goes (migrations, audit batches, budget spend and limits, checkpoints,
+//! forced WAL checkpoints), one job at a time, on its own connection —
+//! plain synchronous calls into SQLite, prepared statements kept warm.
 //!
 //! Why a thread: on the host's tokio workers each wake-up of the writer
 //! waits in the global queue behind hundreds of ready run actors; here a
 //! caller waits for one reply per transaction. One thread also means one
-//! writer at a time (no `SQLITE_BUSY` among our own writes) and warm
-//! prepared statements.
+//! writer at a time (no `SQLITE_BUSY` among our own writes).
 //!
-//! Jobs are handled in the order they were sent. The queue is unbounded,
-//! but every caller awaits its reply, so it holds at most one job per
-//! waiting caller. Dropping the last handle ends the thread after the
-//! queued jobs (`SqliteStore::close` also checkpoints the WAL first).
+//! # Guarantees
+//!
+//! - **A failed write leaves nothing behind.** Every job is one
+//!   transaction, rolled back whole when any statement in it fails; after
+//!   a failure the connection is closed and the next job opens a fresh one
+//!   (so an `SQLITE_FULL`, an I/O error or a lock timeout in one job never
+//!   leaves a half-open transaction for the next: once space returns,
+//!   writes work again).
+//! - **The file is the one that was opened.** Before each write the path's
+//!   device and inode are compared with the file's at open: a database
+//!   deleted or replaced under the host fails every later write (the audit
+//!   actor then spools), rather than writing into an unlinked file.
+//! - **Order.** Jobs are handled in the order they were sent. The queue is
+//!   unbounded, but every caller awaits its reply, so it holds at most one
+//!   job per waiting caller. Dropping the last handle ends the thread after
+//!   the queued jobs (`SqliteStore::close` also checkpoints the WAL first).
+//! - **Another process's lock** is waited for at most
+//!   [`APPEND_BUSY_TIMEOUT`] per write (then the write fails, and its
+//!   caller spools or retries), so a lock held elsewhere holds a run's
+//!   result that long at most; migrations at open wait [`BUSY_TIMEOUT`].
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
-use sqlx::Connection;
+use rusqlite::{params, Connection, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
+use super::background::BackgroundCheckpoints;
 use super::{
-    open_error, StoreError, BUSY_TIMEOUT, JOURNAL_SIZE_LIMIT, MIGRATIONS, SCHEMA_VERSION,
-    WAL_AUTOCHECKPOINT_PAGES,
+    open_error, to_i64, BusyLimit, StoreError, Target, APPEND_BUSY_TIMEOUT, BUSY_TIMEOUT,
+    MIGRATIONS, SCHEMA_VERSION,
 };
 use crate::ports::budget::Spend;
 
@@ -87,7 +91,10 @@ pub(super) struct CheckpointRow {
     pub(super) updated_at: i64,
 }
 
-type Reply<T> = oneshot::Sender<Result<T, sqlx::Error>>;
+type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
+
+/// A write to run on the writer's connection, in one transaction.
+type WriteFn = Box<dyn FnOnce(&mut Connection) -> rusqlite::Result<()> + Send>;
 
 /// Work for the writer thread.
 enum Job {
@@ -98,28 +105,12 @@ enum Job {
         /// Sent while the append before it had not answered: written only
         /// if that one was.
         chained: bool,
-        reply: oneshot::Sender<Result<(u64, u64), WriteError>>,
+        reply: Reply<(u64, u64)>,
     },
-    /// Adds spend to each caller's minute bucket.
-    Commit {
-        spends: Vec<(String, Spend)>,
-        minute: i64,
-        reply: Reply<()>,
-    },
-    /// Upserts one caller's limits (JSON).
-    SetLimits {
-        caller: String,
-        limits: String,
-        reply: Reply<()>,
-    },
-    /// Upserts durable runs' checkpoints and deletes others', in one transaction.
-    Checkpoints {
-        save: Vec<CheckpointRow>,
-        clear: Vec<String>,
-        reply: Reply<()>,
-    },
+    /// Any other write (budget, limits, checkpoints, leases).
+    Write { write: WriteFn, reply: Reply<()> },
     /// `PRAGMA wal_checkpoint(MODE)`.
-    Checkpoint {
+    WalCheckpoint {
         mode: &'static str,
         reply: Reply<()>,
     },
@@ -142,21 +133,14 @@ impl Drop for InFlight {
     }
 }
 
-/// Where the append connection opens the database: the file, or the
-/// in-memory database, the sqlx connections use.
-pub(super) struct Target {
-    /// The file's path, or the in-memory database's name.
-    pub(super) name: PathBuf,
-    /// The VFS (`memdb` for an in-memory database shared by name).
-    pub(super) vfs: Option<&'static str>,
-}
-
 /// Why a write did not happen.
 pub(super) enum WriteError {
-    /// SQLite refused it.
-    Sql(sqlx::Error),
-    /// SQLite refused an audit append.
-    Append(rusqlite::Error),
+    /// SQLite refused it (the transaction was rolled back).
+    Sql(rusqlite::Error),
+    /// No connection could be opened.
+    Connect(rusqlite::Error),
+    /// The database file at the path is not the one opened.
+    FileChanged(String),
     /// The writer thread is gone.
     Gone,
     /// Not written: the batch sent before it, while it was being written,
@@ -168,7 +152,8 @@ impl std::fmt::Display for WriteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WriteError::Sql(e) => e.fmt(f),
-            WriteError::Append(e) => e.fmt(f),
+            WriteError::Connect(e) => write!(f, "cannot reopen the database: {e}"),
+            WriteError::FileChanged(why) => f.write_str(why),
             WriteError::Gone => f.write_str("the SQLite writer thread has stopped"),
             WriteError::AfterFailure => {
                 f.write_str("not written: the audit batch before it failed")
@@ -180,32 +165,13 @@ impl std::fmt::Display for WriteError {
 impl Writer {
     /// Starts the thread, connects, applies the missing migrations; returns
     /// once the database is ready for writes (or why it is not).
-    pub(super) async fn start(
-        opts: SqliteConnectOptions,
-        target: Target,
-        path: PathBuf,
-    ) -> Result<Writer, StoreError> {
+    pub(super) async fn start(target: Target) -> Result<Writer, StoreError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
-        let thread_path = path.clone();
+        let path = target.path.clone();
         let spawned = std::thread::Builder::new()
             .name("agentvisor-sqlite-writer".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(StoreError::Open {
-                            path: thread_path,
-                            reason: format!("cannot start the writer's runtime: {e}"),
-                        }));
-                        return;
-                    }
-                };
-                rt.block_on(run(opts, target, thread_path, rx, ready_tx));
-            });
+            .spawn(move || run(target, rx, ready_tx));
         if let Err(e) = spawned {
             return Err(StoreError::Open {
                 path,
@@ -228,10 +194,7 @@ impl Writer {
     async fn ask<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, WriteError> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(job(reply)).map_err(|_| WriteError::Gone)?;
-        match rx.await {
-            Ok(r) => r.map_err(WriteError::Sql),
-            Err(_) => Err(WriteError::Gone),
-        }
+        rx.await.unwrap_or(Err(WriteError::Gone))
     }
 
     /// Writes one audit batch in one transaction. The batch is queued when
@@ -246,28 +209,63 @@ impl Writer {
     ) -> Result<(u64, u64), WriteError> {
         let chained = self.appends_in_flight.fetch_add(1, Ordering::AcqRel) > 0;
         let _in_flight = InFlight(self.appends_in_flight.clone());
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job::Append {
-                records,
-                runs,
-                chained,
-                reply,
-            })
-            .map_err(|_| WriteError::Gone)?;
-        rx.await.unwrap_or(Err(WriteError::Gone))
+        self.ask(|reply| Job::Append {
+            records,
+            runs,
+            chained,
+            reply,
+        })
+        .await
     }
 
-    /// Adds spend (one row per caller) in one transaction.
+    /// Runs `write` in one `BEGIN IMMEDIATE` transaction on the writer's
+    /// connection (committed if it returns `Ok`, rolled back otherwise);
+    /// answers what it returned.
+    pub(super) async fn write<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, WriteError> {
+        let (done, value) = oneshot::channel();
+        let write: WriteFn = Box::new(move |conn: &mut Connection| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let v = write(&tx)?;
+            tx.commit()?;
+            let _ = done.send(v);
+            Ok(())
+        });
+        self.ask(|reply| Job::Write { write, reply }).await?;
+        value.await.map_err(|_| WriteError::Gone)
+    }
+
+    /// Adds spend (one row per caller) in one transaction. One statement
+    /// per caller: Postgres refuses an upsert that touches a row twice in
+    /// one statement.
     pub(super) async fn commit(
         &self,
         spends: Vec<(String, Spend)>,
         minute: i64,
     ) -> Result<(), WriteError> {
-        self.ask(|reply| Job::Commit {
-            spends,
-            minute,
-            reply,
+        self.write(move |tx| {
+            let mut add = tx.prepare_cached(
+                "INSERT INTO budget_spend (caller, minute, tokens, cost_micros, runtime_ms, runs) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                 ON CONFLICT (caller, minute) DO UPDATE SET \
+                 tokens = budget_spend.tokens + excluded.tokens, \
+                 cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
+                 runtime_ms = budget_spend.runtime_ms + excluded.runtime_ms, \
+                 runs = budget_spend.runs + excluded.runs",
+            )?;
+            for (caller, s) in &spends {
+                add.execute(params![
+                    caller,
+                    minute,
+                    to_i64(s.tokens),
+                    to_i64(s.cost_micros),
+                    to_i64(s.runtime_ms),
+                    to_i64(s.runs),
+                ])?;
+            }
+            Ok(())
         })
         .await
     }
@@ -278,72 +276,207 @@ impl Writer {
         caller: String,
         limits: String,
     ) -> Result<(), WriteError> {
-        self.ask(|reply| Job::SetLimits {
-            caller,
-            limits,
-            reply,
+        self.write(move |tx| {
+            tx.execute(
+                "INSERT INTO budget_limits (caller, limits) VALUES (?1, ?2) \
+                 ON CONFLICT (caller) DO UPDATE SET limits = excluded.limits",
+                params![caller, limits],
+            )
+            .map(drop)
         })
         .await
     }
 
-    /// Saves and clears checkpoints in one transaction.
+    /// Saves checkpoints under a lease (`owner` until `until`; a run
+    /// another owner holds at `now` is not written) and clears others', in
+    /// one transaction.
     pub(super) async fn checkpoints(
         &self,
         save: Vec<CheckpointRow>,
         clear: Vec<String>,
+        owner: String,
+        until: i64,
+        now: i64,
     ) -> Result<(), WriteError> {
-        self.ask(|reply| Job::Checkpoints { save, clear, reply })
-            .await
+        self.write(move |tx| {
+            if !save.is_empty() {
+                let mut upsert = tx.prepare_cached(
+                    "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at, \
+                     owner, lease_until) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     ON CONFLICT (run_id) DO UPDATE SET agent = excluded.agent, \
+                     iteration = excluded.iteration, attempts = excluded.attempts, \
+                     state = excluded.state, updated_at = excluded.updated_at, \
+                     owner = excluded.owner, lease_until = excluded.lease_until \
+                     WHERE checkpoints.owner IS NULL OR checkpoints.owner = excluded.owner \
+                     OR checkpoints.lease_until <= ?9",
+                )?;
+                for c in &save {
+                    upsert.execute(params![
+                        c.run_id,
+                        c.agent,
+                        c.iteration,
+                        c.attempts,
+                        c.state,
+                        c.updated_at,
+                        owner,
+                        until,
+                        now
+                    ])?;
+                }
+            }
+            if !clear.is_empty() {
+                let mut delete = tx.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1")?;
+                for run_id in &clear {
+                    delete.execute([run_id])?;
+                }
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Runs a WAL checkpoint between two writes.
     pub(super) async fn checkpoint(&self, mode: &'static str) -> Result<(), WriteError> {
-        self.ask(|reply| Job::Checkpoint { mode, reply }).await
+        self.ask(|reply| Job::WalCheckpoint { mode, reply }).await
+    }
+}
+
+/// The file a path names: (device, inode), to notice a replaced file.
+#[cfg(unix)]
+fn identity(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
+}
+
+/// Elsewhere a file is known by its path alone.
+#[cfg(not(unix))]
+fn identity(path: &Path) -> std::io::Result<(u64, u64)> {
+    std::fs::metadata(path).map(|_| (0, 0))
+}
+
+/// The writer thread's state: its connection (`None` after a failure,
+/// until the next job opens one), and what it checks before each write.
+struct WriterState {
+    target: Target,
+    limit: Arc<BusyLimit>,
+    conn: Option<Connection>,
+    /// The file's identity at open (`None` for an in-memory database).
+    file: Option<(u64, u64)>,
+    /// The last append failed (or was refused): a chained one is refused.
+    append_failed: bool,
+}
+
+impl WriterState {
+    /// Fails when the file at the path is not the one opened.
+    fn check_file(&self) -> Result<(), WriteError> {
+        let Some(opened) = self.file else {
+            return Ok(());
+        };
+        let path = &self.target.path;
+        match identity(path) {
+            Ok(now) if now == opened => Ok(()),
+            Ok(_) => Err(WriteError::FileChanged(format!(
+                "the database file {} was replaced by another file since it was opened",
+                path.display()
+            ))),
+            Err(e) => Err(WriteError::FileChanged(format!(
+                "the database file {} is gone since it was opened ({e})",
+                path.display()
+            ))),
+        }
+    }
+
+    /// Runs one write with the writer's connection (opened first if the
+    /// last write failed). On failure whatever it left open is rolled
+    /// back and the connection closed: the next write starts clean.
+    fn write<T>(
+        &mut self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, WriteError> {
+        self.check_file()?;
+        self.limit.set(APPEND_BUSY_TIMEOUT);
+        if self.conn.is_none() {
+            let c = self
+                .target
+                .connect(false, &self.limit)
+                .map_err(WriteError::Connect)?;
+            self.conn = Some(c);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(WriteError::Gone);
+        };
+        match f(conn) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.reset();
+                Err(WriteError::Sql(e))
+            }
+        }
+    }
+
+    /// Rolls back whatever the failed write left open and closes the
+    /// connection.
+    fn reset(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if !conn.is_autocommit() {
+                if let Err(e) = conn.execute_batch("ROLLBACK") {
+                    tracing::debug!(error = %e, "rollback after a failed write");
+                }
+            }
+            if let Err((_, e)) = conn.close() {
+                tracing::debug!(error = %e, "closing the writer's connection after a failed write");
+            }
+        }
     }
 }
 
 /// The thread's body: connect, migrate, then one job at a time.
-async fn run(
-    opts: SqliteConnectOptions,
+fn run(
     target: Target,
-    path: PathBuf,
     mut rx: mpsc::UnboundedReceiver<Job>,
     ready: oneshot::Sender<Result<(), StoreError>>,
 ) {
-    let mut conn = match SqliteConnection::connect_with(&opts).await {
+    let path = target.path.clone();
+    let limit = BusyLimit::new(BUSY_TIMEOUT, path.clone());
+    let mut conn = match target.connect(false, &limit) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(open_error(&path, &e)));
             return;
         }
     };
-    if let Err(e) = migrate(&mut conn, &path).await {
+    if let Err(e) = migrate(&mut conn, &path) {
         let _ = ready.send(Err(e));
-        let _ = conn.close().await;
         return;
     }
-    let mut appender = match open_appender(&target) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = ready.send(Err(StoreError::Open {
-                path: path.clone(),
-                reason: e.to_string(),
-            }));
-            let _ = conn.close().await;
-            return;
-        }
+    let file = match target.vfs {
+        Some(_) => None,
+        None => match identity(&path) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                let _ = ready.send(Err(StoreError::Open {
+                    path,
+                    reason: e.to_string(),
+                }));
+                return;
+            }
+        },
     };
     if ready.send(Ok(())).is_err() {
-        let _ = conn.close().await;
         return;
     }
     let mut background = match target.vfs {
         None => BackgroundCheckpoints::start(&target),
         Some(_) => None,
     };
-    // The last append failed (or was refused): a chained one is refused.
-    let mut append_failed = false;
-    while let Some(job) = rx.recv().await {
+    let mut st = WriterState {
+        target,
+        limit,
+        conn: Some(conn),
+        file,
+        append_failed: false,
+    };
+    while let Some(job) = rx.blocking_recv() {
         match job {
             Job::Append {
                 records,
@@ -356,12 +489,12 @@ async fn run(
                         .iter()
                         .map(|r| r.result.len() + r.tail.len())
                         .sum::<usize>();
-                let res = if chained && append_failed {
+                let res = if chained && st.append_failed {
                     Err(WriteError::AfterFailure)
                 } else {
-                    append(&mut appender, records, runs).map_err(WriteError::Append)
+                    st.write(|c| append(c, records, runs))
                 };
-                append_failed = res.is_err();
+                st.append_failed = res.is_err();
                 let written = res.is_ok();
                 let _ = reply.send(res);
                 if let Some(b) = &mut background {
@@ -370,216 +503,98 @@ async fn run(
                     }
                 }
             }
-            Job::Commit {
-                spends,
-                minute,
-                reply,
-            } => {
-                let _ = reply.send(commit(&mut conn, spends, minute).await);
+            Job::Write { write, reply } => {
+                let _ = reply.send(st.write(write));
             }
-            Job::SetLimits {
-                caller,
-                limits,
-                reply,
-            } => {
-                let r = sqlx::query(
-                    "INSERT INTO budget_limits (caller, limits) VALUES (?, ?) \
-                     ON CONFLICT (caller) DO UPDATE SET limits = excluded.limits",
-                )
-                .bind(caller)
-                .bind(limits)
-                .execute(&mut conn)
-                .await
-                .map(|_| ());
-                let _ = reply.send(r);
-            }
-            Job::Checkpoints { save, clear, reply } => {
-                let _ = reply.send(checkpoints(&mut conn, save, clear).await);
-            }
-            Job::Checkpoint { mode, reply } => {
+            Job::WalCheckpoint { mode, reply } => {
                 let sql = match mode {
                     "TRUNCATE" => "PRAGMA wal_checkpoint(TRUNCATE)",
                     "RESTART" => "PRAGMA wal_checkpoint(RESTART)",
                     _ => "PRAGMA wal_checkpoint(PASSIVE)",
                 };
-                // The row says whether it was blocked (busy = 1); read to
-                // the end so no statement stays open.
-                let done = sqlx::query(sql).fetch_all(&mut conn).await.map(|rows| {
-                    let busy = rows
-                        .first()
-                        .and_then(|r| sqlx::Row::try_get::<i64, _>(r, 0).ok())
-                        .unwrap_or(0);
+                // The row says whether it was blocked (busy = 1).
+                let done = st.write(|c| {
+                    let busy: i64 = c.query_row(sql, [], |r| r.get(0))?;
                     if busy != 0 {
                         tracing::debug!(mode, "WAL checkpoint blocked by a reader");
                     }
+                    Ok(())
                 });
                 let _ = reply.send(done);
             }
         }
     }
     drop(background);
-    drop(appender);
-    let _ = conn.close().await;
+    st.reset_quietly();
 }
 
-/// How often the background checkpointer copies the WAL into the file, at
-/// most.
-const BACKGROUND_CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
-
-/// Bytes of audit rows appended between two background checkpoints, at
-/// least: about a third of the WAL the writer's own checkpoint lets grow
-/// (the WAL holds a row's bytes and then some), so a short burst of runs
-/// leaves its copying for later and a long one leaves the writer a little.
-const BACKGROUND_CHECKPOINT_BYTES: usize = 16 << 20;
-
-/// A thread that copies committed WAL frames into the database file and
-/// syncs it (`wal_checkpoint(PASSIVE)` on its own connection), at most every
-/// [`BACKGROUND_CHECKPOINT_EVERY`] and every [`BACKGROUND_CHECKPOINT_BYTES`]
-/// of appended rows. Without it the
-/// writer's own checkpoint (every 64 MiB of WAL) copied and synced all of
-/// it on the writer thread, every run of the swarm waiting: a second of
-/// `fsync` in a 100000-run swarm. A passive checkpoint never waits for a
-/// lock and never blocks the writer; it cannot restart the WAL while the
-/// writer keeps writing, so the writer's own checkpoint still does, with
-/// little left to copy. Dropping it ends the thread.
-struct BackgroundCheckpoints {
-    nudge: Option<std::sync::mpsc::SyncSender<()>>,
-    /// Row bytes appended since the last nudge.
-    unsynced: usize,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl BackgroundCheckpoints {
-    /// Starts the thread (`None`, and a debug log line, if it cannot be:
-    /// the writer's own checkpoints then do all the work, as before).
-    fn start(target: &Target) -> Option<Self> {
-        let conn = match open_appender(target) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "no background WAL checkpoints");
-                return None;
-            }
-        };
-        let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-        let thread = std::thread::Builder::new()
-            .name("agentvisor-sqlite-checkpointer".into())
-            .spawn(move || {
-                use std::sync::mpsc::RecvTimeoutError;
-                let mut last: Option<std::time::Instant> = None;
-                // Each nudge: appends of some MiB were committed.
-                while rx.recv().is_ok() {
-                    if let Some(wait) = last
-                        .map(|t| BACKGROUND_CHECKPOINT_EVERY.saturating_sub(t.elapsed()))
-                        .filter(|w| !w.is_zero())
-                    {
-                        if let Err(RecvTimeoutError::Disconnected) = rx.recv_timeout(wait) {
-                            return;
-                        }
-                    }
-                    let done: Result<(i64, i64, i64), _> =
-                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                        });
-                    if let Err(e) = done {
-                        tracing::debug!(error = %e, "background WAL checkpoint failed");
-                    }
-                    last = Some(std::time::Instant::now());
-                }
-            });
-        match thread {
-            Ok(t) => Some(BackgroundCheckpoints {
-                nudge: Some(tx),
-                unsynced: 0,
-                thread: Some(t),
-            }),
-            Err(e) => {
-                tracing::debug!(error = %e, "no background WAL checkpoints");
-                None
-            }
+impl WriterState {
+    /// Closes the connection at the end of the thread.
+    fn reset_quietly(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = conn.close();
         }
     }
-
-    /// Counts an append's row bytes; past [`BACKGROUND_CHECKPOINT_BYTES`]
-    /// nudges the thread (never waits: a nudge pending is enough).
-    fn wrote(&mut self, bytes: usize) {
-        self.unsynced += bytes;
-        if self.unsynced >= BACKGROUND_CHECKPOINT_BYTES {
-            self.unsynced = 0;
-            if let Some(tx) = &self.nudge {
-                let _ = tx.try_send(());
-            }
-        }
-    }
-}
-
-impl Drop for BackgroundCheckpoints {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread after its current checkpoint.
-        self.nudge = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Opens the append connection, with the settings the sqlx connections get
-/// from their options (the file is open and migrated by then).
-fn open_appender(target: &Target) -> Result<rusqlite::Connection, rusqlite::Error> {
-    use rusqlite::OpenFlags;
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = match target.vfs {
-        Some(vfs) => rusqlite::Connection::open_with_flags_and_vfs(&target.name, flags, vfs)?,
-        None => rusqlite::Connection::open_with_flags(&target.name, flags)?,
-    };
-    conn.busy_timeout(BUSY_TIMEOUT)?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
-    conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
-    conn.pragma_update(None, "temp_store", "MEMORY")?;
-    Ok(conn)
 }
 
 /// Applies the missing migrations in one immediate transaction (so two
-/// processes opening a new file at once apply them once).
-async fn migrate(conn: &mut SqliteConnection, path: &std::path::Path) -> Result<(), StoreError> {
-    let open = |e: sqlx::Error| open_error(path, &e);
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(open)?;
-    sqlx::query(
+/// processes opening a new file at once apply them once). A file already
+/// at [`SCHEMA_VERSION`] is only read.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let open = |e: rusqlite::Error| open_error(path, &e);
+    let current = |c: &Connection| -> Result<Option<i64>, rusqlite::Error> {
+        let has_table: i64 = c.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )?;
+        if has_table == 0 {
+            return Ok(None);
+        }
+        c.query_row("SELECT MAX(version) FROM schema_version", [], |r| {
+            r.get::<_, Option<i64>>(0)
+        })
+        .map(|v| Some(v.unwrap_or(0)))
+    };
+    let newer = |found: i64| StoreError::NewerSchema {
+        path: path.to_path_buf(),
+        found,
+        supported: SCHEMA_VERSION,
+    };
+    match current(conn).map_err(open)? {
+        Some(v) if v > SCHEMA_VERSION => return Err(newer(v)),
+        Some(v) if v == SCHEMA_VERSION => return Ok(()),
+        _ => {}
+    }
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(open)?;
+    tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_version \
          (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
     )
-    .execute(&mut *tx)
-    .await
     .map_err(open)?;
-    let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM schema_version")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(open)?;
-    let current = current.unwrap_or(0);
-    if current > SCHEMA_VERSION {
-        return Err(StoreError::NewerSchema {
-            path: path.to_path_buf(),
-            found: current,
-            supported: SCHEMA_VERSION,
-        });
+    // Again under the lock: another process may have migrated meanwhile.
+    let at = current(&tx).map_err(open)?.unwrap_or(0);
+    if at > SCHEMA_VERSION {
+        return Err(newer(at));
     }
     let mut applied = false;
-    for &(version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-        let fail = |e: sqlx::Error| StoreError::Migrate {
+    for &(version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > at) {
+        let fail = |e: rusqlite::Error| StoreError::Migrate {
             path: path.to_path_buf(),
             version,
             reason: e.to_string(),
         };
-        sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
-        sqlx::query("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)")
-            .bind(version)
-            .bind(super::to_i64(crate::ports::run::unix_ms()))
-            .execute(&mut *tx)
-            .await
-            .map_err(fail)?;
+        tx.execute_batch(sql).map_err(fail)?;
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            params![version, to_i64(crate::ports::run::unix_ms())],
+        )
+        .map_err(fail)?;
         applied = true;
     }
-    tx.commit().await.map_err(open)?;
+    tx.commit().map_err(open)?;
     if applied {
         tracing::info!(path = %path.display(), version = SCHEMA_VERSION, "database schema migrated");
     }
@@ -590,13 +605,12 @@ async fn migrate(conn: &mut SqliteConnection, path: &std::path::Path) -> Result<
 /// Returns the records and terminal rows actually inserted (a replayed
 /// segment or run is not counted again).
 fn append(
-    conn: &mut rusqlite::Connection,
+    conn: &mut Connection,
     segments: Vec<SegmentRow>,
     runs: Vec<RunRow>,
 ) -> Result<(u64, u64), rusqlite::Error> {
-    use rusqlite::params;
     // Rolled back when dropped before the commit (an error below).
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut inserted = 0;
     let mut terminal = 0;
     if !segments.is_empty() {
@@ -658,69 +672,4 @@ fn append(
     }
     tx.commit()?;
     Ok((inserted, terminal))
-}
-
-/// Adds each caller's spend to its minute bucket, in one transaction. One
-/// statement per caller: Postgres refuses an upsert that touches a row
-/// twice in one statement.
-async fn commit(
-    conn: &mut SqliteConnection,
-    spends: Vec<(String, Spend)>,
-    minute: i64,
-) -> Result<(), sqlx::Error> {
-    use super::to_i64;
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    for (caller, s) in spends {
-        sqlx::query(
-            "INSERT INTO budget_spend (caller, minute, tokens, cost_micros, runtime_ms, runs) \
-             VALUES (?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (caller, minute) DO UPDATE SET \
-             tokens = budget_spend.tokens + excluded.tokens, \
-             cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
-             runtime_ms = budget_spend.runtime_ms + excluded.runtime_ms, \
-             runs = budget_spend.runs + excluded.runs",
-        )
-        .bind(caller)
-        .bind(minute)
-        .bind(to_i64(s.tokens))
-        .bind(to_i64(s.cost_micros))
-        .bind(to_i64(s.runtime_ms))
-        .bind(to_i64(s.runs))
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await
-}
-
-/// Upserts `save` and deletes `clear`, in one transaction.
-async fn checkpoints(
-    conn: &mut SqliteConnection,
-    save: Vec<CheckpointRow>,
-    clear: Vec<String>,
-) -> Result<(), sqlx::Error> {
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    for c in save {
-        sqlx::query(
-            "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (run_id) DO UPDATE SET agent = excluded.agent, \
-             iteration = excluded.iteration, attempts = excluded.attempts, \
-             state = excluded.state, updated_at = excluded.updated_at",
-        )
-        .bind(c.run_id)
-        .bind(c.agent)
-        .bind(c.iteration)
-        .bind(c.attempts)
-        .bind(c.state)
-        .bind(c.updated_at)
-        .execute(&mut *tx)
-        .await?;
-    }
-    for run_id in clear {
-        sqlx::query("DELETE FROM checkpoints WHERE run_id = ?")
-            .bind(run_id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await
 }

@@ -1,0 +1,164 @@
+//! Palettes (D1–D3): an agent's sub-agents as tools. Each `agents:` entry
+//! of a manifest becomes a tool `agent__NAME` whose call starts a child
+//! run — an actor like any run, supervised by its critic shard, reachable
+//! by its id, with `parent_run_id` and `root_run_id` set — and whose result
+//! is the child's answer.
+//!
+//! Guarantees:
+//! - A child that fails is an error result carrying its `status`,
+//!   `kill_reason`/`error_kind`, error and partial output: the parent's
+//!   model reads it and goes on; the parent never fails because of it.
+//! - Time: the child's hard deadline never passes its parent's (reaching
+//!   it ends the child `killed`/`parent`); while the parent waits, each of
+//!   the child's events is a heartbeat of the parent's call, so a working
+//!   child keeps its parent from `stalled`; the parent's own deadline holds.
+//! - A parent that is killed, cancelled or times out ends its children
+//!   `killed`/`parent` first (see `RunState::finish`); a call dropped on
+//!   its tool timeout kills its child the same way.
+//! - A child's tools are its manifest's intersected with its parent's,
+//!   plus its own palette; depth, children at once and descendants per
+//!   root are capped by the host (`HostConfig`), and a call past a cap is
+//!   an error result.
+//! - The child spends its parent's caller's budget (the same account,
+//!   reserve-and-settle), so a tree cannot spend more than its root.
+//! - The child's events reach the parent's subscribers too (tagged with
+//!   the child's `run_id`), live.
+
+use std::sync::Weak;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+
+use super::{Host, HostInner};
+use crate::agent::Agent;
+use crate::handle::RunRef;
+use crate::ports::run::{KillReason, RunStatus};
+use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::spec::{Invocation, SubAgent};
+
+/// The prefix of a palette tool's name.
+pub const AGENT_TOOL_PREFIX: &str = "agent__";
+
+/// One sub-agent as a tool.
+pub(super) struct PaletteTool {
+    spec: ToolSpec,
+    child: Agent,
+    /// The child takes its own `inputs:` schema (else `{prompt}`).
+    structured: bool,
+    host: Weak<HostInner>,
+}
+
+impl PaletteTool {
+    pub(super) fn new(sub: &SubAgent, child: Agent, host: Weak<HostInner>) -> Self {
+        let (parameters, structured) = match &sub.spec.inputs {
+            Some(schema) => (schema.clone(), true),
+            None => (
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "prompt": {"type": "string", "description": "The task for the sub-agent, in full."}
+                    },
+                    "required": ["prompt"],
+                    "additionalProperties": false
+                }),
+                false,
+            ),
+        };
+        PaletteTool {
+            spec: ToolSpec {
+                name: format!("{AGENT_TOOL_PREFIX}{}", sub.name),
+                description: sub.description.clone(),
+                parameters,
+            },
+            child,
+            structured,
+            host,
+        }
+    }
+}
+
+/// Kills the child if the call is dropped before the child ended (a tool
+/// timeout, or the parent's grace running out).
+struct KillOnDrop(Option<RunRef>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.kill(KillReason::Parent);
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for PaletteTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
+        let Some(inner) = self.host.upgrade() else {
+            return Err(ToolError::Failed("the host is shutting down".into()));
+        };
+        let host = Host { inner };
+        let mut inv = Invocation {
+            parent_run_id: Some(ctx.run_id),
+            deadline: ctx.deadline(),
+            ..Default::default()
+        };
+        if self.structured {
+            if let Value::Object(map) = args {
+                inv.inputs = map.into_iter().collect();
+            }
+        } else {
+            inv.prompt = args
+                .get("prompt")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+        }
+        let parent = host.inner.live.get(&ctx.run_id);
+        let (handle, mut events) = host
+            .submit_streaming(&self.child, inv)
+            .await
+            .map_err(|e| ToolError::Failed(format!("the sub-agent could not start: {e}")))?;
+        let mut guard = KillOnDrop(Some(handle.run_ref()));
+        let child = handle.run_ref();
+        // Until the child's stream ends (it ends with the child): each event
+        // is a sign of life of this call, and news for the parent's
+        // subscribers.
+        let mut cancelled = false;
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(ev) => {
+                        ctx.beat();
+                        if let Some(p) = &parent {
+                            p.forward(&ev);
+                        }
+                    }
+                    None => break,
+                },
+                _ = ctx.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    child.kill(KillReason::Parent);
+                }
+            }
+        }
+        let result = handle.await;
+        guard.0 = None;
+        if result.status == RunStatus::Ok {
+            return Ok(result.output.unwrap_or_default());
+        }
+        let report = json!({
+            "sub_agent_run_id": result.run_id,
+            "status": result.status,
+            "kill_reason": result.kill_reason,
+            "error_kind": result.error_kind,
+            "error": result.error,
+            "partial_output": result.output,
+        });
+        Err(ToolError::Failed(format!(
+            "the sub-agent did not finish: {report}"
+        )))
+    }
+}

@@ -1,0 +1,310 @@
+//! The stored form against serde's: the fast paths write what serde_json
+//! would, and everything written reads back whole.
+
+use super::decode::{full_result, restore};
+use super::encode::{
+    event_kind, write_common_event, write_event, write_event_serde, write_info, write_result,
+};
+use super::json::{needs_no_escape, push_str, strip_zero_defaults};
+use super::KIND_START;
+use crate::ports::audit::{RunInfo, RunSummary};
+use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord};
+use crate::spec::LimitsSpec;
+
+#[test]
+fn event_kind_is_the_wire_name() {
+    let ev = RunEvent::StepStart { iteration: 1 };
+    let body = serde_json::to_string(&ev).unwrap_or_default();
+    assert_eq!(event_kind(body.as_bytes()), "step.start");
+    let ev = RunEvent::TranscriptCompacted {
+        iteration: 3,
+        messages_before: 8,
+        messages_after: 5,
+        tokens_before: 900,
+        tokens_after: 300,
+        usage: Default::default(),
+        summary: "s".into(),
+    };
+    let body = serde_json::to_string(&ev).unwrap_or_default();
+    assert_eq!(event_kind(body.as_bytes()), "transcript.compacted");
+    assert_eq!(event_kind(b"{}"), "event");
+}
+
+#[test]
+fn common_events_are_written_as_serde_writes_them() {
+    use crate::ports::model::ToolCallRequest;
+    use crate::ports::run::Usage;
+    let tricky = "quote \" backslash \\ tab \t nl \n bell \u{7} é ✓ \u{7f}";
+    let call = |arguments: &str| ToolCallRequest {
+        id: "call_0".into(),
+        name: "add".into(),
+        arguments: arguments.into(),
+    };
+    let events = [
+        RunEvent::StepStart { iteration: 1 },
+        RunEvent::StepFinish {
+            iteration: 2,
+            text: String::new(),
+            tool_calls: 2,
+            usage: Usage {
+                input_tokens: 17,
+                output_tokens: 3,
+                ..Default::default()
+            },
+            calls: vec![call(r#"{"a":2,"b":3}"#), call(tricky)],
+        },
+        RunEvent::StepFinish {
+            iteration: u32::MAX,
+            text: tricky.into(),
+            tool_calls: 0,
+            usage: Usage {
+                input_tokens: u64::MAX,
+                output_tokens: 0,
+                cache_read_tokens: 5,
+                cache_write_tokens: 0,
+                reasoning_tokens: 9,
+                estimated: false,
+            },
+            calls: Vec::new(),
+        },
+        RunEvent::ToolCall {
+            iteration: 3,
+            call_id: "c\"1".into(),
+            tool: "upper".into(),
+            args: tricky.into(),
+        },
+        RunEvent::ToolResult {
+            iteration: 3,
+            call_id: "c1".into(),
+            tool: "upper".into(),
+            ok: true,
+            result: "DONE".into(),
+            duration_ms: 12,
+        },
+        RunEvent::ToolResult {
+            iteration: 4,
+            call_id: "c2".into(),
+            tool: "t".into(),
+            ok: false,
+            result: tricky.into(),
+            duration_ms: 0,
+        },
+        RunEvent::MessageCreate {
+            role: "assistant".into(),
+            text: tricky.into(),
+        },
+    ];
+    for ev in &events {
+        let mut fast = Vec::new();
+        let mut slow = Vec::new();
+        let kind = write_common_event(&mut fast, ev);
+        let want = write_event_serde(&mut slow, ev).ok();
+        assert!(kind.is_some(), "{ev:?} has no fast path");
+        assert_eq!(kind, want);
+        assert_eq!(
+            String::from_utf8_lossy(&fast),
+            String::from_utf8_lossy(&slow)
+        );
+    }
+    // Results, as serde writes them less the zero usage counters.
+    let step = |ok: bool, error: Option<&str>| StepRecord {
+        iteration: 1,
+        tool: "add".into(),
+        args: tricky.into(),
+        ok,
+        error: error.map(str::to_string),
+        result: "5".into(),
+        duration_ms: 3,
+    };
+    let results = [
+        RunResult {
+            run_id: RunId(7),
+            agent: "hello".into(),
+            caller_id: Some("swarm".into()),
+            parent_run_id: None,
+            status: RunStatus::Ok,
+            kill_reason: None,
+            error_kind: None,
+            error: None,
+            output: Some(tricky.into()),
+            steps: vec![step(true, None), step(false, Some(tricky))],
+            iterations: 3,
+            usage: Usage {
+                input_tokens: 157,
+                output_tokens: 14,
+                ..Default::default()
+            },
+            cost_micros: 0,
+            critic: Vec::new(),
+            started_at: 1,
+            finished_at: 2,
+        },
+        RunResult {
+            run_id: RunId(u128::MAX),
+            agent: tricky.into(),
+            caller_id: None,
+            parent_run_id: Some(RunId(1 << 100)),
+            status: RunStatus::Killed,
+            kill_reason: Some(KillReason::Runaway),
+            error_kind: Some("runaway".into()),
+            error: Some(tricky.into()),
+            output: None,
+            steps: Vec::new(),
+            iterations: 0,
+            usage: Usage {
+                input_tokens: 1,
+                output_tokens: 2,
+                cache_read_tokens: 3,
+                cache_write_tokens: 0,
+                reasoning_tokens: 5,
+                estimated: true,
+            },
+            cost_micros: u64::MAX,
+            critic: vec![crate::ports::run::CriticDecision {
+                action: crate::ports::run::CriticAction::Kill,
+                reason: tricky.into(),
+                at_ms: 9,
+                detail: Some("d".into()),
+            }],
+            started_at: u64::MAX,
+            finished_at: 0,
+        },
+    ];
+    for res in &results {
+        let mut fast = Vec::new();
+        assert!(write_result(&mut fast, res, false).is_ok());
+        // As serde writes it, less the keys the row holds and the
+        // defaults; read back whole with the row's columns.
+        let mut slow = serde_json::to_vec(res).unwrap_or_default();
+        strip_zero_defaults(&mut slow, 0);
+        let mut slow: serde_json::Value = serde_json::from_slice(&slow).unwrap_or_default();
+        if let Some(map) = slow.as_object_mut() {
+            map.retain(|k, v| {
+                let column = [
+                    "run_id",
+                    "agent",
+                    "caller_id",
+                    "parent_run_id",
+                    "status",
+                    "kill_reason",
+                    "error_kind",
+                    "started_at",
+                    "finished_at",
+                ]
+                .contains(&k.as_str());
+                let default = v.is_null()
+                    || *v == serde_json::json!([])
+                    || (k == "cost_micros" && *v == serde_json::json!(0));
+                !column && !default
+            });
+        }
+        let stored: serde_json::Value = serde_json::from_slice(&fast).unwrap_or_default();
+        assert_eq!(stored, slow);
+        assert!(stored.get("run_id").is_none());
+        let text = String::from_utf8_lossy(&fast);
+        let back = full_result(&text, &RunSummary::of(res), None).ok();
+        assert_eq!(back.as_ref(), Some(res));
+        // A result written before version 4 is whole, and read as it is.
+        let whole = serde_json::to_string(res).unwrap_or_default();
+        let other_row = RunSummary {
+            agent: "another".into(),
+            ..RunSummary::of(res)
+        };
+        assert_eq!(
+            full_result(&whole, &other_row, None).ok().as_ref(),
+            Some(res)
+        );
+    }
+    // run.start: absent fields left out, limits reduced; read back whole.
+    let full = crate::spec::LimitsSpec {
+        max_runtime: Some(std::time::Duration::from_secs(30)),
+        ..Default::default()
+    }
+    .resolve(&LimitsSpec::default())
+    .to_spec();
+    for (caller, parent, session) in [
+        (None, None, None),
+        (Some(tricky), Some(RunId(3)), Some("s")),
+    ] {
+        let info = RunInfo {
+            agent: tricky.into(),
+            model: "scripted".into(),
+            caller_id: caller.map(Into::into),
+            channel_id: caller.map(str::to_string),
+            parent_run_id: parent,
+            session_id: session.map(str::to_string),
+            prompt: tricky.into(),
+            tools: vec!["add".to_string(), tricky.to_string()].into(),
+            limits: Some(full),
+        };
+        let mut out = Vec::new();
+        let mut last = None;
+        assert!(write_info(&mut out, &info, &mut last).is_ok());
+        let stored: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+        assert_eq!(stored["limits"], serde_json::json!({"max_runtime": "30s"}));
+        let back: Option<RunInfo> = serde_json::from_value(restore(KIND_START, stored)).ok();
+        assert_eq!(back, Some(info));
+    }
+    // Other kinds go through serde.
+    let ev = RunEvent::TextDelta {
+        iteration: 1,
+        text: "x".into(),
+    };
+    assert_eq!(write_common_event(&mut Vec::new(), &ev), None);
+}
+
+#[test]
+fn the_escape_check_matches_serde() {
+    let mut cases: Vec<String> = vec![
+        String::new(),
+        "plain ascii text of some length, more than eight".into(),
+        "é✓ unicode".into(),
+        "\u{7f} del is not escaped".into(),
+    ];
+    for bad in ['"', '\\', '\n', '\u{0}', '\u{1f}'] {
+        for at in [0, 3, 7, 8, 15, 16, 20] {
+            let mut s: String = "abcdefghijklmnopqrstuvwxyz".chars().take(21).collect();
+            s.insert(at, bad);
+            cases.push(s);
+        }
+    }
+    for s in &cases {
+        let escaped = serde_json::to_string(s).unwrap_or_default();
+        let plain = escaped.len() == s.len() + 2;
+        assert_eq!(needs_no_escape(s.as_bytes()), plain, "{s:?}");
+        let mut out = Vec::new();
+        push_str(&mut out, s);
+        assert_eq!(String::from_utf8_lossy(&out), escaped);
+    }
+}
+
+#[test]
+fn zero_usage_fields_are_left_out_and_nothing_else() {
+    let usage = crate::ports::run::Usage {
+        input_tokens: 7,
+        output_tokens: 3,
+        cache_write_tokens: 5,
+        ..Default::default()
+    };
+    let ev = RunEvent::StepFinish {
+        iteration: 1,
+        text: r#"a,"cache_read_tokens":0,"reasoning_tokens":0}"#.into(),
+        tool_calls: 0,
+        usage,
+        calls: Vec::new(),
+    };
+    let mut out = b"[1,2,".to_vec();
+    assert_eq!(write_event(&mut out, &ev).ok(), Some("step.finish"));
+    let stored = String::from_utf8(out[5..].to_vec()).unwrap_or_default();
+    assert!(!stored.contains("\"type\""), "{stored}");
+    assert!(stored.contains("cache_write_tokens\":5"), "{stored}");
+    assert!(!stored.contains(",\"reasoning_tokens\":0,"), "{stored}");
+    // The text keeps its look-alikes (its quotes are escaped).
+    let v: serde_json::Value = serde_json::from_str(&stored).unwrap_or_default();
+    let back: Option<RunEvent> = serde_json::from_value(restore("step.finish", v)).ok();
+    assert_eq!(back, Some(ev));
+    let ev = RunEvent::StepStart { iteration: 2 };
+    let mut out = Vec::new();
+    let _ = write_event(&mut out, &ev);
+    assert_eq!(out, br#"{"iteration":2}"#);
+}

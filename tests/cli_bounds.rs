@@ -1,0 +1,101 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Bad input at the command line exits 2 with a message naming what is
+//! wrong, never a panic: a manifest limit out of range names its key and
+//! line, a manifest over 1 MiB or nested too deep is refused, numeric flags
+//! out of range name the flag.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "agentvisor-cli-bounds-{name}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn agentvisor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("AGENTVISOR_DB")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("the binary runs")
+}
+
+fn refused(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(needle), "expected `{needle}` in: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn manifest_limits_out_of_range_exit_2_naming_the_key() {
+    let dir = scratch("limits");
+    for (key, value) in [
+        ("max_runtime", "18446744073709551615"),
+        ("hard_timeout", "1e30"),
+        ("stall_timeout", "-3"),
+        ("max_iterations", "0"),
+    ] {
+        let file = dir.join(format!("{key}.yaml"));
+        std::fs::write(
+            &file,
+            format!("name: b\nscript: [{{text: hi}}]\nlimits:\n  {key}: {value}\n"),
+        )
+        .unwrap();
+        let f = file.display().to_string();
+        for cmd in ["run", "swarm"] {
+            let out = agentvisor(&["--db", ":memory:", cmd, &f]);
+            refused(&out, key);
+            refused(&out, "line 4");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_huge_or_deeply_nested_manifest_exits_2() {
+    let dir = scratch("shape");
+    let big = dir.join("big.yaml");
+    let mut text = String::from("name: big\nscript: [{text: hi}]\nsystem: \"");
+    text.push_str(&"x".repeat(2 << 20));
+    text.push_str("\"\n");
+    std::fs::write(&big, text).unwrap();
+    let out = agentvisor(&["--db", ":memory:", "run", &big.display().to_string()]);
+    refused(&out, "1 MiB");
+    let deep = dir.join("deep.yaml");
+    std::fs::write(
+        &deep,
+        format!(
+            "name: d\nscript: [{{text: hi}}]\ndescription: {}\n",
+            "[".repeat(200_000)
+        ),
+    )
+    .unwrap();
+    let out = agentvisor(&["--db", ":memory:", "run", &deep.display().to_string()]);
+    refused(&out, "64 levels");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn numeric_flags_out_of_range_exit_2_naming_the_flag() {
+    let hello = "examples/agents/hello.yaml";
+    for (flag, value) in [
+        ("--runs", "99999999999999999999"),
+        ("--runs", "18446744073709551615"),
+        ("--runs", "0"),
+        ("--concurrency", "0"),
+        ("--concurrency", "-1"),
+        ("--concurrency", "99999999999"),
+    ] {
+        let out = agentvisor(&["--db", ":memory:", "swarm", hello, flag, value]);
+        refused(&out, flag);
+    }
+    let out = agentvisor(&["--db", ":memory:", "run", hello, "--budget-tokens", "-5"]);
+    refused(&out, "--budget-tokens");
+}

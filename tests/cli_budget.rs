@@ -1,0 +1,201 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! `agentvisor budget set/show` manage the persistent per-caller limits, and
+//! a persistent token limit holds under a concurrent swarm: 200 runs at
+//! concurrency 100 of a 1000-token-a-call agent against `--tokens 10000`
+//! spend less than the limit plus one reply (they spent 108 000 before
+//! admission reserved the first call's tokens).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "agentvisor-cli-budget-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.0.join(file).display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn agentvisor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("AGENTVISOR_DB")
+        .output()
+        .expect("the binary runs")
+}
+
+fn ok_json(out: &Output) -> Value {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn budget_set_changes_the_limits_given_and_show_prints_them_with_the_spend() {
+    let dir = Scratch::new("set");
+    let db = dir.path("a.db");
+    let out = agentvisor(&[
+        "--db",
+        &db,
+        "budget",
+        "set",
+        "alice",
+        "--tokens",
+        "5000",
+        "--concurrent",
+        "3",
+        "--window",
+        "1h",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agentvisor(&[
+        "--db",
+        &db,
+        "budget",
+        "set",
+        "alice",
+        "--cost-micros",
+        "700",
+        "--runtime",
+        "90",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let shown = ok_json(&agentvisor(&[
+        "--db", &db, "budget", "show", "alice", "--json",
+    ]));
+    assert_eq!(shown["caller"], "alice");
+    assert_eq!(shown["limits"]["tokens"], 5000);
+    assert_eq!(shown["limits"]["cost_micros"], 700);
+    assert_eq!(shown["limits"]["runtime_secs"], 90);
+    assert_eq!(shown["limits"]["concurrent_runs"], 3);
+    assert_eq!(shown["window_secs"], 3600);
+    assert_eq!(shown["spent"]["tokens"], 0);
+
+    // Runs of alice are charged to her; `none` removes a limit.
+    let out = agentvisor(&[
+        "--db",
+        &db,
+        "run",
+        "examples/agents/hello.yaml",
+        "--caller",
+        "alice",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agentvisor(&["--db", &db, "budget", "set", "alice", "--tokens", "none"]);
+    assert_eq!(out.status.code(), Some(0));
+    let shown = ok_json(&agentvisor(&[
+        "--db", &db, "budget", "show", "alice", "--json",
+    ]));
+    assert!(
+        shown["limits"].get("tokens").is_none_or(Value::is_null),
+        "{shown}"
+    );
+    assert!(shown["spent"]["tokens"].as_u64().unwrap() > 0, "{shown}");
+    assert_eq!(shown["spent"]["runs"], 1);
+
+    agentvisor(&["--db", &db, "budget", "set", "bob", "--tokens", "1"]);
+    let all = ok_json(&agentvisor(&["--db", &db, "budget", "show", "--json"]));
+    let callers: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["caller"].as_str().unwrap())
+        .collect();
+    assert_eq!(callers, ["alice", "bob"]);
+    let human = agentvisor(&["--db", &db, "budget", "show"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("alice") && text.contains("tokens"), "{text}");
+}
+
+#[test]
+fn bad_budget_values_exit_2_naming_the_flag() {
+    let dir = Scratch::new("bad");
+    let db = dir.path("a.db");
+    for (flag, value) in [
+        ("--tokens", "-1"),
+        ("--tokens", "99999999999999999999"),
+        ("--concurrent", "4294967296"),
+        ("--window", "0s"),
+        ("--window", "400d"),
+        ("--runtime", "forever"),
+    ] {
+        let out = agentvisor(&["--db", &db, "budget", "set", "carol", flag, value]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
+    let out = agentvisor(&["--db", ":memory:", "budget", "show"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_persistent_token_limit_holds_under_a_concurrent_swarm() {
+    let dir = Scratch::new("race");
+    let db = dir.path("a.db");
+    let manifest = dir.path("k.yaml");
+    std::fs::write(
+        &manifest,
+        "name: k\ntools: [echo]\nscript:\n  - { tool: echo, args: { text: a }, usage: { input: 900, output: 100 }, latency: 20ms }\n  - { tool: echo, args: { text: b }, usage: { input: 900, output: 100 }, latency: 20ms }\n  - { text: done, usage: { input: 900, output: 100 }, latency: 20ms }\n",
+    )
+    .unwrap();
+    let out = agentvisor(&["--db", &db, "budget", "set", "swarm", "--tokens", "10000"]);
+    assert_eq!(out.status.code(), Some(0));
+    let summary = agentvisor(&[
+        "--db",
+        &db,
+        "swarm",
+        &manifest,
+        "--runs",
+        "200",
+        "--concurrency",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(summary.status.code(), Some(1), "not every run can be ok");
+    let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
+    assert_eq!(summary["runs"], 200);
+    assert!(
+        summary["by_status"]["budget_exceeded"].as_u64().unwrap() > 150,
+        "{summary}"
+    );
+    let shown = ok_json(&agentvisor(&[
+        "--db", &db, "budget", "show", "swarm", "--json",
+    ]));
+    let spent = shown["spent"]["tokens"].as_u64().unwrap();
+    // The bound: less than the limit plus one reply (1000 tokens).
+    assert!(spent < 11_000, "spent {spent}: {shown}");
+    assert!(spent >= 9_000, "spent {spent}: {shown}");
+}
