@@ -7,7 +7,7 @@
 //! by accident. A secret comes only by explicit reference (`{ secret: NAME }`
 //! reads `AGENTVISOR_SECRET_NAME`); its value is registered with
 //! [`crate::secrets`] (redacted everywhere from then on) and returned in
-//! [`Resolved::secrets`] so the caller can scrub it from whatever the server
+//! the resolved secrets list so the caller can scrub it from whatever the server
 //! writes back (its stderr tail), and no error names more than its name.
 
 use super::spec::{McpServerSpec, McpValue};
