@@ -36,6 +36,8 @@ struct AgentInner {
     options: Option<Arc<CallOptions>>,
     tools: ToolSet,
     limits: Limits,
+    /// Why its runs cannot start (its MCP servers did not): kind, message.
+    unusable: Option<(&'static str, String)>,
 }
 
 impl Agent {
@@ -58,8 +60,23 @@ impl Agent {
                 model,
                 tools,
                 limits,
+                unusable: None,
             }),
         }
+    }
+
+    /// The same agent, whose runs end `error` with `kind` at once (its MCP
+    /// servers did not start).
+    pub(crate) fn unusable(mut self, kind: &'static str, message: String) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.unusable = Some((kind, message));
+        }
+        self
+    }
+
+    /// Why its runs cannot start, if they cannot.
+    pub(crate) fn unusable_reason(&self) -> Option<(&'static str, &str)> {
+        self.inner.unusable.as_ref().map(|(k, m)| (*k, m.as_str()))
     }
 
     /// The manifest.

@@ -92,6 +92,8 @@ pub struct HostConfig {
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
     pub shutdown_timeout: Duration,
+    /// How MCP servers are started, restarted and stopped.
+    pub mcp: crate::mcp::McpConfig,
     /// How long this host's lease on a durable run holds without renewal
     /// (renewed every third of it while the host lives): a host that dies
     /// leaves its runs to `recover` elsewhere after this long (at once on
@@ -121,6 +123,7 @@ impl Default for HostConfig {
             max_depth: 3,
             max_children: 8,
             max_descendants: 64,
+            mcp: crate::mcp::McpConfig::default(),
             lease_ttl: Duration::from_secs(30),
         }
     }
@@ -295,6 +298,10 @@ pub enum SubmitError {
     /// The manifest names a tool this host does not have.
     #[error(transparent)]
     Tool(#[from] RegistryError),
+    /// The manifest names MCP servers, and this build has no MCP client or
+    /// the agent was prepared without starting them (see [`Host::prepare`]).
+    #[error(transparent)]
+    Mcp(#[from] crate::mcp::McpError),
     /// The manifest's prompt or system names an input the invocation does
     /// not bring (`{{inputs.NAME}}`).
     #[error(transparent)]
@@ -476,6 +483,8 @@ impl HostBuilder {
         let default_caller = Arc::from(c.default_caller.as_str());
         Ok(Host {
             inner: Arc::new(HostInner {
+                #[cfg(feature = "mcp")]
+                mcp: crate::mcp::hub::McpHub::new(c.mcp.clone()),
                 config: c,
                 tools,
                 models: self.models,
@@ -504,6 +513,9 @@ impl HostBuilder {
 }
 
 pub(crate) struct HostInner {
+    /// The host's MCP servers (shared by every run that uses them).
+    #[cfg(feature = "mcp")]
+    mcp: crate::mcp::hub::McpHub,
     config: HostConfig,
     tools: ToolRegistry,
     models: HashMap<String, Arc<dyn ChatModel>>,
@@ -622,10 +634,27 @@ impl Host {
     ///
     /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
     /// prepared here too, with the tools of its own manifest that this one
-    /// may use (see [`palette`]).
+    /// may use (see [`palette`]). A manifest that names MCP servers needs
+    /// them started: prepare it with [`prepare`](Self::prepare) (or submit
+    /// the manifest).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
-        let tools = self.inner.tools.select(&spec.tools)?;
+        if spec.mcp.as_ref().is_some_and(|m| !m.servers.is_empty()) {
+            return Err(crate::mcp::McpError::Unavailable(
+                "the manifest names MCP servers: prepare it with `Host::prepare`".into(),
+            )
+            .into());
+        }
+        self.agent_with(spec, &[])
+    }
+
+    /// [`agent`](Self::agent), with the tools of its MCP servers.
+    fn agent_with(
+        &self,
+        spec: Arc<AgentSpec>,
+        mcp_tools: &[crate::tools::CompiledTool],
+    ) -> Result<Agent, SubmitError> {
+        let tools = self.inner.tools.select_with(&spec.tools, mcp_tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
         let mut palette: Vec<Arc<dyn Tool>> = Vec::with_capacity(spec.sub_agents.len());
@@ -642,6 +671,37 @@ impl Host {
         }
         let tools = tools.with_tools(palette)?;
         Ok(Agent::new(spec, model, tools, limits))
+    }
+
+    /// Prepares an agent as [`agent`](Self::agent) does, first starting the
+    /// MCP servers its manifest names (or joining those already up on this
+    /// host) and adding their tools (`<server>__<tool>`) after the
+    /// manifest's own. A server that cannot start does not fail here: the
+    /// agent's runs end `error` with the server's `mcp_*` error kind.
+    pub async fn prepare(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
+        let spec: Arc<AgentSpec> = spec.into();
+        let servers = match spec.mcp.as_ref() {
+            Some(m) if !m.servers.is_empty() => &m.servers,
+            _ => return self.agent(spec),
+        };
+        #[cfg(feature = "mcp")]
+        let found = self.inner.mcp.tools_for(servers).await;
+        #[cfg(not(feature = "mcp"))]
+        let found: Result<Vec<crate::tools::CompiledTool>, _> = {
+            let _ = servers;
+            Err(crate::mcp::McpError::Unavailable(
+                "this build has no MCP client (the `mcp` feature)".into(),
+            ))
+        };
+        match found {
+            Ok(extra) => self.agent_with(spec, &extra),
+            Err(e) => {
+                let model = self.model_for(&spec)?;
+                let limits = spec.limits.resolve(&self.inner.config.default_limits);
+                let tools = self.inner.tools.select_with(&[], &[])?;
+                Ok(Agent::new(spec, model, tools, limits).unusable(e.kind(), e.to_string()))
+            }
+        }
     }
 
     /// The model a manifest names: a registered name (directly or through
@@ -682,7 +742,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
         check_attachments(&invocation)?;
-        let agent = self.resolve(agent.into())?;
+        let agent = self.resolve_async(agent.into()).await?;
         agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
             .start(agent, invocation, false, None)
@@ -698,7 +758,7 @@ impl Host {
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
         check_attachments(&invocation)?;
-        let agent = self.resolve(agent.into())?;
+        let agent = self.resolve_async(agent.into()).await?;
         agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
@@ -716,9 +776,12 @@ impl Host {
         Ok(self.submit(agent, invocation).await?.await)
     }
 
-    fn resolve(&self, source: AgentSource) -> Result<Agent, SubmitError> {
+    /// The agent of a submission: a manifest with MCP servers is prepared
+    /// with them ([`prepare`](Self::prepare)); the rest at once.
+    async fn resolve_async(&self, source: AgentSource) -> Result<Agent, SubmitError> {
         match source {
             AgentSource::Agent(a) => Ok(a),
+            AgentSource::Spec(s) if s.mcp.is_some() => self.prepare(s).await,
             AgentSource::Spec(s) => self.agent(s),
         }
     }
@@ -816,6 +879,15 @@ impl Host {
             h.live.clone(),
         );
         let shard = shard.actor;
+        // A run's own MCP servers (`scope: run`) stop when it ends.
+        #[cfg(feature = "mcp")]
+        if agent.spec().mcp.as_ref().is_some_and(|m| {
+            m.servers
+                .iter()
+                .any(|s| s.scope == crate::mcp::spec::McpScope::Run)
+        }) {
+            h.mcp.watch_run(shared.clone(), run_id);
+        }
         // A stream asked for at submission sees every record from the first.
         let events = with_events.then(|| RunEvents {
             inner: record::subscribe(shared.clone(), 0, SUBSCRIBER_BUFFER),
@@ -861,6 +933,9 @@ impl Host {
                 "concurrency",
                 format!("the host runs {cap} runs at most"),
             ))
+        } else if let Some((kind, message)) = agent.unusable_reason() {
+            // Its MCP servers did not start.
+            Some(Ending::failed(RunStatus::Error, kind, message))
         } else if let Err(e) = agent.model().admit() {
             // The model's circuit breaker: an open circuit refuses at once.
             Some(Ending::failed(RunStatus::Rejected, e.kind(), e.to_string()))
@@ -1161,7 +1236,7 @@ impl Host {
                 out.crash_loops.push(c.run_id);
                 continue;
             }
-            let agent = match self.agent(c.spec.clone()) {
+            let agent = match self.prepare(c.spec.clone()).await {
                 Ok(a) => a,
                 Err(e) => {
                     let error = format!("its manifest does not prepare on this host: {e}");
@@ -1520,6 +1595,8 @@ impl Host {
         if let Err(e) = h.checkpointer.release(&h.lease.owner).await {
             tracing::warn!(error = %e, "cannot release this host's leases; they expire on their own");
         }
+        #[cfg(feature = "mcp")]
+        h.mcp.shutdown().await;
         let _ = h
             .root
             .stop_children_and_wait(None, Some(Duration::from_secs(10)))

@@ -62,6 +62,7 @@ pub mod agent;
 pub mod compaction;
 pub mod handle;
 pub mod host;
+pub mod mcp;
 pub mod output;
 pub mod panics;
 pub mod pipeline;

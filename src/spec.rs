@@ -778,6 +778,9 @@ pub struct AgentSpec {
     /// repair turn on mismatch, then `error`/`invalid_output`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Value>,
+    /// MCP servers whose tools the agent's runs get (`<server>__<tool>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<crate::mcp::spec::McpSpec>,
     /// Sub-agents this agent may delegate to, by name: each is a tool
     /// `agent__NAME` that runs the named manifest as a child run
     /// (`researcher: researcher.yaml`, or `{ file: …, description: … }`;
@@ -1047,6 +1050,7 @@ impl AgentSpec {
             base_url: None,
             api_key_env: None,
             output_schema: None,
+            mcp: None,
             agents: BTreeMap::new(),
             sub_agents: Vec::new(),
             inputs: None,
@@ -1129,6 +1133,9 @@ impl AgentSpec {
     fn check(&self, source: &str) -> Result<(), String> {
         if self.name.trim().is_empty() {
             return Err("`name` must not be empty".into());
+        }
+        if let Some(mcp) = &self.mcp {
+            mcp.check()?;
         }
         let mut seen = std::collections::HashSet::new();
         for t in &self.tools {

@@ -13,6 +13,8 @@ pub mod audit;
 pub mod budget;
 pub mod critic;
 pub mod host;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod run;
 pub mod run_observer;
 pub mod watch;

@@ -68,7 +68,7 @@ use crate::ports::model::{
 use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
-use crate::ports::tool::{Beater, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents, ToolSpec};
 use crate::record::{Command, Ending, RunShared};
 use crate::spec::{AgentSpec, Invocation, Limits};
 
@@ -156,6 +156,9 @@ pub enum RunMsg {
         /// The backoff before the next attempt.
         delay: std::time::Duration,
     },
+    /// A tool call in flight reported an event (an MCP server's start or
+    /// exit, a call's outcome); recorded in the run's order, and a beat.
+    ToolEvent(RunEvent),
     /// A model call went on despite something (a provider's fallback or
     /// estimate, through the run's call observer): a `warning` the run
     /// records in its own order.
@@ -415,6 +418,10 @@ impl RunState {
                     message,
                     delay_ms: delay.as_millis() as u64,
                 };
+                self.event(ev);
+            }
+            RunMsg::ToolEvent(ev) => {
+                self.beat(Beat::Alive);
                 self.event(ev);
             }
             RunMsg::Warned { kind, message } => {
@@ -791,6 +798,7 @@ impl RunState {
         let mut running: Vec<(usize, PendingTool)> = Vec::new();
         let mut cancel: Option<CancellationToken> = None;
         let mut beater: Option<Beater> = None;
+        let mut events: Option<ToolEvents> = None;
         // One clock read per call: a call's time runs from the end of the
         // one before (its argument check included).
         let mut mark = self.now;
@@ -827,15 +835,20 @@ impl RunState {
             if !in_place {
                 // Calls that run in a task get the batch's cancellation
                 // signal (a kill gives them `kill_grace` to clean up), a
-                // heartbeat and the run's deadline.
+                // heartbeat, the run's deadline, and a way to add events.
                 let addr = self.addr.clone();
                 let beat: Beater = beater
                     .get_or_insert_with(|| Arc::new(move || addr.beat(Beat::Alive)))
                     .clone();
+                let addr = self.addr.clone();
+                let sink: ToolEvents = events
+                    .get_or_insert_with(|| Arc::new(move |ev| addr.send(RunMsg::ToolEvent(ev))))
+                    .clone();
                 ctx = ctx
                     .with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone())
                     .with_beat(beat)
-                    .with_deadline(self.watch.hard_deadline);
+                    .with_deadline(self.watch.hard_deadline)
+                    .with_events(sink);
             }
             let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
             if !in_place {

@@ -28,6 +28,7 @@ macro_rules! errln {
 mod budget;
 mod chat;
 mod client;
+mod mcp;
 mod recover;
 mod replay;
 mod run;
@@ -119,6 +120,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// API tokens for `serve --tokens`.
     Token(serve::TokenArgs),
+    /// MCP servers: `mcp tools FILE [--json]` starts a manifest's servers
+    /// and prints every tool as the model sees it.
+    Mcp(mcp::McpArgs),
     /// Per-caller budgets in the database: set limits, show them and the
     /// spend in their window.
     Budget(budget::BudgetArgs),
@@ -165,6 +169,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
+        Command::Mcp(a) => mcp::mcp(a).await,
         Command::Budget(a) => budget::budget(a, &db).await,
         Command::Chat(a) => chat::chat(a, &db).await,
         Command::Sessions(a) => sessions::sessions(a, &db).await,
@@ -331,7 +336,7 @@ pub(crate) async fn prepare_with(
         }
     };
     let host = builder.build().await.map_err(refuse)?;
-    let agent = host.agent(spec).map_err(|e| {
+    let agent = host.prepare(spec).await.map_err(|e| {
         if let SubmitError::NoModel(_) = e {
             return refuse(format!("{}: {e}", file.display()));
         }

@@ -533,6 +533,66 @@ pub enum RunEvent {
         /// Wall time from start to end.
         duration_ms: u64,
     },
+    /// An MCP server the run uses started (or restarted) and listed its
+    /// tools.
+    #[serde(rename = "mcp.server.start.ok")]
+    McpServerStartOk {
+        /// The server's manifest name.
+        server: String,
+        /// How many tools it listed.
+        tool_count: u32,
+        /// From spawn (or connect) to its tool list.
+        ms: u64,
+    },
+    /// An MCP server the run uses ended (crashed, or stopped).
+    #[serde(rename = "mcp.server.exit")]
+    McpServerExit {
+        /// The server's manifest name.
+        server: String,
+        /// Its exit code (`None`: killed by a signal, or an HTTP server's
+        /// connection ended).
+        code: Option<i32>,
+        /// The last KiB it wrote to stderr.
+        stderr_tail: String,
+    },
+    /// A crashed MCP server is started again after a backoff.
+    #[serde(rename = "mcp.server.restart")]
+    McpServerRestart {
+        /// The server's manifest name.
+        server: String,
+        /// Restarts within the crash window, this one included.
+        attempt: u32,
+        /// The backoff before it.
+        delay_ms: u64,
+    },
+    /// An MCP tool call answered (its `isError` results included: those
+    /// are answers the model reads). Never carries arguments or results.
+    #[serde(rename = "mcp.tool.call.ok")]
+    McpToolCallOk {
+        /// The tool as the model sees it.
+        tool: String,
+        /// Wall time.
+        duration_ms: u64,
+    },
+    /// An MCP tool call failed (the server crashed, was cancelled, …).
+    #[serde(rename = "mcp.tool.call.fail")]
+    McpToolCallFail {
+        /// The tool as the model sees it.
+        tool: String,
+        /// Wall time.
+        duration_ms: u64,
+        /// The error's kind (`mcp_server_crashed`, `mcp_call_cancelled`, …).
+        error_kind: String,
+    },
+    /// An MCP tool call ran out of the run's `tool_timeout` (the server
+    /// was sent `notifications/cancelled`).
+    #[serde(rename = "mcp.tool.call.timeout")]
+    McpToolCallTimeout {
+        /// The tool as the model sees it.
+        tool: String,
+        /// Wall time.
+        duration_ms: u64,
+    },
     /// This subscriber fell behind the run and missed live events: what
     /// follows is re-read from the audit log from `resume_from` on (a
     /// stream event only; never recorded).

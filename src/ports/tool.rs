@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use tokio_util::sync::CancellationToken;
 
-use super::run::RunId;
+use super::run::{RunEvent, RunId};
 
 /// What a model is told about a tool.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -22,6 +22,10 @@ pub struct ToolSpec {
     /// JSON Schema of the arguments object.
     pub parameters: Value,
 }
+
+/// Where a tool call's events go (the run's stream and audit log): set by
+/// the run for calls that run in a task.
+pub type ToolEvents = Arc<dyn Fn(RunEvent) + Send + Sync>;
 
 /// What a tool knows about the call it serves.
 #[derive(Clone)]
@@ -36,6 +40,8 @@ pub struct ToolContext {
     beat: Option<Beater>,
     /// The run's hard deadline when the call started.
     deadline: Option<tokio::time::Instant>,
+    /// Adds events to the run's stream.
+    events: Option<ToolEvents>,
 }
 
 /// What a tool call calls to tell its run's critic it is alive.
@@ -60,7 +66,28 @@ impl ToolContext {
             cancel: None,
             beat: None,
             deadline: None,
+            events: None,
         }
+    }
+
+    /// With a way to add events to the run's stream and audit log.
+    pub fn with_events(mut self, events: ToolEvents) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Adds an event to the run's stream and audit log (no arguments, no
+    /// results, no secrets). A no-op for a call polled in place.
+    pub fn event(&self, event: RunEvent) {
+        if let Some(e) = &self.events {
+            e(event);
+        }
+    }
+
+    /// Whether the run listens for this call's [`beat`](Self::beat)s and
+    /// [`event`](Self::event)s.
+    pub fn listens(&self) -> bool {
+        self.beat.is_some() || self.events.is_some()
     }
 
     /// With a heartbeat to the run's critic.
@@ -137,6 +164,15 @@ pub enum ToolError {
     /// The tool panicked.
     #[error("tool panicked: {0}")]
     Panicked(String),
+    /// A failure of a kind the tool names itself (`mcp_server_crashed`,
+    /// `mcp_tool_timeout`, …).
+    #[error("{message}")]
+    Typed {
+        /// Stable snake_case kind.
+        kind: &'static str,
+        /// What happened (never a secret).
+        message: String,
+    },
 }
 
 impl ToolError {
@@ -148,6 +184,7 @@ impl ToolError {
             ToolError::Failed(_) => "tool_failed",
             ToolError::Timeout(_) => "tool_timeout",
             ToolError::Panicked(_) => "tool_panicked",
+            ToolError::Typed { kind, .. } => kind,
         }
     }
 }
@@ -175,5 +212,12 @@ pub trait Tool: Send + Sync + 'static {
     /// only if that holds for every input; default no.
     fn answers_at_once(&self) -> bool {
         false
+    }
+
+    /// The error of a call that ran out of its `timeout_ms` (the registry
+    /// drops its future then). Default: [`ToolError::Timeout`]; a tool with
+    /// its own kind of timeout (`mcp_tool_timeout`) says so here.
+    fn timeout_error(&self, timeout_ms: u64) -> ToolError {
+        ToolError::Timeout(timeout_ms)
     }
 }

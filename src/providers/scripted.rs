@@ -83,7 +83,13 @@ struct Step {
     usage: Option<Usage>,
     /// Output tokens estimated from the response's text and arguments.
     output_estimate: u64,
+    /// The text holds [`TOOL_RESULT`]: filled in per request.
+    echoes: bool,
 }
+
+/// In a script entry's text, replaced by the last tool result the model
+/// was shown (so a scripted agent can answer with what a tool said).
+pub const TOOL_RESULT: &str = "{{tool_result}}";
 
 /// What a step does once its latency has passed.
 #[derive(Debug)]
@@ -198,6 +204,7 @@ impl Step {
             _ => calls.iter().map(|(_, a)| a.chars().count()).sum(),
         };
         Step {
+            echoes: text.contains(TOOL_RESULT),
             latency: latency.filter(|d| !d.is_zero()),
             outcome,
             delta_cuts: delta_cuts(&text),
@@ -299,6 +306,21 @@ impl ChatModel for ScriptedModel {
                     .unwrap_or("unknown"),
             ),
         };
+        if step.echoes {
+            let last = request
+                .messages
+                .iter()
+                .rev()
+                .find(|m| m.role == crate::ports::model::Role::Tool)
+                .map_or("", |m| m.content.as_str());
+            let text = step.text.replace(TOOL_RESULT, last);
+            if let (Some(sink), false) = (request.on_delta.as_ref(), text.is_empty()) {
+                sink(&text);
+            }
+            let mut response = step.respond(&request, malformed_tool);
+            response.text = text;
+            return Ok(response);
+        }
         step.stream(&request);
         Ok(step.respond(&request, malformed_tool))
     }
@@ -409,6 +431,17 @@ mod tests {
 
     async fn play(model: &ScriptedModel, call_index: u32) -> Result<ChatResponse, ModelError> {
         model.complete(request(call_index)).await
+    }
+
+    #[tokio::test]
+    async fn the_tool_result_placeholder_is_filled_from_the_last_tool_message() -> TestResult {
+        let model = ScriptedModel::new(vec![text("It is {{tool_result}}.")]);
+        let mut req = request(0);
+        let mut tool = Message::text(Role::Tool, "12:00");
+        tool.tool_call_id = Some("c".into());
+        req.messages = Arc::new(vec![Message::text(Role::User, "time?"), tool]);
+        assert_eq!(model.complete(req).await?.text, "It is 12:00.");
+        Ok(())
     }
 
     #[tokio::test]

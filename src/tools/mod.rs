@@ -21,4 +21,4 @@ pub mod builtin;
 pub mod registry;
 pub mod validate;
 
-pub use registry::{PreparedCall, RegistryError, ToolRegistry, ToolSet};
+pub use registry::{CompiledTool, PreparedCall, RegistryError, ToolRegistry, ToolSet};

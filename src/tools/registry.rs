@@ -152,6 +152,88 @@ impl ToolRegistry {
     }
 }
 
+/// A tool with its argument schema compiled, made outside the registry
+/// (the tools an MCP server lists when it starts) to join a [`ToolSet`]
+/// through [`ToolRegistry::select_with`].
+#[derive(Clone)]
+pub struct CompiledTool(Entry);
+
+impl CompiledTool {
+    /// Checks the tool's name and compiles its schema, as
+    /// [`ToolRegistry::register`] does.
+    pub fn new(tool: Arc<dyn Tool>) -> Result<Self, RegistryError> {
+        let name = &tool.spec().name;
+        if !is_valid_name(name) {
+            return Err(RegistryError::InvalidName(cap_text(name, 128)));
+        }
+        let validator = compile_schema(&tool.spec().parameters).map_err(|message| {
+            RegistryError::InvalidSchema {
+                tool: name.clone(),
+                message,
+            }
+        })?;
+        Ok(CompiledTool(Entry {
+            tool,
+            validator: Arc::new(validator),
+        }))
+    }
+
+    /// The tool's spec.
+    pub fn spec(&self) -> &ToolSpec {
+        self.0.tool.spec()
+    }
+
+    /// The tool.
+    pub fn tool(&self) -> &Arc<dyn Tool> {
+        &self.0.tool
+    }
+}
+
+impl fmt::Debug for CompiledTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CompiledTool")
+            .field(&self.spec().name)
+            .finish()
+    }
+}
+
+impl ToolRegistry {
+    /// Like [`select`](Self::select), then `extra` after the selected tools
+    /// (a name the manifest lists that is one of `extra`'s is taken from
+    /// there; a repeated name is kept once, the first).
+    pub fn select_with(
+        &self,
+        names: &[String],
+        extra: &[CompiledTool],
+    ) -> Result<ToolSet, RegistryError> {
+        let own: Vec<String> = names
+            .iter()
+            .filter(|n| !extra.iter().any(|e| &e.spec().name == *n))
+            .cloned()
+            .collect();
+        let base = self.select(&own)?;
+        if extra.is_empty() {
+            return Ok(base);
+        }
+        let mut entries = base.inner.entries.clone();
+        let mut specs = base.inner.specs.to_vec();
+        for e in extra {
+            let name = &e.spec().name;
+            if entries.contains_key(name) {
+                continue;
+            }
+            specs.push(e.spec().clone());
+            entries.insert(name.clone(), e.0.clone());
+        }
+        Ok(ToolSet {
+            inner: Arc::new(ToolSetInner {
+                entries,
+                specs: specs.into(),
+            }),
+        })
+    }
+}
+
 impl fmt::Debug for ToolRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolRegistry")
@@ -278,14 +360,15 @@ impl PreparedCall {
         // `call` runs inside the async block, so even a tool whose `call`
         // panics before returning its future is caught (and marked as
         // caught, so a quiet panic hook stays silent: one warn line below).
+        // It borrows `tool`, which names the error of a timeout.
         let guarded = AssertUnwindSafe(crate::panics::quietly(async move {
             called.call(args, ctx).await
         }))
         .catch_unwind();
         let outcome = match tokio::time::timeout(timeout, guarded).await {
-            Err(_elapsed) => Err(ToolError::Timeout(
-                u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            )),
+            Err(_elapsed) => {
+                Err(tool.timeout_error(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)))
+            }
             Ok(Err(payload)) => {
                 let text = panic_text(payload.as_ref());
                 let tool = &tool.spec().name;
@@ -335,6 +418,10 @@ fn cap_error(error: ToolError) -> ToolError {
         ToolError::Failed(s) => ToolError::Failed(cap(s)),
         ToolError::Panicked(s) => ToolError::Panicked(cap(s)),
         ToolError::Timeout(ms) => ToolError::Timeout(ms),
+        ToolError::Typed { kind, message } => ToolError::Typed {
+            kind,
+            message: cap(message),
+        },
     }
 }
 
@@ -509,6 +596,38 @@ mod tests {
         assert!(Arc::ptr_eq(&set.specs(), &set.clone().specs()));
         assert!(!set.is_empty() && set.contains("add") && !set.contains("echo"));
         assert!(ToolSet::default().is_empty());
+    }
+
+    #[test]
+    fn select_with_adds_compiled_tools_after_the_selected_ones() {
+        let r = registry();
+        let tool = |name: &str| {
+            let t: Arc<dyn Tool> = Arc::new(Fixed(ToolSpec {
+                name: name.into(),
+                description: String::new(),
+                parameters: json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+            }));
+            match CompiledTool::new(t) {
+                Ok(c) => c,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let extra = [tool("srv__a"), tool("srv__b")];
+        let Ok(set) = r.select_with(&["upper".into(), "srv__b".into()], &extra) else {
+            panic!("select_with failed")
+        };
+        let names: Vec<String> = set.specs().iter().map(|s| s.name.clone()).collect();
+        assert_eq!(names, ["upper", "srv__a", "srv__b"]);
+        assert!(invalid(set.prepare(&call("srv__a", r#"{"x": "no"}"#))).contains("`/x`"));
+        let bad: Arc<dyn Tool> = Arc::new(Fixed(ToolSpec {
+            name: "a.b".into(),
+            description: String::new(),
+            parameters: json!({}),
+        }));
+        assert!(matches!(
+            CompiledTool::new(bad),
+            Err(RegistryError::InvalidName(_))
+        ));
     }
 
     #[test]

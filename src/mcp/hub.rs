@@ -1,0 +1,195 @@
+//! A host's MCP servers: one actor per server definition (`scope: host`),
+//! started when an agent that names it is first prepared, shared by every
+//! run after, stopped with the host.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ractor::{Actor, ActorRef};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::client::Link;
+use super::per_run::{self, RunScopedTool, RunServers};
+use super::spec::{McpScope, McpServerSpec};
+use super::tool::event_sink;
+use super::{McpConfig, McpError};
+use crate::actors::mcp::{Avail, McpMsg, McpServer};
+use crate::ports::run::RunId;
+use crate::record::RunShared;
+use crate::tools::CompiledTool;
+
+/// The MCP servers of one host.
+pub(crate) struct McpHub {
+    config: McpConfig,
+    servers: Mutex<HashMap<McpServerSpec, ActorRef<McpMsg>>>,
+    /// The tools of each `scope: run` server, as discovered once.
+    templates: Mutex<HashMap<McpServerSpec, Vec<CompiledTool>>>,
+    runs: Arc<RunServers>,
+}
+
+impl McpHub {
+    pub(crate) fn new(config: McpConfig) -> Self {
+        McpHub {
+            runs: RunServers::new(config.clone()),
+            config,
+            servers: Mutex::new(HashMap::new()),
+            templates: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Stops run `run_id`'s own servers once it has ended.
+    pub(crate) fn watch_run(&self, shared: Arc<RunShared>, run_id: RunId) {
+        let runs = self.runs.clone();
+        tokio::spawn(async move {
+            shared.result().await;
+            runs.end_run(run_id).await;
+        });
+    }
+
+    /// The tools of `scope: run` server `spec`: discovered by starting it
+    /// once (then stopping it), each routing a run's calls to its own server.
+    async fn run_scoped(&self, spec: &McpServerSpec) -> Result<Vec<CompiledTool>, McpError> {
+        if let Some(t) = lock(&self.templates).get(spec) {
+            return Ok(t.clone());
+        }
+        let (actor, listed) = per_run::start(spec, &self.config).await?;
+        per_run::stop_all(vec![actor], &self.config).await;
+        let server = Arc::new(spec.clone());
+        let mut tools = Vec::with_capacity(listed.len());
+        for t in listed.iter() {
+            let tool = RunScopedTool {
+                runs: self.runs.clone(),
+                server: server.clone(),
+                remote: t.remote.clone(),
+                spec: t.tool.spec().clone(),
+            };
+            let compiled =
+                CompiledTool::new(Arc::new(tool)).map_err(|e| McpError::InvalidName {
+                    server: spec.name.clone(),
+                    message: e.to_string(),
+                })?;
+            tools.push(compiled);
+        }
+        lock(&self.templates).insert(spec.clone(), tools.clone());
+        Ok(tools)
+    }
+
+    /// The tools of `servers`, in order, each server started if it is not
+    /// up (every caller waits for the same start).
+    pub(crate) async fn tools_for(
+        &self,
+        servers: &[McpServerSpec],
+    ) -> Result<Vec<CompiledTool>, McpError> {
+        let mut out = Vec::new();
+        for spec in servers {
+            if spec.scope == McpScope::Run {
+                out.extend(self.run_scoped(spec).await?);
+                continue;
+            }
+            let actor = self.server(spec).await?;
+            let tools = per_run::ensure(&actor, spec, &self.config).await?;
+            out.extend(tools.iter().map(|t| t.tool.clone()));
+        }
+        Ok(out)
+    }
+
+    /// The actor of `spec`, spawned if there is none.
+    async fn server(&self, spec: &McpServerSpec) -> Result<ActorRef<McpMsg>, McpError> {
+        if let Some(a) = self.lock().get(spec) {
+            return Ok(a.clone());
+        }
+        let link = Link::new();
+        let (avail, _) = watch::channel(Avail::Starting);
+        let actor = McpServer {
+            spec: Arc::new(spec.clone()),
+            config: self.config.clone(),
+            events: event_sink(link.clone()),
+            link,
+            avail,
+        };
+        let (actor, _) = Actor::spawn(None, actor, ())
+            .await
+            .map_err(|e| McpError::Unavailable(format!("cannot spawn the server actor: {e}")))?;
+        let mut map = self.lock();
+        if let Some(existing) = map.get(spec) {
+            // Another caller won the race: use its server.
+            actor.stop(None);
+            return Ok(existing.clone());
+        }
+        map.insert(spec.clone(), actor.clone());
+        Ok(actor)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<McpServerSpec, ActorRef<McpMsg>>> {
+        lock(&self.servers)
+    }
+
+    /// Stops every server (each its stop sequence, all at once) and waits.
+    pub(crate) async fn shutdown(&self) {
+        let mut actors: Vec<ActorRef<McpMsg>> = self.lock().drain().map(|(_, a)| a).collect();
+        actors.extend(self.runs.take_all());
+        per_run::stop_all(actors, &self.config).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Drop for McpHub {
+    /// A host dropped without `shutdown`: its servers' actors stop, which
+    /// kills their process groups.
+    fn drop(&mut self) {
+        for (_, a) in self.lock().drain() {
+            a.stop(None);
+        }
+        for a in self.runs.take_all() {
+            a.stop(None);
+        }
+    }
+}
+
+/// One tool as `agentvisor mcp tools` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ListedTool {
+    /// The server's manifest name.
+    pub server: String,
+    /// The name the model sees (`<server>__<tool>`).
+    pub name: String,
+    /// Its description.
+    pub description: String,
+    /// Its argument schema.
+    pub parameters: Value,
+}
+
+/// Starts `servers`, lists their tools as a model would see them, and
+/// stops them.
+pub async fn list_tools(
+    servers: &[McpServerSpec],
+    config: McpConfig,
+) -> Result<Vec<ListedTool>, McpError> {
+    let hub = McpHub::new(config);
+    let mut out = Vec::new();
+    let mut result = Ok(());
+    for spec in servers {
+        match hub.tools_for(std::slice::from_ref(spec)).await {
+            Ok(tools) => out.extend(tools.iter().map(|t| ListedTool {
+                server: spec.name.clone(),
+                name: t.spec().name.clone(),
+                description: t.spec().description.clone(),
+                parameters: t.spec().parameters.clone(),
+            })),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    hub.shutdown().await;
+    result.map(|()| out)
+}

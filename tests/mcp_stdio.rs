@@ -1,0 +1,597 @@
+//! MCP servers over stdio, against the in-repo test server
+//! (`examples/mcp_test_server.rs`, built by `cargo test`). Real processes,
+//! so real time: every wait is bounded and polls for a state, never sleeps
+//! for a deadline.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agentvisor::mcp::McpConfig;
+use agentvisor::{Host, HostConfig, Invocation, RunEvent, RunResult, RunStatus};
+use support::{collect, kinds, spec};
+
+/// The test server's path: `target/<profile>/examples/mcp_test_server`,
+/// beside this test's `deps/` directory.
+fn server() -> String {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir: PathBuf = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("examples")
+        .join("mcp_test_server");
+    assert!(
+        dir.exists(),
+        "build the test server first: {}",
+        dir.display()
+    );
+    dir.display().to_string()
+}
+
+fn config(mcp: McpConfig) -> HostConfig {
+    HostConfig {
+        critic_shards: 2,
+        mcp,
+        ..HostConfig::default()
+    }
+}
+
+async fn host_with(mcp: McpConfig) -> Host {
+    Host::builder()
+        .config(config(mcp))
+        .build()
+        .await
+        .expect("host")
+}
+
+/// A manifest whose server `t` is the test server (with `flags`), whose
+/// script is `script`, with `extra` YAML (limits) appended.
+fn manifest(flags: &str, server_extra: &str, script: &str, extra: &str) -> String {
+    let flags: Vec<String> = flags.split_whitespace().map(|f| format!("{f:?}")).collect();
+    let mut cmd = vec![format!("{:?}", server())];
+    cmd.extend(flags);
+    format!(
+        "name: mcp-test\nmcp:\n  servers:\n    - {{ name: t, command: [{}]{server_extra} }}\nscript:\n{script}{extra}",
+        cmd.join(", ")
+    )
+}
+
+async fn run(host: &Host, yaml: &str) -> (RunResult, Vec<RunEvent>) {
+    let (handle, events) = host
+        .submit_streaming(spec(yaml), Invocation::default())
+        .await
+        .expect("submit");
+    let events = collect(events).await;
+    (handle.await, events)
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie (exited, not yet reaped by its new parent) counts as dead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+async fn gone_within(pid: i32, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !alive(pid)
+}
+
+fn pids(text: &str) -> Vec<i32> {
+    text.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn tools_are_named_for_their_server_and_answer_through_a_run() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__echo, args: { text: hello } }\n  - { tool: t__add, args: { a: 2, b: 3 } }\n  - { text: done }\n",
+        "",
+    );
+    let agent = host.prepare(spec(&yaml)).await.expect("prepare");
+    let names: Vec<String> = agent
+        .tools()
+        .specs()
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    assert!(
+        names.contains(&"t__echo".to_string()) && names.contains(&"t__add".to_string()),
+        "{names:?}"
+    );
+    let (r, events) = run(&host, &yaml).await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert_eq!(r.steps[0].result, "hello");
+    assert_eq!(r.steps[1].result, "5");
+    let k = kinds(&events);
+    assert_eq!(
+        k.iter().filter(|k| *k == "mcp.tool.call.ok").count(),
+        2,
+        "{k:?}"
+    );
+    // Events carry no arguments or results.
+    for e in &events {
+        if let RunEvent::McpToolCallOk { tool, .. } = e {
+            assert!(tool.starts_with("t__"));
+        }
+    }
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn schemas_are_checked_before_the_server_is_called() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__add, args: { a: two, b: 3 } }\n  - { text: done }\n",
+        "",
+    );
+    let (r, events) = run(&host, &yaml).await;
+    assert!(!r.steps[0].ok);
+    let err = r.steps[0].error.clone().unwrap_or_default();
+    assert!(err.starts_with("invalid_arguments"), "{err}");
+    assert!(!kinds(&events)
+        .iter()
+        .any(|k| k.starts_with("mcp.tool.call")));
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn allow_limits_the_tools_and_an_unknown_allowed_name_is_invalid() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest("", ", allow: [echo]", "  - { text: done }\n", "");
+    let agent = host.prepare(spec(&yaml)).await.expect("prepare");
+    let names: Vec<String> = agent
+        .tools()
+        .specs()
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    assert_eq!(names, ["t__echo"]);
+    let yaml = manifest("", ", allow: [echo, nope]", "  - { text: done }\n", "");
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.status, RunStatus::Error);
+    assert_eq!(
+        r.error_kind.as_deref(),
+        Some("mcp_tool_invalid_name"),
+        "{r:?}"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_fails_the_run_with_its_stderr() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest("--fail-start", "", "  - { text: done }\n", "");
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.status, RunStatus::Error);
+    assert_eq!(r.error_kind.as_deref(), Some("mcp_server_start_failed"));
+    let err = r.error.unwrap_or_default();
+    assert!(err.contains("bad configuration"), "{err}");
+    let missing = "name: m\nmcp:\n  servers:\n    - { name: t, command: [/nonexistent/server] }\nscript:\n  - { text: done }\n";
+    let (r, _) = run(&host, missing).await;
+    assert_eq!(r.error_kind.as_deref(), Some("mcp_server_start_failed"));
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn results_map_errors_media_and_size() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__fail, args: { message: no such city } }\n  - { tool: t__image, args: {} }\n  - { tool: t__huge, args: { bytes: 100000 } }\n  - { text: done }\n",
+        "limits: { max_tool_result_bytes: 4096 }\n",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(
+        r.status,
+        RunStatus::Ok,
+        "an isError result is not fatal: {r:?}"
+    );
+    assert!(!r.steps[0].ok);
+    assert!(r.steps[0]
+        .error
+        .clone()
+        .unwrap_or_default()
+        .contains("no such city"));
+    assert!(r.steps[1].ok);
+    assert!(
+        r.steps[1].result.contains("[image, image/png, "),
+        "{}",
+        r.steps[1].result
+    );
+    assert!(r.steps[2].ok);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_timeout_is_mcp_tool_timeout_and_the_server_hears_cancelled() {
+    let dir = std::env::temp_dir().join(format!("mcp-timeout-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        &format!(
+            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
+            dir.display().to_string()
+        ),
+        "limits: { tool_timeout: 1s }\n",
+    );
+    let (r, events) = run(&host, &yaml).await;
+    let err = r.steps[0].error.clone().unwrap_or_default();
+    assert!(err.starts_with("mcp_tool_timeout"), "{err}");
+    assert!(kinds(&events).contains(&"mcp.tool.call.timeout".to_string()));
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&dir).is_ok_and(|t| t.contains("cancelled")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no notifications/cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::fs::remove_file(&dir);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_killed_run_sends_cancelled_for_its_call() {
+    let dir = std::env::temp_dir().join(format!("mcp-kill-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        &format!(
+            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
+            dir.display().to_string()
+        ),
+        "limits: { tool_timeout: 60s, kill_grace: 1s }\n",
+    );
+    let (handle, mut events) = host
+        .submit_streaming(spec(&yaml), Invocation::default())
+        .await
+        .expect("submit");
+    while let Some(e) = events.next().await {
+        if matches!(e.event, RunEvent::ToolCall { .. }) {
+            break;
+        }
+    }
+    // Let the request reach the server.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    handle.kill();
+    let r = handle.await;
+    assert_eq!(r.status, RunStatus::Killed);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&dir).is_ok_and(|t| t.contains("cancelled")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no notifications/cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::fs::remove_file(&dir);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_crash_fails_the_call_and_the_server_restarts_with_its_stderr_tail() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__flood, args: { kib: 64 } }\n  - { tool: t__crash, args: {} }\n  - { tool: t__echo, args: { text: back } }\n  - { text: done }\n",
+        "",
+    );
+    let (r, events) = run(&host, &yaml).await;
+    assert!(r.steps[0].ok);
+    let err = r.steps[1].error.clone().unwrap_or_default();
+    assert!(err.starts_with("mcp_server_crashed"), "{err}");
+    assert_eq!(
+        r.steps[2].result, "back",
+        "the restarted server answers: {r:?}"
+    );
+    let exit = events.iter().find_map(|e| match e {
+        RunEvent::McpServerExit {
+            code, stderr_tail, ..
+        } => Some((*code, stderr_tail.clone())),
+        _ => None,
+    });
+    let Some((code, tail)) = exit else {
+        panic!("no mcp.server.exit in {:?}", kinds(&events))
+    };
+    assert_eq!(code, Some(3));
+    assert!(tail.len() <= 1024, "{}", tail.len());
+    assert!(tail.contains("crashing on purpose"), "{tail}");
+    assert!(kinds(&events).contains(&"mcp.server.restart".to_string()));
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_crash_loop_cools_down() {
+    let host = host_with(McpConfig {
+        max_restarts: 2,
+        backoff: Duration::from_millis(10),
+        ..McpConfig::default()
+    })
+    .await;
+    // Distinct arguments: the critic would stop a run that repeats a call.
+    let crashes: String = (3..7)
+        .map(|c| format!("  - {{ tool: t__crash, args: {{ code: {c} }} }}\n"))
+        .collect();
+    let yaml = manifest(
+        "",
+        "",
+        &format!("{crashes}  - {{ tool: t__echo, args: {{ text: x }} }}\n  - {{ text: done }}\n"),
+        "limits: { max_tool_errors: 10 }\n",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    let last = r.steps.last().expect("steps");
+    let err = last.error.clone().unwrap_or_default();
+    assert!(
+        err.starts_with("mcp_server_crashed") && err.contains("cooling down"),
+        "{r:?}"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn progress_is_a_heartbeat_and_silence_is_a_stall() {
+    let host = host_with(McpConfig::default()).await;
+    let limits = "limits: { stall_timeout: 1s, tool_timeout: 30s }\n";
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__progress, args: { steps: 12, interval_ms: 250 } }\n  - { text: done }\n",
+        limits,
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__slow, args: { ms: 3000 } }\n  - { text: done }\n",
+        limits,
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.status, RunStatus::Killed, "{r:?}");
+    assert_eq!(
+        r.kill_reason.map(|k| k.as_str().to_string()).as_deref(),
+        Some("stalled")
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_server_serves_200_concurrent_runs() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__pid, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let agent = host.prepare(spec(&yaml)).await.expect("prepare");
+    let mut handles = Vec::new();
+    for _ in 0..200 {
+        handles.push(
+            host.submit(&agent, Invocation::default())
+                .await
+                .expect("submit"),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for h in handles {
+        let r = h.await;
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+        seen.insert(r.steps[0].result.clone());
+    }
+    assert_eq!(seen.len(), 1, "one server process: {seen:?}");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_environment_is_allowlisted_and_secrets_come_by_reference() {
+    // Names unique to this test: the process environment is shared.
+    std::env::set_var("MCP_TEST_HOST_ONLY", "leaked");
+    std::env::set_var("AGENTVISOR_SECRET_MCP_TEST_TOKEN", "s3cret-value");
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        ", env: { GREETING: hi, TOKEN: { secret: MCP_TEST_TOKEN } }",
+        "  - { tool: t__env, args: { name: MCP_TEST_HOST_ONLY } }\n  - { tool: t__env, args: { name: GREETING } }\n  - { tool: t__env, args: { name: TOKEN } }\n  - { tool: t__env, args: { name: PATH } }\n  - { text: done }\n",
+        "",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.steps[0].result, "<unset>");
+    assert_eq!(r.steps[1].result, "hi");
+    // The server got the secret; what comes back of it is redacted.
+    assert_eq!(r.steps[2].result, "[REDACTED]");
+    assert_ne!(r.steps[3].result, "<unset>");
+    let yaml = manifest(
+        "",
+        ", env: { TOKEN: { secret: MCP_TEST_MISSING } }",
+        "  - { text: done }\n",
+        "",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.error_kind.as_deref(), Some("mcp_env_resolve"));
+    assert!(r
+        .error
+        .unwrap_or_default()
+        .contains("AGENTVISOR_SECRET_MCP_TEST_MISSING"));
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_changed_refreshes_the_tools_of_later_runs() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        "  - { tool: t__add_tool, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert!(r.steps[0].ok);
+    let t0 = Instant::now();
+    loop {
+        let agent = host.prepare(spec(&yaml)).await.expect("prepare");
+        if agent.tools().contains("t__extra") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the list did not refresh"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_kills_a_server_that_ignores_sigterm_and_its_children() {
+    let host = host_with(McpConfig {
+        term_grace: Duration::from_millis(300),
+        ..McpConfig::default()
+    })
+    .await;
+    let yaml = manifest(
+        "--ignore-sigterm --grandchild",
+        "",
+        "  - { tool: t__pid, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    let p = pids(&r.steps[0].result);
+    assert_eq!(p.len(), 2, "{r:?}");
+    assert!(alive(p[0]) && alive(p[1]));
+    host.shutdown().await;
+    for pid in p {
+        assert!(
+            gone_within(pid, Duration::from_secs(5)).await,
+            "{pid} outlived the host"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_orphan_after_the_host_is_dropped() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "--grandchild",
+        "",
+        "  - { tool: t__pid, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let (r, _) = run(&host, &yaml).await;
+    let p = pids(&r.steps[0].result);
+    assert_eq!(p.len(), 2, "{r:?}");
+    drop(host);
+    for pid in p {
+        assert!(
+            gone_within(pid, Duration::from_secs(5)).await,
+            "{pid} outlived the host"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_orphan_after_the_host_process_is_sigkilled() {
+    use tokio::io::AsyncBufReadExt;
+    let mut parent = tokio::process::Command::new(server())
+        .arg("--parent")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("parent");
+    let out = parent.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the parent reports")
+        .expect("read")
+        .expect("a line");
+    let p = pids(&line);
+    assert_eq!(p.len(), 1, "{line}");
+    assert!(alive(p[0]));
+    parent.start_kill().expect("SIGKILL");
+    let _ = parent.wait().await;
+    assert!(
+        gone_within(p[0], Duration::from_secs(5)).await,
+        "the server outlived its host"
+    );
+}
+
+#[tokio::test]
+async fn scope_run_gives_each_run_its_own_server_stopped_with_it() {
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        ", scope: run",
+        "  - { tool: t__pid, args: {} }\n  - { tool: t__pid, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let agent = host.prepare(spec(&yaml)).await.expect("prepare");
+    assert!(agent.tools().contains("t__pid"));
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        handles.push(
+            host.submit(&agent, Invocation::default())
+                .await
+                .expect("submit"),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for h in handles {
+        let r = h.await;
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+        assert_eq!(r.steps[0].result, r.steps[1].result, "one server per run");
+        let pid = pids(&r.steps[0].result)[0];
+        assert!(
+            gone_within(pid, Duration::from_secs(10)).await,
+            "{pid} outlived its run"
+        );
+        seen.insert(pid);
+    }
+    assert_eq!(seen.len(), 3, "a server per run: {seen:?}");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
+    let yaml = manifest("", ", allow: [echo, pid]", "  - { text: done }\n", "");
+    let servers = spec(&yaml).mcp.expect("mcp").servers;
+    let listed = agentvisor::mcp::list_tools(&servers, McpConfig::default())
+        .await
+        .expect("listed");
+    let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["t__echo", "t__pid"]);
+    assert_eq!(listed[0].parameters["required"][0], "text");
+    let bad = manifest("--fail-start", "", "  - { text: done }\n", "");
+    let servers = spec(&bad).mcp.expect("mcp").servers;
+    let err = agentvisor::mcp::list_tools(&servers, McpConfig::default()).await;
+    assert_eq!(
+        err.map(|_| ()).map_err(|e| e.kind()),
+        Err("mcp_server_start_failed")
+    );
+}
