@@ -334,6 +334,7 @@ pub struct HostBuilder {
     ledger: Option<Arc<dyn BudgetLedger>>,
     policy: Option<Arc<dyn CriticPolicy>>,
     checkpointer: Option<Arc<dyn Checkpointer>>,
+    sessions: Option<Arc<dyn crate::ports::session::SessionStore>>,
 }
 
 impl HostBuilder {
@@ -391,6 +392,13 @@ impl HostBuilder {
     /// resumes runs within one process only).
     pub fn checkpointer(mut self, checkpointer: Arc<dyn Checkpointer>) -> Self {
         self.checkpointer = Some(checkpointer);
+        self
+    }
+
+    /// Where chat sessions are kept (default: in memory; see
+    /// [`crate::session`]).
+    pub fn session_store(mut self, store: Arc<dyn crate::ports::session::SessionStore>) -> Self {
+        self.sessions = Some(store);
         self
     }
 
@@ -495,6 +503,10 @@ impl HostBuilder {
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
                 default_caller,
+                sessions: crate::session::SessionTable::new(
+                    self.sessions
+                        .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
+                ),
             }),
         })
     }
@@ -528,6 +540,8 @@ pub(crate) struct HostInner {
     next_key: AtomicU64,
     /// `config.default_caller`, shared by the runs that name no caller.
     default_caller: Arc<str>,
+    /// The chat sessions open on this host, and their store.
+    sessions: crate::session::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -587,7 +601,13 @@ impl Host {
             ledger: None,
             policy: None,
             checkpointer: None,
+            sessions: None,
         }
+    }
+
+    /// The chat sessions open on this host (see [`crate::session`]).
+    pub(crate) fn session_table(&self) -> &crate::session::SessionTable {
+        &self.inner.sessions
     }
 
     /// The host's settings.
@@ -961,6 +981,19 @@ impl Host {
                 &inv.inputs,
                 inv.attachments.clone(),
             )),
+        };
+        // A session's prompt (`Invocation::history`): its earlier turns go
+        // between the system prompt and the new input.
+        let history = std::mem::take(&mut inv.history);
+        let transcript = if history.is_empty() || resumed.is_some() {
+            transcript
+        } else {
+            let system = usize::from(transcript.first().is_some_and(|m| m.role == Role::System));
+            let mut t = Vec::with_capacity(transcript.len() + history.len() + 2);
+            t.extend_from_slice(&transcript[..system]);
+            t.extend(history);
+            t.extend_from_slice(&transcript[system..]);
+            Arc::new(t)
         };
         let mut first_checkpoint = None;
         let durable = if durable {
@@ -1433,6 +1466,33 @@ impl Host {
     /// store) or for an id this host never ran.
     pub fn run(&self, run_id: &RunId) -> Option<RunRef> {
         self.inner.live.get(run_id).map(|shared| RunRef { shared })
+    }
+
+    /// A watcher of the host-wide feed: runs starting and ending, critic
+    /// decisions ([`HostEvent`](crate::record::HostEvent)). Lossy: a
+    /// watcher that falls behind is told how many events it missed (a
+    /// dashboard's feed; a run's own stream, [`RunRef::subscribe`], loses
+    /// nothing). Costs the host nothing while no one watches.
+    pub fn watch(&self) -> crate::record::HostFeed {
+        self.inner.live.watch()
+    }
+
+    /// A run's events from record `from_seq` on, live or ended: a live
+    /// run's subscription ([`RunRef::subscribe_from`]), else its records
+    /// read back from the audit store. `Ok(None)`: no record of the run
+    /// (yet: a run that just ended may take a moment to reach the store).
+    pub async fn events(
+        &self,
+        run_id: &RunId,
+        from_seq: u32,
+    ) -> Result<Option<RunEvents>, crate::ports::audit::AuditStoreError> {
+        if let Some(run) = self.run(run_id) {
+            return Ok(Some(run.subscribe_from(from_seq)));
+        }
+        let stored = record::stored_events(&*self.inner.audit_store, *run_id, from_seq).await?;
+        Ok(stored.map(|events| RunEvents {
+            inner: Box::pin(futures_util::stream::iter(events)),
+        }))
     }
 
     /// Every run in flight on this host (a snapshot; newest first).

@@ -54,6 +54,8 @@
 //! - [`spec`]: manifests, limits, invocations.
 //! - [`secrets`]: the known secret values, redacted from everything a run
 //!   stores, streams or prints.
+//! - [`session`]: chat sessions: prompts that share a stored history.
+//! - [`pipeline`]: multi-phase pipelines: ordered phases, outputs fed forward.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -63,6 +65,7 @@ pub mod host;
 pub mod mcp;
 pub mod output;
 pub mod panics;
+pub mod pipeline;
 pub mod policy;
 pub mod ports;
 pub mod pricing;
@@ -70,9 +73,13 @@ pub mod providers;
 mod record;
 pub mod replay;
 pub mod secrets;
+#[cfg(feature = "server")]
+pub mod server;
+pub mod session;
 pub mod soak;
 pub mod spec;
 pub mod stores;
+pub mod telemetry;
 pub mod tools;
 
 #[doc(hidden)]
@@ -83,10 +90,14 @@ pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
+pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::run::{
     CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,
     StepRecord, Usage,
 };
+pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
 pub use record::{Ending, SUBSCRIBER_BUFFER};
+pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
+pub use session::{OnBusy, Session, SessionError, SessionOptions, SessionTurn};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

@@ -240,6 +240,129 @@ impl BuildHasher for RunIdHash {
     }
 }
 
+/// What the host-wide feed says (`Host::watch`): runs starting and
+/// ending, critic decisions. On the wire: `{"type": "run.started", …}`.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[serde(tag = "type")]
+#[non_exhaustive]
+pub enum HostEvent {
+    /// A run was admitted to the host (it may still be refused: a
+    /// `run.ended` with status `rejected` follows at once).
+    #[serde(rename = "run.started")]
+    RunStarted {
+        /// The run.
+        run_id: RunId,
+        /// Its agent.
+        agent: Arc<str>,
+        /// Who submitted it.
+        caller_id: Option<Arc<str>>,
+        /// Its parent, for a sub-agent run.
+        parent_run_id: Option<RunId>,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A run ended (its terminal record is on its way to the audit log).
+    #[serde(rename = "run.ended")]
+    RunEnded {
+        /// The run.
+        run_id: RunId,
+        /// Its agent.
+        agent: Arc<str>,
+        /// Who submitted it.
+        caller_id: Option<Arc<str>>,
+        /// Its parent, for a sub-agent run.
+        parent_run_id: Option<RunId>,
+        /// How it ended.
+        status: RunStatus,
+        /// Why it was killed, when it was.
+        kill_reason: Option<KillReason>,
+        /// The error kind, when not ok.
+        error_kind: Option<String>,
+        /// Model iterations.
+        iterations: u32,
+        /// Tokens used.
+        tokens: u64,
+        /// Cost in micro-dollars.
+        cost_micros: u64,
+        /// Wall time, ms.
+        duration_ms: u64,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// The critic (or an operator) decided something about a run.
+    #[serde(rename = "critic.decision")]
+    CriticDecision {
+        /// The run.
+        run_id: RunId,
+        /// Its agent.
+        agent: Arc<str>,
+        /// Who submitted it.
+        caller_id: Option<Arc<str>>,
+        /// The decision.
+        decision: CriticDecision,
+    },
+    /// This watcher fell behind and missed `missed` events (the feed is
+    /// lossy: it is for dashboards; a run's own stream loses nothing).
+    #[serde(rename = "lagged")]
+    Lagged {
+        /// How many events were dropped.
+        missed: u64,
+    },
+}
+
+impl HostEvent {
+    /// The run the event is about (`None` for `lagged`).
+    pub fn run_id(&self) -> Option<RunId> {
+        match self {
+            HostEvent::RunStarted { run_id, .. }
+            | HostEvent::RunEnded { run_id, .. }
+            | HostEvent::CriticDecision { run_id, .. } => Some(*run_id),
+            HostEvent::Lagged { .. } => None,
+        }
+    }
+
+    /// Who submitted the run the event is about.
+    pub fn caller_id(&self) -> Option<&str> {
+        match self {
+            HostEvent::RunStarted { caller_id, .. }
+            | HostEvent::RunEnded { caller_id, .. }
+            | HostEvent::CriticDecision { caller_id, .. } => caller_id.as_deref(),
+            HostEvent::Lagged { .. } => None,
+        }
+    }
+}
+
+/// Events the host-wide feed holds for its slowest watcher before that
+/// watcher is told it lagged.
+pub const FEED_CAPACITY: usize = 4096;
+
+/// A watcher of the host-wide feed ([`HostEvent`]s, in the order the host
+/// saw them). Lossy by design: a watcher more than [`FEED_CAPACITY`]
+/// events behind gets a [`HostEvent::Lagged`] and goes on from the oldest
+/// event still held. Nothing is sent while no one watches.
+pub struct HostFeed {
+    rx: tokio::sync::broadcast::Receiver<HostEvent>,
+    host: Arc<HostRuns>,
+}
+
+impl HostFeed {
+    /// The next event; `None` once the host is gone.
+    pub async fn next(&mut self) -> Option<HostEvent> {
+        use tokio::sync::broadcast::error::RecvError;
+        match self.rx.recv().await {
+            Ok(ev) => Some(ev),
+            Err(RecvError::Lagged(missed)) => Some(HostEvent::Lagged { missed }),
+            Err(RecvError::Closed) => None,
+        }
+    }
+}
+
+impl Drop for HostFeed {
+    fn drop(&mut self) {
+        self.host.watchers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The host's runs in flight: how many, which (by id), and whoever waits
 /// for none. Shared by the host and every run's record.
 pub(crate) struct HostRuns {
@@ -248,6 +371,10 @@ pub(crate) struct HostRuns {
     registry: DashMap<RunId, Arc<RunShared>, RunIdHash>,
     /// Where subscribers catch up from.
     pub(crate) store: Arc<dyn AuditStore>,
+    /// The host-wide feed, and how many watch it (counted apart, so a host
+    /// nobody watches sends nothing and takes no lock).
+    feed: tokio::sync::broadcast::Sender<HostEvent>,
+    watchers: AtomicUsize,
 }
 
 impl HostRuns {
@@ -257,12 +384,63 @@ impl HostRuns {
             idle: Notify::new(),
             registry: DashMap::with_hasher(RunIdHash),
             store,
+            feed: tokio::sync::broadcast::Sender::new(FEED_CAPACITY),
+            watchers: AtomicUsize::new(0),
         }
+    }
+
+    /// A new watcher of the host-wide feed.
+    pub(crate) fn watch(self: &Arc<Self>) -> HostFeed {
+        self.watchers.fetch_add(1, Ordering::SeqCst);
+        HostFeed {
+            rx: self.feed.subscribe(),
+            host: self.clone(),
+        }
+    }
+
+    /// Whether anyone watches the feed.
+    #[inline]
+    fn watched(&self) -> bool {
+        self.watchers.load(Ordering::Relaxed) > 0
+    }
+
+    fn announce(&self, ev: HostEvent) {
+        let _ = self.feed.send(ev);
     }
 
     fn enter(&self, run: &Arc<RunShared>) {
         self.count.fetch_add(1, Ordering::AcqRel);
         self.registry.insert(run.run_id, run.clone());
+        if self.watched() {
+            self.announce(HostEvent::RunStarted {
+                run_id: run.run_id,
+                agent: run.agent.clone(),
+                caller_id: run.caller_id.clone(),
+                parent_run_id: run.parent_run_id,
+                at_ms: unix_ms(),
+            });
+        }
+    }
+
+    /// A run ended with `result` (finalized; its record is on its way).
+    fn ended(&self, result: &RunResult) {
+        crate::telemetry::run_ended(result);
+        if self.watched() {
+            self.announce(HostEvent::RunEnded {
+                run_id: result.run_id,
+                agent: Arc::from(result.agent.as_str()),
+                caller_id: result.caller_id.as_deref().map(Arc::from),
+                parent_run_id: result.parent_run_id,
+                status: result.status,
+                kill_reason: result.kill_reason,
+                error_kind: result.error_kind.clone(),
+                iterations: result.iterations,
+                tokens: result.usage.total(),
+                cost_micros: result.cost_micros,
+                duration_ms: result.duration_ms(),
+                at_ms: result.finished_at,
+            });
+        }
     }
 
     fn leave(&self, run_id: RunId) {
@@ -429,6 +607,21 @@ impl RunShared {
     /// Sends a recorded event (its record took `seq`) to every subscriber.
     /// With none, it costs one atomic load.
     pub(crate) fn emit(&self, seq: u32, event: &RunEvent) {
+        if let RunEvent::CriticSteer(d)
+        | RunEvent::CriticExtend(d)
+        | RunEvent::CriticRaiseIterations(d)
+        | RunEvent::CriticKill(d) = event
+        {
+            crate::telemetry::decided(d);
+            if self.host.watched() {
+                self.host.announce(HostEvent::CriticDecision {
+                    run_id: self.run_id,
+                    agent: self.agent.clone(),
+                    caller_id: self.caller_id.clone(),
+                    decision: d.clone(),
+                });
+            }
+        }
         if self.subscribers.load(Ordering::SeqCst) == 0 {
             return;
         }
@@ -639,6 +832,7 @@ impl RunShared {
                 finished_at: now.max(started_at),
             })
         };
+        self.host.ended(&result);
         let deliver = Delivery {
             tx: Some(result_tx),
             shared: Some(self.clone()),
@@ -652,7 +846,9 @@ impl RunShared {
             }
             self.close_fanout();
             let _ = deliver.send(result);
-            self.host.leave(self.run_id);
+            // It leaves the host's registry once its records are with the
+            // audit actor (`send_finished`): a shutdown that waits for no
+            // run in flight then finds them there before it drains it.
             return Finished::Suspended(preceding, self.clone());
         }
         let seq = self.next_seq();
@@ -666,7 +862,8 @@ impl RunShared {
             at_ms: result.finished_at,
             entry: AuditEntry::Terminal(result),
         };
-        self.host.leave(self.run_id);
+        // It leaves the host's registry in `send_finished`, once its
+        // terminal record is with the audit actor (see above).
         Finished::Terminal(Box::new(Terminal {
             preceding,
             record,
@@ -674,6 +871,13 @@ impl RunShared {
             durable,
             run: self.clone(),
         }))
+    }
+
+    /// Takes the finalized run out of the host's registry (and its count
+    /// of runs in flight), once what finalizing it produced is with the
+    /// audit actor.
+    pub(crate) fn leave_host(&self) {
+        self.host.leave(self.run_id);
     }
 
     /// Tells the parent (if it is still in flight) that this child ended.
@@ -844,6 +1048,37 @@ async fn next_event(st: &mut SubState) -> Option<Event> {
             }
         }
     }
+}
+
+/// The events of a run that has ended, from record `from_seq` on, read from
+/// the audit store (`None`: no record of the run is on file). The stream
+/// ends after `run.end`.
+pub(crate) async fn stored_events(
+    store: &dyn AuditStore,
+    run_id: RunId,
+    from_seq: u32,
+) -> Result<Option<Vec<Event>>, crate::ports::audit::AuditStoreError> {
+    let records = store.run_records(run_id).await?;
+    if records.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for r in records {
+        if r.seq < from_seq {
+            continue;
+        }
+        let events = match r.entry {
+            AuditEntry::Event(ev) => vec![ev],
+            AuditEntry::Terminal(res) => terminal_events(&res),
+            AuditEntry::RunStarted(_) => continue,
+        };
+        out.extend(events.into_iter().map(|event| Event {
+            run_id,
+            seq: r.seq,
+            event,
+        }));
+    }
+    Ok(Some(out))
 }
 
 /// The first `seq` a subscriber has not seen after `ev`: the next one,

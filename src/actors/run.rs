@@ -551,6 +551,9 @@ impl RunState {
         let fut = if in_place {
             let polled = poll_once(fut);
             let took = Instant::now().saturating_duration_since(self.now);
+            if polled.is_ok() {
+                crate::telemetry::model_call(self.agent.model().name(), took);
+            }
             if took > SLOW_HANDLER {
                 let what = format!("the model call ({})", self.agent.model().name());
                 self.slow(&what, took);
@@ -563,12 +566,19 @@ impl RunState {
             fut
         };
         let me = self.addr.clone();
+        let timed =
+            crate::telemetry::enabled().then(|| (self.agent.model().clone(), Instant::now()));
         let task = tokio::spawn(async move {
             let msg = match AssertUnwindSafe(crate::panics::quietly(fut))
                 .catch_unwind()
                 .await
             {
-                Ok(result) => done(epoch, result),
+                Ok(result) => {
+                    if let Some((model, t0)) = timed {
+                        crate::telemetry::model_call(model.name(), t0.elapsed());
+                    }
+                    done(epoch, result)
+                }
                 Err(panic) => RunMsg::ModelPanicked {
                     epoch,
                     text: panic_text(&panic),

@@ -26,11 +26,15 @@ macro_rules! errln {
 }
 
 mod budget;
+mod chat;
+mod client;
 mod mcp;
 mod recover;
 mod replay;
 mod run;
 mod runs;
+mod serve;
+mod sessions;
 mod signals;
 mod soak;
 mod swarm;
@@ -59,6 +63,10 @@ pub(crate) struct Cli {
     /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Talk to this server (`runs`, `replay`) instead of reading the
+    /// database; the token comes from `AGENTVISOR_TOKEN`.
+    #[arg(long, global = true, env = "AGENTVISOR_URL", value_name = "URL")]
+    server: Option<String>,
     /// Where audit records go while the database cannot be written (put it
     /// on another disk); default: `PATH.spool` beside the database.
     #[arg(long, global = true, env = "AGENTVISOR_SPOOL", value_name = "PATH")]
@@ -111,9 +119,18 @@ enum Command {
     /// MCP servers: `mcp tools FILE [--json]` starts a manifest's servers
     /// and prints every tool as the model sees it.
     Mcp(mcp::McpArgs),
+    /// Serve the HTTP API, the dashboard and /metrics.
+    Serve(serve::ServeArgs),
+    /// API tokens for `serve --tokens`.
+    Token(serve::TokenArgs),
     /// Per-caller budgets in the database: set limits, show them and the
     /// spend in their window.
     Budget(budget::BudgetArgs),
+    /// Chat with an agent: every line a prompt of one session, answers
+    /// streamed as they arrive; `--session ID` goes on with a conversation.
+    Chat(chat::ChatArgs),
+    /// The chat sessions in the database: list them, show one's history.
+    Sessions(sessions::SessionsArgs),
 }
 
 /// Store options every command that opens a database follows (`--spool`,
@@ -138,6 +155,14 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
     });
     let db = Db::from_flag(cli.db);
     match cli.command {
+        Command::Runs(a) if cli.server.is_some() => {
+            client::runs(a, cli.server.as_deref().unwrap_or_default()).await
+        }
+        Command::Replay(a) if cli.server.is_some() => {
+            client::replay(a, cli.server.as_deref().unwrap_or_default()).await
+        }
+        Command::Serve(a) => serve::serve(a, &db).await,
+        Command::Token(a) => serve::token(a),
         Command::Run(a) => run::run(a, &db).await,
         Command::Swarm(a) => swarm::swarm(a, &db).await,
         Command::Soak(a) => soak::soak(a, &db).await,
@@ -146,6 +171,8 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Recover(a) => recover::recover(a, &db).await,
         Command::Mcp(a) => mcp::mcp(a).await,
         Command::Budget(a) => budget::budget(a, &db).await,
+        Command::Chat(a) => chat::chat(a, &db).await,
+        Command::Sessions(a) => sessions::sessions(a, &db).await,
     }
 }
 
@@ -299,7 +326,8 @@ pub(crate) async fn prepare_with(
             let builder = base
                 .config(sqlite_config(path))
                 .audit_store(store.clone())
-                .checkpointer(store.clone());
+                .checkpointer(store.clone())
+                .session_store(store.clone());
             if tokens.is_some() {
                 builder.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
             } else {
@@ -406,6 +434,7 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
         .config(sqlite_config(path))
         .audit_store(store.clone())
         .checkpointer(store.clone())
+        .session_store(store.clone())
         .budget_ledger(store)
         .build()
         .await
@@ -415,7 +444,7 @@ pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
 /// Host settings for the SQLite store: larger, slightly older audit batches
 /// (a transaction costs the same for 1 or 4096 records), and a spool beside
 /// the database.
-fn sqlite_config(path: &Path) -> HostConfig {
+pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
     let spool = store_options().spool.clone().unwrap_or_else(|| {
         let mut spool = path.as_os_str().to_owned();
         spool.push(".spool");

@@ -18,10 +18,10 @@ use super::Db;
 #[derive(Args, Debug)]
 pub(crate) struct ReplayArgs {
     /// The run id (32 hex digits, as `agentvisor runs list` prints it).
-    run_id: String,
+    pub(super) run_id: String,
     /// Print the report (both traces) as one JSON object.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
@@ -49,7 +49,18 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
         }
         Err(e) => return super::refuse(format!("{}: {e}", path.display())),
     };
-    let report = match replay(&records, &ToolRegistry::with_builtins()).await {
+    report_replay(run_id, &records, a.json).await
+}
+
+/// Replays `records` (of `run_id`) and prints the report; exit 0 iff the
+/// trace is the same.
+pub(super) async fn report_replay(
+    run_id: RunId,
+    records: &[agentvisor::ports::audit::AuditRecord],
+    json: bool,
+) -> ExitCode {
+    let a = ReplayJson { json };
+    let report = match replay(records, &ToolRegistry::with_builtins()).await {
         Ok(r) => r,
         Err(e) => {
             errln!("error: {e}");
@@ -80,4 +91,8 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+struct ReplayJson {
+    json: bool,
 }

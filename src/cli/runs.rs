@@ -29,40 +29,44 @@ use super::Db;
 #[derive(Args, Debug)]
 pub(crate) struct RunsArgs {
     #[command(subcommand)]
-    command: RunsCommand,
+    pub(super) command: RunsCommand,
 }
 
 #[derive(Subcommand, Debug)]
-enum RunsCommand {
+pub(super) enum RunsCommand {
     /// List finished runs, the most recent first.
     List(ListArgs),
     /// Show one run: its result, then every audit record in order.
     Show(ShowArgs),
+    /// Commands to a run in flight on a server (`--server`): kill, steer,
+    /// extend, cancel, approve, deny.
+    #[command(flatten)]
+    Control(super::client::ControlCommand),
 }
 
 #[derive(Args, Debug)]
-struct ListArgs {
+pub(super) struct ListArgs {
     /// Only runs with this status (ok, error, timeout, killed, budget_exceeded, cancelled, rejected, dry_run).
     #[arg(long, value_name = "S", value_parser = parse_status)]
-    status: Option<RunStatus>,
+    pub(super) status: Option<RunStatus>,
     /// Only runs of this caller.
     #[arg(long, value_name = "C")]
-    caller: Option<String>,
+    pub(super) caller: Option<String>,
     /// At most this many runs.
     #[arg(long, value_name = "N", default_value_t = 20)]
-    limit: u32,
+    pub(super) limit: u32,
     /// Print one JSON array.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 #[derive(Args, Debug)]
-struct ShowArgs {
+pub(super) struct ShowArgs {
     /// The run id (32 hex digits, as `runs list` prints it).
-    run_id: String,
+    pub(super) run_id: String,
     /// Print `{"result": …, "records": […]}`.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 #[derive(Serialize)]
@@ -77,6 +81,11 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
 }
 
 pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
+    if let RunsCommand::Control(_) = a.command {
+        return super::refuse(
+            "a run in flight lives in its server's process: give --server URL (or AGENTVISOR_URL)",
+        );
+    }
     let path = match db {
         Db::Memory => {
             return super::refuse("--db :memory: keeps no run history; name a database file")
@@ -90,6 +99,7 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
     let code = match a.command {
         RunsCommand::List(l) => list(&store, l).await,
         RunsCommand::Show(s) => show(&store, s).await,
+        RunsCommand::Control(_) => ExitCode::from(2),
     };
     store.close().await;
     code
@@ -199,7 +209,7 @@ fn status_text(r: &RunSummary) -> String {
 }
 
 /// One line per record: its kind, then its JSON (capped).
-fn describe(entry: &AuditEntry) -> String {
+pub(super) fn describe(entry: &AuditEntry) -> String {
     let (kind, body) = match entry {
         AuditEntry::RunStarted(info) => (
             "run.start".to_string(),
@@ -234,7 +244,7 @@ fn describe(entry: &AuditEntry) -> String {
 }
 
 /// Unix ms as `YYYY-MM-DD HH:MM:SS` (UTC).
-fn utc(ms: u64) -> String {
+pub(super) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     // Howard Hinnant's civil_from_days.

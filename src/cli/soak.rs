@@ -62,6 +62,9 @@ pub(crate) struct SoakArgs {
     /// Print the report (without the series) as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while it runs.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
@@ -115,6 +118,10 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
     };
     let (host, agent) = match super::prepare_with(&a.file, None, db, wrap).await {
         Ok(x) => x,
+        Err(code) => return code,
+    };
+    let _metrics = match super::serve::metrics_endpoint(a.metrics_addr, &host).await {
+        Ok(m) => m,
         Err(code) => return code,
     };
     let limits = *agent.limits();

@@ -57,6 +57,9 @@ pub(crate) struct SwarmArgs {
     /// Run on this model instead of the manifest's (see `run --model`).
     #[arg(long, value_name = "SPEC")]
     model: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics while it runs.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Serialize)]
@@ -95,6 +98,10 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
         host.shutdown().await;
         return super::refuse(format!("{}: {e}", a.file.display()));
     }
+    let _metrics = match super::serve::metrics_endpoint(a.metrics_addr, &host).await {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         ProgressBar::with_draw_target(Some(a.runs), ProgressDrawTarget::stderr_with_hz(4))
     } else {

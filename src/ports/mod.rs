@@ -8,4 +8,5 @@ pub mod checkpoint;
 pub mod critic;
 pub mod model;
 pub mod run;
+pub mod session;
 pub mod tool;

@@ -198,6 +198,12 @@ impl Breaker {
             // A call that started before the circuit opened says nothing new.
             (other, _) => other,
         };
+        let state = match *s {
+            State::Closed { .. } => 0,
+            State::HalfOpen => 1,
+            State::Open { .. } => 2,
+        };
+        crate::telemetry::breaker(&self.label, state);
     }
 }
 

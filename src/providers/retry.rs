@@ -144,6 +144,7 @@ impl ChatModel for Retrying {
                 attempt,
                 "model call retried"
             );
+            crate::telemetry::retried(self.inner.name(), error.kind());
             if let Some(hook) = &request.on_retry {
                 hook(&error, delay);
             }

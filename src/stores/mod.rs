@@ -6,10 +6,12 @@
 
 pub mod memory;
 pub mod memory_checkpoint;
+pub mod memory_session;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
 pub use memory_checkpoint::MemoryCheckpointer;
+pub use memory_session::MemorySessionStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, StoreError};

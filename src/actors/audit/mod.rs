@@ -145,6 +145,7 @@ pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
         Finished::Already(records) => send_records(audit, records),
         Finished::Suspended(records, run) => {
             send_records(audit, records);
+            run.leave_host();
             run.tell_parent();
         }
         Finished::Terminal(t) => {
@@ -171,7 +172,10 @@ pub(crate) fn send_finished(audit: &ActorRef<AuditMsg>, finished: Finished) {
                     let _ = deliver.send(r);
                 }
             }
-            // After the cast: the parent's terminal record follows this one.
+            // After the cast: a host shutdown that saw no run in flight
+            // finds this record with the audit actor before it drains it,
+            // and the parent's terminal record follows this one.
+            run.leave_host();
             run.tell_parent();
         }
     }
@@ -342,6 +346,7 @@ impl Actor for Audit {
                 return Ok(());
             }
         }
+        crate::telemetry::audit_queue(st.buffer.len());
         // Group commit: the batch is cut when it is full, or as soon as
         // the writer is idle — after the messages already queued here (a
         // `Demand` sent to itself), so a lone run's result is not held for

@@ -425,6 +425,7 @@ impl Writer {
         }
         self.bound();
         self.report();
+        crate::telemetry::audit_held(self.held.len(), self.spool.as_deref());
     }
 
     /// Tells the host what is held (see [`AuditHealth`]).

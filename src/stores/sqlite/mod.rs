@@ -45,13 +45,15 @@
 //! typed error. The SQL sticks to what SQLite and Postgres share, so the
 //! Postgres battery can apply the same files (less one `WITHOUT ROWID`).
 //!
-//! Sessions have their (empty) table already; its port comes with later work.
+//! Chat sessions ([`SessionStore`](crate::ports::session::SessionStore))
+//! live in `sessions` and `session_messages` (schema version 7).
 
 mod audit;
 mod background;
 mod budget;
 mod checkpoint;
 mod connection;
+mod session;
 mod writer;
 
 use connection::{BusyLimit, ReadFailure, Readers, Target};
@@ -80,10 +82,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         6,
         include_str!("../../../migrations/0006_checkpoint_leases.sql"),
     ),
+    (7, include_str!("../../../migrations/0007_sessions.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

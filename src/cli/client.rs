@@ -1,0 +1,352 @@
+//! The command line as a client of `agentvisor serve`: with `--server URL`
+//! (or `AGENTVISOR_URL`) and the token in `AGENTVISOR_TOKEN`, `runs list`,
+//! `runs show` and `replay` read the server, and `runs kill|steer|extend|
+//! cancel|approve|deny ID` send commands to a run in flight there.
+//!
+//! Exit codes: 0 on success; 1 when the run is not found (or not yours),
+//! has ended (a command), or its replay differs; 2 when the server cannot
+//! be reached, refuses the token, or the input is bad.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Subcommand;
+use serde_json::Value;
+
+use agentvisor::ports::audit::AuditRecord;
+use agentvisor::server::api::{RunList, RunView};
+use agentvisor::RunId;
+
+use super::replay::ReplayArgs;
+use super::runs::{RunsArgs, RunsCommand};
+
+/// Commands to a run on a server.
+#[derive(Subcommand, Debug)]
+pub(crate) enum ControlCommand {
+    /// Kill a run (status `killed`, reason `operator`).
+    Kill {
+        /// The run id.
+        run_id: String,
+    },
+    /// Cancel a run (status `cancelled`).
+    Cancel {
+        /// The run id.
+        run_id: String,
+    },
+    /// Inject a message before the run's next model call.
+    Steer {
+        /// The run id.
+        run_id: String,
+        /// The message.
+        text: String,
+    },
+    /// Push the run's hard deadline back (`30s`, `5m`, or seconds).
+    Extend {
+        /// The run id.
+        run_id: String,
+        /// By how long.
+        by: String,
+    },
+    /// Approve the run's pending tool call.
+    Approve {
+        /// The run id.
+        run_id: String,
+    },
+    /// Deny the run's pending tool call.
+    Deny {
+        /// The run id.
+        run_id: String,
+    },
+}
+
+/// A client of one server.
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+/// A failed request: the exit code and what to print.
+struct Failure(ExitCode, String);
+
+impl Api {
+    fn new(url: &str) -> Self {
+        Api {
+            http: client(),
+            base: url.trim_end_matches('/').to_string(),
+            token: std::env::var("AGENTVISOR_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Failure> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b.to_string());
+        }
+        let resp = req.send().await.map_err(|e| {
+            Failure(
+                ExitCode::from(2),
+                format!("cannot reach {}: {}", self.base, without_url(&e)),
+            )
+        })?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(json);
+        }
+        let message = json["error"]["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{status}"));
+        let code = match status.as_u16() {
+            404 | 409 => 1,
+            _ => 2,
+        };
+        Err(Failure(ExitCode::from(code), message))
+    }
+}
+
+/// reqwest's errors name the URL; ours already does.
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(u) = e.url() {
+        s = s.replace(u.as_str(), "");
+    }
+    s
+}
+
+/// An HTTP client (rustls on ring, handed over ready-made: no process-wide
+/// crypto provider needed).
+fn client() -> reqwest::Client {
+    let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let builder = match rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+    {
+        Ok(b) => {
+            builder.tls_backend_preconfigured(b.with_root_certificates(roots).with_no_client_auth())
+        }
+        Err(_) => builder,
+    };
+    builder.build().unwrap_or_else(|_| reqwest::Client::new())
+}
+
+fn fail(f: Failure) -> ExitCode {
+    eprintln!("error: {}", f.1);
+    f.0
+}
+
+fn check_id(id: &str) -> Result<(), ExitCode> {
+    match id.parse::<RunId>() {
+        Ok(_) if id.len() == 32 => Ok(()),
+        _ => Err(super::refuse(format!(
+            "`{id}` is not a run id (32 hex digits, as `agentvisor runs list` prints them)"
+        ))),
+    }
+}
+
+pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
+    let api = Api::new(url);
+    match a.command {
+        RunsCommand::List(l) => {
+            let mut path = format!("/v1/runs?limit={}", l.limit.clamp(1, 500));
+            if let Some(s) = l.status {
+                path.push_str(&format!("&status={s}"));
+            }
+            let list: RunList = match api.call(reqwest::Method::GET, &path, None).await {
+                Ok(v) => match serde_json::from_value(v) {
+                    Ok(l) => l,
+                    Err(e) => return super::refuse(format!("unexpected answer: {e}")),
+                },
+                Err(f) => return fail(f),
+            };
+            let runs: Vec<_> = list
+                .runs
+                .into_iter()
+                .filter(|r| {
+                    l.caller
+                        .as_deref()
+                        .is_none_or(|c| r.caller_id.as_deref() == Some(c))
+                })
+                .collect();
+            if l.json {
+                println!("{}", serde_json::to_string(&runs).unwrap_or_default());
+                return ExitCode::SUCCESS;
+            }
+            if runs.is_empty() {
+                println!("no runs on {url}");
+                return ExitCode::SUCCESS;
+            }
+            println!(
+                "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
+                "RUN_ID", "STATUS", "AGENT", "CALLER", "FINISHED (UTC)", "MS"
+            );
+            for r in &runs {
+                let status = match &r.kill_reason {
+                    Some(k) => format!("{} ({k})", r.status),
+                    None => r.status.clone(),
+                };
+                println!(
+                    "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
+                    r.run_id,
+                    status,
+                    r.agent,
+                    r.caller_id.as_deref().unwrap_or("-"),
+                    r.finished_at
+                        .map(super::runs::utc)
+                        .unwrap_or_else(|| "-".into()),
+                    r.duration_ms
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        RunsCommand::Show(s) => {
+            if let Err(code) = check_id(&s.run_id) {
+                return code;
+            }
+            let view: RunView = match api
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/runs/{}", s.run_id),
+                    None,
+                )
+                .await
+            {
+                Ok(v) => match serde_json::from_value(v) {
+                    Ok(v) => v,
+                    Err(e) => return super::refuse(format!("unexpected answer: {e}")),
+                },
+                Err(f) => return fail(f),
+            };
+            let records = match api
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/runs/{}/records", s.run_id),
+                    None,
+                )
+                .await
+            {
+                Ok(v) => serde_json::from_value::<Vec<AuditRecord>>(v).unwrap_or_default(),
+                Err(f) => return fail(f),
+            };
+            if s.json {
+                let shown =
+                    serde_json::json!({"result": view.result, "records": records, "run": view});
+                println!("{shown}");
+                return ExitCode::SUCCESS;
+            }
+            match view
+                .result
+                .as_ref()
+                .and_then(|r| serde_json::from_value(r.clone()).ok())
+            {
+                Some(r) => super::run::print_human(&r),
+                None => {
+                    let live = view.live.as_ref();
+                    println!(
+                        "run {}: running (agent {}, iteration {}, {} tokens)",
+                        view.run_id,
+                        view.agent,
+                        live.map_or(0, |l| l.iteration),
+                        live.map_or(0, |l| l.tokens)
+                    );
+                }
+            }
+            println!("records:");
+            for r in &records {
+                println!("  {:>4}  {}", r.seq, super::runs::describe(&r.entry));
+            }
+            ExitCode::SUCCESS
+        }
+        RunsCommand::Control(c) => control(&api, c).await,
+    }
+}
+
+async fn control(api: &Api, c: ControlCommand) -> ExitCode {
+    let (id, action, body) = match c {
+        ControlCommand::Kill { run_id } => (run_id, "kill", None),
+        ControlCommand::Cancel { run_id } => (run_id, "cancel", None),
+        ControlCommand::Approve { run_id } => (run_id, "approve", None),
+        ControlCommand::Deny { run_id } => (run_id, "deny", None),
+        ControlCommand::Steer { run_id, text } => {
+            (run_id, "steer", Some(serde_json::json!({ "text": text })))
+        }
+        ControlCommand::Extend { run_id, by } => {
+            let secs = match by.parse::<f64>() {
+                Ok(s) => s,
+                Err(_) => match agentvisor::spec::parse_duration(&by) {
+                    Ok(d) => d.as_secs_f64(),
+                    Err(e) => return super::refuse(format!("`{by}`: {e}")),
+                },
+            };
+            (
+                run_id,
+                "extend",
+                Some(serde_json::json!({ "seconds": secs })),
+            )
+        }
+    };
+    if let Err(code) = check_id(&id) {
+        return code;
+    }
+    match api
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/runs/{id}/{action}"),
+            body,
+        )
+        .await
+    {
+        Ok(_) => {
+            println!("{action}: sent to run {id}");
+            ExitCode::SUCCESS
+        }
+        Err(f) => fail(f),
+    }
+}
+
+pub(crate) async fn replay(a: ReplayArgs, url: &str) -> ExitCode {
+    let api = Api::new(url);
+    if let Err(code) = check_id(&a.run_id) {
+        return code;
+    }
+    let run_id: RunId = match a.run_id.parse() {
+        Ok(id) => id,
+        Err(_) => return ExitCode::from(2),
+    };
+    let records = match api
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/runs/{}/records", a.run_id),
+            None,
+        )
+        .await
+    {
+        Ok(v) => match serde_json::from_value::<Vec<AuditRecord>>(v) {
+            Ok(r) => r,
+            Err(e) => return super::refuse(format!("unexpected answer: {e}")),
+        },
+        Err(f) => return fail(f),
+    };
+    if records.is_empty() {
+        eprintln!("error: no run {run_id} on {url}");
+        return ExitCode::from(1);
+    }
+    super::replay::report_replay(run_id, &records, a.json).await
+}

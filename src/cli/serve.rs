@@ -1,0 +1,268 @@
+//! `agentvisor serve`: the HTTP API, its dashboard and `/metrics` over a
+//! host on the database (`--db`).
+//!
+//! `serve [--addr 127.0.0.1:7070] [--agents DIR] [--tokens FILE] [--drain 30s]`
+//! loads every manifest in `--agents` (by `name`) and the tokens file;
+//! SIGHUP reloads both (a directory or file that does not load is refused
+//! and the previous one stays). SIGTERM (or Ctrl-C): stop accepting, let
+//! the runs in flight finish for `--drain`, then end the rest `cancelled`
+//! (durable runs keep their checkpoint for `agentvisor recover`); exit 0.
+//!
+//! Prints `listening on http://ADDR` once it accepts connections. Exit 2
+//! when the database, the agents, the tokens or the address are refused.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use agentvisor::ports::audit::{AuditStore, RunIndex};
+use agentvisor::server::auth::{new_token, token_line, Role, TokenTable};
+use agentvisor::server::catalog::Catalog;
+use agentvisor::server::{Server, ServerConfig};
+use agentvisor::stores::{MemoryAuditStore, MemoryBudgetLedger};
+use agentvisor::Host;
+
+use super::Db;
+
+/// Flags of `agentvisor serve`.
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// The address to listen on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    addr: SocketAddr,
+    /// A directory of agent manifests (`*.yaml`), served by `name`.
+    #[arg(long, value_name = "DIR")]
+    agents: Option<PathBuf>,
+    /// The tokens file: lines `- { caller: NAME, role: caller|admin, sha256: HEX }`.
+    /// Without it, every request is the admin `anonymous`.
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// How long runs in flight may go on after SIGTERM before they are
+    /// cancelled.
+    #[arg(long, default_value = "30s", value_parser = agentvisor::spec::parse_duration)]
+    drain: Duration,
+    /// Requests per second per caller (0: no limit).
+    #[arg(long, default_value_t = 200.0)]
+    rate_limit: f64,
+    /// Event-stream subscribers per run.
+    #[arg(long, default_value_t = 64)]
+    max_subscribers: usize,
+}
+
+/// Flags of `agentvisor token`.
+#[derive(Args, Debug)]
+pub(crate) struct TokenArgs {
+    #[command(subcommand)]
+    command: TokenCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum TokenCommand {
+    /// Print a fresh random token, then the tokens-file line to add for it.
+    New {
+        /// The caller the token acts as.
+        #[arg(long)]
+        caller: String,
+        /// `caller` (its own runs) or `admin` (every run, inline manifests).
+        #[arg(long, default_value = "caller", value_parser = parse_role)]
+        role: Role,
+    },
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    match s {
+        "caller" => Ok(Role::Caller),
+        "admin" => Ok(Role::Admin),
+        other => Err(format!("`{other}` is not a role (caller, admin)")),
+    }
+}
+
+pub(crate) fn token(a: TokenArgs) -> ExitCode {
+    match a.command {
+        TokenCommand::New { caller, role } => {
+            let ok = !caller.is_empty()
+                && caller
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c));
+            if !ok {
+                return super::refuse(format!(
+                    "`{caller}` is not a caller name (letters, digits, - _ . @)"
+                ));
+            }
+            match new_token() {
+                Ok(t) => {
+                    println!("{t}");
+                    println!("{}", token_line(&caller, role, &t));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => super::refuse(e),
+            }
+        }
+    }
+}
+
+pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
+    let providers = match super::providers(None) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let (host, index): (Host, Arc<dyn RunIndex>) = match db {
+        Db::Memory => {
+            let store = Arc::new(MemoryAuditStore::new());
+            let host = agentvisor::Host::builder()
+                .providers(providers)
+                .audit_store(store.clone() as Arc<dyn AuditStore>)
+                .budget_ledger(Arc::new(MemoryBudgetLedger::new()))
+                .build()
+                .await;
+            match host {
+                Ok(h) => (h, store),
+                Err(e) => return super::refuse(e),
+            }
+        }
+        Db::File(path) => {
+            let store = match super::open_db(path).await {
+                Ok(s) => Arc::new(s),
+                Err(code) => return code,
+            };
+            let host = agentvisor::Host::builder()
+                .providers(providers)
+                .config(super::sqlite_config(path))
+                .audit_store(store.clone())
+                .checkpointer(store.clone())
+                .budget_ledger(store.clone())
+                .build()
+                .await;
+            match host {
+                Ok(h) => (h, store),
+                Err(e) => return super::refuse(e),
+            }
+        }
+    };
+    let config = ServerConfig {
+        rate_per_sec: a.rate_limit,
+        max_subscribers: a.max_subscribers.max(1),
+        ..ServerConfig::default()
+    };
+    let server = Server::new(host.clone(), index, config);
+    if let Err(code) = load(&server, &a) {
+        host.shutdown().await;
+        return code;
+    }
+    if a.tokens.is_none() && !a.addr.ip().is_loopback() {
+        tracing::warn!(addr = %a.addr, "serving without --tokens on a non-loopback address: anyone who reaches it is admin");
+    }
+    agentvisor::server::metrics::recorder();
+    let listener = match tokio::net::TcpListener::bind(a.addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            host.shutdown().await;
+            return super::refuse(format!("cannot listen on {}: {e}", a.addr));
+        }
+    };
+    let local = listener.local_addr().unwrap_or(a.addr);
+    println!("listening on http://{local}");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            let stopped = async {
+                let _ = stop_rx.await;
+            };
+            server
+                .serve(listener, stopped, Duration::from_secs(5))
+                .await
+        })
+    };
+    wait_for_stop(&server, &a).await;
+    // Stop accepting; refuse new runs; let the runs in flight finish.
+    server.start_draining();
+    let _ = stop_tx.send(());
+    tracing::info!(drain_s = a.drain.as_secs_f64(), "draining");
+    host.shutdown_after(a.drain).await;
+    server.close_streams();
+    let _ = serving.await;
+    ExitCode::SUCCESS
+}
+
+/// Loads (or reloads) the agents and the tokens into `server`.
+fn load(server: &Server, a: &ServeArgs) -> Result<(), ExitCode> {
+    if let Some(dir) = &a.agents {
+        let catalog = Catalog::load(dir, server.host()).map_err(super::refuse)?;
+        server.set_catalog(catalog);
+    }
+    if let Some(file) = &a.tokens {
+        let table = TokenTable::load(file).map_err(super::refuse)?;
+        server.set_tokens(Some(table));
+    }
+    Ok(())
+}
+
+/// Waits for SIGTERM or Ctrl-C, reloading on SIGHUP meanwhile.
+#[cfg(unix)]
+async fn wait_for_stop(server: &Server, a: &ServeArgs) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = tokio::signal::ctrl_c() => return,
+            _ = hup.recv() => {
+                if load(server, a).is_ok() {
+                    eprintln!("reloaded: {} agents", server_agents(server));
+                } else {
+                    eprintln!("reload refused; the previous agents and tokens stay");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_stop(_server: &Server, _a: &ServeArgs) {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn server_agents(server: &Server) -> usize {
+    server.catalog_len()
+}
+
+/// The `/metrics` endpoint of `swarm` and `soak` (`--metrics-addr`): served
+/// until the returned guard is dropped. Exit 2 when the address is refused.
+pub(crate) async fn metrics_endpoint(
+    addr: Option<SocketAddr>,
+    host: &Host,
+) -> Result<Option<AbortOnDrop>, ExitCode> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| super::refuse(format!("--metrics-addr {addr}: {e}")))?;
+    let local = listener.local_addr().unwrap_or(addr);
+    eprintln!("metrics at http://{local}/metrics");
+    let task = tokio::spawn(agentvisor::server::metrics::serve_alone(
+        listener,
+        host.clone(),
+    ));
+    Ok(Some(AbortOnDrop(task)))
+}
+
+/// Stops a task when dropped.
+pub(crate) struct AbortOnDrop(tokio::task::JoinHandle<std::io::Result<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

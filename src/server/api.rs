@@ -1,0 +1,313 @@
+//! The API's request and response bodies. `/openapi.json` is derived from
+//! these types (and the handlers' `#[utoipa::path]` attributes), so the
+//! document says what the code does.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::handle::LiveState;
+use crate::host::LiveRun;
+use crate::ports::audit::RunSummary;
+use crate::RunResult;
+
+/// `POST /v1/runs`: a run of an agent the server knows, by name.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRun {
+    /// The agent's name (one of `GET /v1/agents`). Required unless an
+    /// inline `manifest` is given.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// The prompt (default: the manifest's `prompt`).
+    #[serde(default)]
+    pub input: Option<String>,
+    /// Named inputs.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub inputs: BTreeMap<String, serde_json::Value>,
+    /// A token ceiling for this run: it is killed (`budget`) once it has
+    /// used more.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub budget_tokens: Option<u64>,
+    /// The same key from the same caller returns the same run instead of
+    /// starting another (also read from the `Idempotency-Key` header).
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// An inline manifest (admins only: a manifest can start processes).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub manifest: Option<serde_json::Value>,
+}
+
+/// `?wait=SECONDS`: answer with the result if the run ends that soon.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitQuery {
+    /// Seconds to wait for the run to end (at most 300).
+    #[serde(default)]
+    #[param(minimum = 0)]
+    pub wait: Option<f64>,
+}
+
+/// A run's live progress.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LiveView {
+    /// Model iterations started.
+    pub iteration: u32,
+    /// The iteration ceiling.
+    pub max_iterations: u32,
+    /// Time since it started, in ms.
+    pub elapsed_ms: u64,
+    /// Tokens used so far.
+    pub tokens: u64,
+    /// Tool calls finished so far.
+    pub tool_calls: u32,
+}
+
+impl From<LiveState> for LiveView {
+    fn from(l: LiveState) -> Self {
+        LiveView {
+            iteration: l.iteration,
+            max_iterations: l.max_iterations,
+            elapsed_ms: l.elapsed_ms,
+            tokens: l.tokens,
+            tool_calls: l.tool_calls,
+        }
+    }
+}
+
+/// One run: its live state while it runs, its result once it has ended.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunView {
+    /// The run's id (32 hex digits).
+    pub run_id: String,
+    /// Its agent.
+    pub agent: String,
+    /// Who submitted it.
+    pub caller_id: Option<String>,
+    /// Its parent, for a sub-agent run.
+    pub parent_run_id: Option<String>,
+    /// `running`, or how it ended: `ok`, `error`, `timeout`, `killed`,
+    /// `budget_exceeded`, `cancelled`, `rejected`, `dry_run`.
+    pub status: String,
+    /// Why it was killed, when it was.
+    pub kill_reason: Option<String>,
+    /// The error kind, when it did not end ok.
+    pub error_kind: Option<String>,
+    /// The answer (or partial output), once it has ended.
+    pub output: Option<String>,
+    /// Progress, while it runs.
+    pub live: Option<LiveView>,
+    /// The whole result (steps, usage, cost, critic decisions), once it
+    /// has ended.
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+}
+
+impl RunView {
+    /// The view of a live run.
+    pub(crate) fn live(run: &crate::RunRef) -> Self {
+        RunView {
+            run_id: run.run_id().to_string(),
+            agent: run.agent().to_string(),
+            caller_id: run.caller_id().map(str::to_string),
+            parent_run_id: run.parent_run_id().map(|p| p.to_string()),
+            status: "running".into(),
+            kill_reason: None,
+            error_kind: None,
+            output: None,
+            live: Some(run.live().into()),
+            result: None,
+        }
+    }
+
+    /// The view of an ended run.
+    pub(crate) fn ended(r: &RunResult) -> Self {
+        RunView {
+            run_id: r.run_id.to_string(),
+            agent: r.agent.clone(),
+            caller_id: r.caller_id.clone(),
+            parent_run_id: r.parent_run_id.map(|p| p.to_string()),
+            status: r.status.to_string(),
+            kill_reason: r.kill_reason.map(|k| k.to_string()),
+            error_kind: r.error_kind.clone(),
+            output: r.output.clone(),
+            live: None,
+            result: serde_json::to_value(r).ok(),
+        }
+    }
+}
+
+/// `GET /v1/runs` filters.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// `running`, or an end status (`ok`, `error`, `timeout`, `killed`,
+    /// `budget_exceeded`, `cancelled`, `rejected`, `dry_run`).
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Only runs of this agent.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// Only this run and its sub-agent runs (a run id).
+    #[serde(default)]
+    pub root: Option<String>,
+    /// At most this many (default 50, at most 500).
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+/// One run in a list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunItem {
+    /// The run's id.
+    pub run_id: String,
+    /// Its agent.
+    pub agent: String,
+    /// Who submitted it.
+    pub caller_id: Option<String>,
+    /// Its parent, for a sub-agent run.
+    pub parent_run_id: Option<String>,
+    /// `running`, or how it ended.
+    pub status: String,
+    /// Why it was killed, when it was.
+    pub kill_reason: Option<String>,
+    /// The error kind, when it did not end ok.
+    pub error_kind: Option<String>,
+    /// Unix ms it ended at (ended runs).
+    pub finished_at: Option<u64>,
+    /// Wall time in ms (ended runs), or its age (live runs).
+    pub duration_ms: u64,
+    /// Progress (live runs).
+    pub live: Option<LiveView>,
+}
+
+impl RunItem {
+    pub(crate) fn live(r: &LiveRun) -> Self {
+        RunItem {
+            run_id: r.run_id.to_string(),
+            agent: r.agent.clone(),
+            caller_id: r.caller_id.clone(),
+            parent_run_id: r.parent_run_id.map(|p| p.to_string()),
+            status: "running".into(),
+            kill_reason: None,
+            error_kind: None,
+            finished_at: None,
+            duration_ms: r.age_ms,
+            live: Some(LiveView {
+                iteration: r.iteration,
+                max_iterations: r.max_iterations,
+                elapsed_ms: r.age_ms,
+                tokens: r.tokens,
+                tool_calls: r.tool_calls,
+            }),
+        }
+    }
+
+    pub(crate) fn ended(r: &RunSummary) -> Self {
+        RunItem {
+            run_id: r.run_id.to_string(),
+            agent: r.agent.clone(),
+            caller_id: r.caller_id.clone(),
+            parent_run_id: r.parent_run_id.map(|p| p.to_string()),
+            status: r.status.to_string(),
+            kill_reason: r.kill_reason.map(|k| k.to_string()),
+            error_kind: r.error_kind.clone(),
+            finished_at: Some(r.finished_at),
+            duration_ms: r.duration_ms(),
+            live: None,
+        }
+    }
+}
+
+/// A page of runs: live ones first (newest first), then ended ones (the
+/// most recently ended first).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunList {
+    /// The runs.
+    pub runs: Vec<RunItem>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// `POST /v1/runs/{id}/steer`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SteerBody {
+    /// The message injected before the run's next model call.
+    pub text: String,
+}
+
+/// `POST /v1/runs/{id}/extend`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    /// Seconds to push the run's hard deadline back by (0 < s ≤ 86400).
+    #[schema(exclusive_minimum = 0, maximum = 86400)]
+    pub seconds: f64,
+}
+
+/// `POST /v1/runs/{id}/kill` (the body is optional).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillBody {
+    /// Recorded with the kill (default `operator`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/runs/{id}/approve|deny` (the body is optional).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalBody {
+    /// Why (recorded with the decision).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// A command was handed to the run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Accepted {
+    /// The run.
+    pub run_id: String,
+    /// `steer`, `extend`, `kill`, `cancel`.
+    pub action: String,
+}
+
+/// An agent the server runs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentView {
+    /// Its name (what `POST /v1/runs` takes).
+    pub name: String,
+    /// What it is for.
+    pub description: Option<String>,
+    /// Its model spec.
+    pub model: String,
+    /// The tools it may call.
+    pub tools: Vec<String>,
+}
+
+/// `GET /v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentList {
+    /// The agents, by name.
+    pub agents: Vec<AgentView>,
+}
+
+/// `GET /healthz`, `GET /readyz`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`, `ready`, or `draining`.
+    pub status: String,
+    /// Runs in flight.
+    pub active_runs: u64,
+    /// Agents loaded.
+    pub agents: u64,
+}

@@ -1,0 +1,310 @@
+// The agentvisor dashboard: plain JavaScript against the public API.
+// Runs table: GET /v1/runs, then the host-wide feed GET /v1/events (SSE).
+// Run page: GET /v1/runs/{id}, its events (SSE), its sub-agents
+// (GET /v1/runs?root=id), and the buttons' POSTs.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const zeros = () => new Array(120).fill(0);
+const state = {
+  token: new URLSearchParams(location.search).get("token") || localStorage.getItem("agentvisor.token") || "",
+  runs: new Map(),       // run_id -> row data
+  feed: null,            // EventSource of /v1/events
+  runStream: null,       // EventSource of the open run
+  ended: [],             // [t_ms, duration_ms, tokens] of recently ended runs
+  // Two minutes of one-second samples per chart, oldest first.
+  series: { rps: zeros(), active: zeros(), p50: zeros(), p99: zeros(), tps: zeros() },
+};
+
+function authHeaders(extra) {
+  const h = Object.assign({}, extra || {});
+  if (state.token) h["Authorization"] = "Bearer " + state.token;
+  return h;
+}
+
+function withToken(url) {
+  if (!state.token) return url;
+  return url + (url.includes("?") ? "&" : "?") + "access_token=" + encodeURIComponent(state.token);
+}
+
+async function api(method, path, body) {
+  const opts = { method, headers: authHeaders(body ? { "Content-Type": "application/json" } : {}) };
+  if (body) opts.body = JSON.stringify(body);
+  const resp = await fetch(path, opts);
+  const data = await resp.json().catch(() => ({}));
+  if (resp.status === 401) { askToken(); }
+  return { status: resp.status, data };
+}
+
+function askToken() {
+  $("login").hidden = false;
+  setConn("token needed", false);
+}
+
+function setConn(text, live) {
+  $("conn").textContent = text;
+  $("conn").className = live ? "pill live" : "pill";
+}
+
+// ---- the runs table -------------------------------------------------------
+
+function age(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  return s < 60 ? s + "s" : s < 3600 ? Math.floor(s / 60) + "m" + (s % 60) + "s" : Math.floor(s / 3600) + "h";
+}
+
+function upsert(run) {
+  const old = state.runs.get(run.run_id) || {};
+  const row = Object.assign(old, run);
+  state.runs.set(run.run_id, row);
+  return row;
+}
+
+function fromItem(r) {
+  return {
+    run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, parent_run_id: r.parent_run_id,
+    status: r.status, kill_reason: r.kill_reason,
+    started_ms: r.live ? Date.now() - r.live.elapsed_ms : (r.finished_at || Date.now()) - r.duration_ms,
+    ended_ms: r.finished_at || null,
+    step: r.live ? r.live.iteration : (r.step || null),
+    tokens: r.live ? r.live.tokens : null,
+  };
+}
+
+function visible(r) {
+  const st = $("f-status").value, ag = $("f-agent").value.trim(), ca = $("f-caller").value.trim();
+  return (!st || r.status === st) && (!ag || r.agent.includes(ag)) && (!ca || (r.caller_id || "").includes(ca));
+}
+
+function render() {
+  const rows = [...state.runs.values()].filter(visible)
+    .sort((a, b) => (b.run_id > a.run_id ? 1 : -1)).slice(0, 300);
+  const body = $("runs").tBodies[0];
+  const html = rows.map((r) => {
+    const a = r.ended_ms ? r.ended_ms - r.started_ms : Date.now() - r.started_ms;
+    const status = r.status + (r.kill_reason ? " (" + r.kill_reason + ")" : "");
+    const cost = r.cost_micros != null ? (r.cost_micros / 1e6).toFixed(4) : "";
+    const kill = r.status === "running" ? `<button class="danger kill" data-id="${r.run_id}">Kill</button>` : "";
+    return `<tr data-id="${r.run_id}"><td><code>${r.run_id.slice(0, 12)}</code></td>` +
+      `<td class="status ${r.status}">${esc(status)}</td><td>${esc(r.agent)}</td><td>${esc(r.caller_id || "-")}</td>` +
+      `<td class="num">${age(a)}</td><td class="num">${r.step ?? ""}</td><td class="num">${r.tokens ?? ""}</td>` +
+      `<td class="num">${cost}</td><td>${esc(r.decision || "")}</td><td>${kill}</td></tr>`;
+  }).join("");
+  body.innerHTML = html;
+  $("count").textContent = rows.length + " shown, " + [...state.runs.values()].filter((r) => r.status === "running").length + " running";
+}
+
+function esc(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+async function loadRuns() {
+  const { status, data } = await api("GET", "/v1/runs?limit=200");
+  if (status !== 200) return false;
+  for (const r of data.runs) upsert(fromItem(r));
+  render();
+  return true;
+}
+
+async function refreshLive() {
+  const { status, data } = await api("GET", "/v1/runs?status=running&limit=500");
+  if (status !== 200) return;
+  for (const r of data.runs) upsert({ step: r.live.iteration, tokens: r.live.tokens, run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, status: "running", started_ms: Date.now() - r.live.elapsed_ms });
+}
+
+function connectFeed() {
+  if (state.feed) state.feed.close();
+  const es = new EventSource(withToken("/v1/events"));
+  state.feed = es;
+  es.onopen = () => setConn("live", true);
+  es.onerror = () => setConn("reconnecting…", false);
+  es.onmessage = (m) => {
+    const ev = JSON.parse(m.data);
+    if (ev.type === "run.started") {
+      upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, parent_run_id: ev.parent_run_id, status: "running", started_ms: ev.at_ms, ended_ms: null, step: 0, tokens: 0 });
+    } else if (ev.type === "run.ended") {
+      const row = upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, status: ev.status, kill_reason: ev.kill_reason, ended_ms: ev.at_ms, step: ev.iterations, tokens: ev.tokens, cost_micros: ev.cost_micros });
+      if (row.started_ms == null) row.started_ms = ev.at_ms - ev.duration_ms;
+      state.ended.push([Date.now(), ev.duration_ms, ev.tokens]);
+      if (openRunId() === ev.run_id) refreshRun();
+    } else if (ev.type === "critic.decision") {
+      upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, decision: ev.decision.action + " (" + ev.decision.reason + ")" });
+    }
+    scheduleRender();
+  };
+}
+
+let renderQueued = false;
+function scheduleRender() {
+  if (renderQueued) return;
+  renderQueued = true;
+  requestAnimationFrame(() => { renderQueued = false; if (!$("home").hidden) render(); });
+}
+
+// ---- charts ---------------------------------------------------------------
+
+function pct(sorted, p) {
+  if (!sorted.length) return 0;
+  return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+}
+
+function tick() {
+  const now = Date.now();
+  state.ended = state.ended.filter((e) => now - e[0] < 10000);
+  const last1 = state.ended.filter((e) => now - e[0] < 1000);
+  const lat = state.ended.map((e) => e[1]).sort((a, b) => a - b);
+  const s = state.series;
+  const push = (k, v) => { s[k].push(v); if (s[k].length > 120) s[k].shift(); };
+  const active = [...state.runs.values()].filter((r) => r.status === "running").length;
+  push("rps", last1.length);
+  push("active", active);
+  push("p50", pct(lat, 0.5));
+  push("p99", pct(lat, 0.99));
+  push("tps", last1.reduce((t, e) => t + e[2], 0));
+  $("v-rps").textContent = last1.length;
+  $("v-active").textContent = active;
+  $("v-lat").textContent = lat.length ? pct(lat, 0.5) + " / " + pct(lat, 0.99) : "–";
+  $("v-tps").textContent = s.tps[s.tps.length - 1];
+  draw("c-rps", [s.rps]);
+  draw("c-active", [s.active]);
+  draw("c-lat", [s.p50, s.p99]);
+  draw("c-tps", [s.tps]);
+  if (!$("home").hidden) render();
+}
+
+function draw(id, lines) {
+  const c = $(id), g = c.getContext("2d");
+  g.clearRect(0, 0, c.width, c.height);
+  const max = Math.max(1, ...lines.flat());
+  const colours = ["#0b57d0", "#b3261e"];
+  g.fillStyle = "#6b7480";
+  g.font = "10px sans-serif";
+  g.fillText(String(max), 2, 10);
+  g.strokeStyle = "#dde1e6";
+  g.beginPath(); g.moveTo(0, c.height - 1.5); g.lineTo(c.width, c.height - 1.5); g.stroke();
+  lines.forEach((pts, i) => {
+    g.strokeStyle = colours[i % colours.length];
+    g.beginPath();
+    pts.forEach((v, x) => {
+      const px = (x / 119) * (c.width - 2) + 1, py = c.height - 2 - (v / max) * (c.height - 6);
+      x ? g.lineTo(px, py) : g.moveTo(px, py);
+    });
+    g.stroke();
+  });
+}
+
+// ---- the run page ---------------------------------------------------------
+
+function openRunId() {
+  const m = location.hash.match(/^#run\/([0-9a-f]{32})$/);
+  return m ? m[1] : null;
+}
+
+async function refreshRun() {
+  const id = openRunId();
+  if (!id) return;
+  const { status, data } = await api("GET", "/v1/runs/" + id);
+  if (status !== 200) { $("r-status").textContent = (data.error && data.error.message) || "not found"; return; }
+  $("r-status").textContent = data.status + (data.kill_reason ? " (" + data.kill_reason + ")" : "");
+  $("r-status").className = "status " + data.status;
+  const facts = { agent: data.agent, caller: data.caller_id || "-", parent: data.parent_run_id || "-" };
+  if (data.live) Object.assign(facts, { step: data.live.iteration + " / " + data.live.max_iterations, tokens: data.live.tokens, elapsed: age(data.live.elapsed_ms) });
+  if (data.result) Object.assign(facts, { output: data.output || "", tokens: data.result.usage.input_tokens + data.result.usage.output_tokens, "cost $": (data.result.cost_micros / 1e6).toFixed(4) });
+  $("r-facts").innerHTML = Object.entries(facts).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
+  const running = data.status === "running";
+  for (const b of ["b-steer", "b-extend", "b-approve", "b-kill"]) $(b).disabled = !running;
+  const tree = await api("GET", "/v1/runs?limit=500&root=" + id);
+  if (tree.status === 200) {
+    const kids = tree.data.runs.filter((r) => r.run_id !== id);
+    $("r-tree").innerHTML = kids.length ? kids.map((r) => `<li><a href="#run/${r.run_id}"><code>${r.run_id.slice(0, 12)}</code></a> ${esc(r.agent)} <span class="status ${r.status}">${esc(r.status)}</span></li>`).join("") : "<li>none</li>";
+  }
+}
+
+function openRun(id) {
+  $("home").hidden = true;
+  $("run").hidden = false;
+  $("r-id").textContent = id;
+  $("r-msg").textContent = "";
+  $("r-timeline").innerHTML = "";
+  if (state.runStream) state.runStream.close();
+  const es = new EventSource(withToken("/v1/runs/" + id + "/events"));
+  state.runStream = es;
+  let deltas = null;
+  es.onmessage = (m) => {
+    const ev = JSON.parse(m.data);
+    if (ev.type === "text.delta") {
+      if (!deltas) { deltas = document.createElement("li"); $("r-timeline").appendChild(deltas); }
+      deltas.textContent += ev.text;
+      return;
+    }
+    deltas = null;
+    const li = document.createElement("li");
+    const rest = Object.assign({}, ev);
+    delete rest.type; delete rest.run_id; delete rest.seq;
+    li.textContent = ev.seq + "  " + ev.type + "  " + JSON.stringify(rest).slice(0, 240);
+    if (ev.type.startsWith("critic.")) li.className = "critic";
+    if (ev.type === "run.end") {
+      li.className = "end";
+      es.close();                    // the stream is over; no reconnect
+      refreshRun();
+    }
+    $("r-timeline").appendChild(li);
+  };
+  es.onerror = () => { if (es.readyState === EventSource.CLOSED) es.close(); };
+  refreshRun();
+}
+
+async function command(action, body) {
+  const id = openRunId();
+  const { status, data } = await api("POST", "/v1/runs/" + id + "/" + action, body);
+  $("r-msg").textContent = status === 202 ? action + ": sent" : (data.error ? data.error.message : "HTTP " + status);
+}
+
+function route() {
+  const id = openRunId();
+  if (id) { openRun(id); return; }
+  if (state.runStream) { state.runStream.close(); state.runStream = null; }
+  $("run").hidden = true;
+  $("home").hidden = false;
+  render();
+}
+
+// ---- wiring ---------------------------------------------------------------
+
+$("runs").addEventListener("click", async (e) => {
+  const kill = e.target.closest("button.kill");
+  if (kill) {
+    e.stopPropagation();
+    kill.disabled = true;
+    await api("POST", "/v1/runs/" + kill.dataset.id + "/kill");
+    return;
+  }
+  const tr = e.target.closest("tr[data-id]");
+  if (tr) location.hash = "#run/" + tr.dataset.id;
+});
+for (const f of ["f-status", "f-agent", "f-caller"]) $(f).addEventListener("input", render);
+$("b-steer").addEventListener("click", () => {
+  const text = $("r-steer-text").value.trim();
+  if (text) command("steer", { text });
+});
+$("b-extend").addEventListener("click", () => command("extend", { seconds: 60 }));
+$("b-approve").addEventListener("click", () => command("approve"));
+$("b-kill").addEventListener("click", () => command("kill"));
+$("login").addEventListener("submit", (e) => {
+  e.preventDefault();
+  state.token = $("token").value.trim();
+  localStorage.setItem("agentvisor.token", state.token);
+  $("login").hidden = true;
+  start();
+});
+window.addEventListener("hashchange", route);
+
+async function start() {
+  if (!(await loadRuns())) return;
+  connectFeed();
+  route();
+}
+
+setInterval(tick, 1000);
+setInterval(() => { if (state.feed) refreshLive(); }, 2000);
+start();

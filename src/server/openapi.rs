@@ -1,0 +1,61 @@
+//! `GET /openapi.json`: the OpenAPI 3 document, derived by `utoipa` from
+//! the handlers' `#[utoipa::path]` attributes and the bodies' `ToSchema`
+//! types, so it cannot drift from what the handlers take and answer.
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::api;
+use super::error;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "agentvisor", description = "Submit, watch and steer supervised LLM agent runs."),
+    paths(
+        super::runs::submit,
+        super::runs::list_runs,
+        super::runs::get_run,
+        super::runs::records,
+        super::streams::run_events,
+        super::streams::host_events,
+        super::runs::steer,
+        super::runs::extend,
+        super::runs::kill,
+        super::runs::cancel,
+        super::runs::approve,
+        super::runs::deny,
+        super::runs::agents,
+        super::healthz,
+        super::readyz,
+    ),
+    components(schemas(
+        api::SubmitRun, api::RunView, api::LiveView, api::RunList, api::RunItem,
+        api::SteerBody, api::ExtendBody, api::KillBody, api::ApprovalBody, api::Accepted,
+        api::AgentView, api::AgentList, api::Health, error::ErrorBody, error::ErrorDetail,
+    )),
+    modifiers(&Bearer),
+)]
+struct ApiDoc;
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The OpenAPI document as JSON text.
+pub fn openapi_json() -> String {
+    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+}
+
+pub(crate) async fn serve_openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
+}

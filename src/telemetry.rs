@@ -1,0 +1,151 @@
+//! What the kernel counts, through the [`metrics`](https://docs.rs/metrics)
+//! facade (the `metrics` feature): runs by status and kill reason, critic
+//! decisions, model call latency, tokens, cost, retries, circuit breaker
+//! states, the audit queue and spool.
+//!
+//! Nothing is counted until a recorder is installed and [`enable`] is
+//! called (the server and `--metrics-addr` do both): until then every hook
+//! here is one relaxed atomic load, so a library user who exports no
+//! metrics pays nothing on the hot path, and labels (which allocate) are
+//! only built when someone reads them. Without the `metrics` feature the
+//! hooks compile to nothing.
+//!
+//! Metric names (Prometheus text, as `/metrics` shows them):
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `agentvisor_runs_total` | counter | `status`, `kill_reason` |
+//! | `agentvisor_active_runs` | gauge | (set at scrape time by the exporter) |
+//! | `agentvisor_critic_decisions_total` | counter | `action`, `reason` |
+//! | `agentvisor_model_call_duration_seconds` | histogram | `provider`, `model` |
+//! | `agentvisor_tokens_total` | counter | `kind` (`input`, `output`) |
+//! | `agentvisor_cost_micros_total` | counter | |
+//! | `agentvisor_model_retries_total` | counter | `model`, `kind` |
+//! | `agentvisor_breaker_state` | gauge | `model` (0 closed, 1 half-open, 2 open) |
+//! | `agentvisor_audit_queue_depth` | gauge | |
+//! | `agentvisor_audit_held_records` | gauge | |
+//! | `agentvisor_audit_spool_bytes` | gauge | |
+
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::ports::run::{CriticDecision, RunResult};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Starts counting (call it after installing a `metrics` recorder). Without
+/// the `metrics` feature it does nothing.
+pub fn enable() {
+    ENABLED.store(cfg!(feature = "metrics"), Ordering::Relaxed);
+}
+
+/// Whether metrics are counted.
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// The name of the model-call latency histogram (exporters give it buckets).
+pub const MODEL_CALL_SECONDS: &str = "agentvisor_model_call_duration_seconds";
+
+/// A run ended with `result`: its status, kill reason, tokens and cost.
+#[inline]
+pub(crate) fn run_ended(result: &RunResult) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    {
+        let kill = result.kill_reason.map(|k| k.as_str()).unwrap_or("");
+        metrics::counter!("agentvisor_runs_total", "status" => result.status.as_str(), "kill_reason" => kill)
+            .increment(1);
+        metrics::counter!("agentvisor_tokens_total", "kind" => "input")
+            .increment(result.usage.input_tokens);
+        metrics::counter!("agentvisor_tokens_total", "kind" => "output")
+            .increment(result.usage.output_tokens);
+        metrics::counter!("agentvisor_cost_micros_total").increment(result.cost_micros);
+    }
+}
+
+/// The critic (or an operator) decided `d` about a run.
+#[inline]
+pub(crate) fn decided(d: &CriticDecision) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "agentvisor_critic_decisions_total",
+        "action" => match d.action {
+            crate::CriticAction::Steer => "steer",
+            crate::CriticAction::Extend => "extend",
+            crate::CriticAction::RaiseIterations => "raise_iterations",
+            crate::CriticAction::Kill => "kill",
+        },
+        "reason" => d.reason.clone()
+    )
+    .increment(1);
+}
+
+/// A model call of `model` (its spec, `provider:name`) took `took`.
+#[inline]
+pub(crate) fn model_call(model: &str, took: Duration) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    {
+        let provider = model.split_once(':').map_or(model, |(p, _)| p).to_string();
+        metrics::histogram!(MODEL_CALL_SECONDS, "provider" => provider, "model" => model.to_string())
+            .record(took.as_secs_f64());
+    }
+}
+
+/// A model call failed with `kind` and is retried.
+#[inline]
+pub(crate) fn retried(model: &str, kind: &str) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!("agentvisor_model_retries_total", "model" => model.to_string(), "kind" => kind.to_string())
+        .increment(1);
+}
+
+/// A circuit breaker's state: 0 closed, 1 half-open, 2 open.
+#[inline]
+pub(crate) fn breaker(model: &str, state: u8) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("agentvisor_breaker_state", "model" => model.to_string()).set(f64::from(state));
+}
+
+/// Records waiting in the audit actor's buffer.
+#[inline]
+pub(crate) fn audit_queue(records: usize) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("agentvisor_audit_queue_depth").set(records as f64);
+}
+
+/// Records the audit writer holds in memory (the store fails, no spool),
+/// and the spool's size in bytes.
+pub(crate) fn audit_held(records: usize, spool: Option<&std::path::Path>) {
+    if !enabled() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("agentvisor_audit_held_records").set(records as f64);
+        if let Some(path) = spool {
+            let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+            metrics::gauge!("agentvisor_audit_spool_bytes").set(bytes as f64);
+        }
+    }
+}

@@ -1,0 +1,853 @@
+//! The HTTP API on a loopback socket: routes, status codes, the error
+//! shape, auth, idempotency, `?wait=`, pagination, event streams (ids,
+//! resumption, the end), limits, draining, the OpenAPI document and the
+//! metrics scrape.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+/// An HTTP client (rustls on ring handed over ready-made: reqwest is built
+/// without a process-wide crypto provider).
+fn http_client() -> reqwest::Client {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentvisor::server::auth::{Caller, Role, TokenTable};
+use agentvisor::server::catalog::Catalog;
+use agentvisor::server::{Server, ServerConfig};
+use agentvisor::Host;
+use serde_json::{json, Value};
+
+const QUICK: &str = r#"
+name: quick
+model: scripted
+prompt: add
+tools: [add]
+script:
+  - { tool: add, args: { a: 2, b: 3 } }
+  - { text: "five", usage: { input: 10, output: 2 } }
+"#;
+
+const SLOW: &str = r#"
+name: slow
+model: scripted
+prompt: wait
+tools: [sleep]
+limits: { max_runtime: 120s, stall_timeout: 120s }
+script:
+  - { tool: sleep, args: { ms: 60000 } }
+  - { text: "late" }
+"#;
+
+const ALICE: &str = "av_alice";
+const BOB: &str = "av_bob";
+const ROOT: &str = "av_root";
+
+struct Running {
+    base: String,
+    server: Server,
+    host: Host,
+    http: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(config: ServerConfig, auth: bool) -> Running {
+    let (host, store) = support::host().await;
+    let server = Server::new(host.clone(), store, config);
+    let agents = [QUICK, SLOW].map(|y| host.agent(support::spec(y)).unwrap());
+    server.set_catalog(Catalog::from_agents(agents));
+    if auth {
+        server.set_tokens(Some(TokenTable::from_tokens([
+            (ALICE, caller("alice", Role::Caller)),
+            (BOB, caller("bob", Role::Caller)),
+            (ROOT, caller("root", Role::Admin)),
+        ])));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let s = server.clone();
+    tokio::spawn(async move {
+        s.serve(
+            listener,
+            async {
+                let _ = rx.await;
+            },
+            Duration::from_secs(1),
+        )
+        .await
+    });
+    Running {
+        base,
+        server,
+        host,
+        http: http_client(),
+        _stop: tx,
+    }
+}
+
+fn caller(id: &str, role: Role) -> Caller {
+    Caller {
+        id: Arc::from(id),
+        role,
+    }
+}
+
+impl Running {
+    async fn req(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut r = self.http.request(m, format!("{}{path}", self.base));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            r = r
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            headers,
+        )
+    }
+}
+
+/// One SSE frame.
+#[derive(Debug, Default, Clone)]
+struct Frame {
+    id: Option<String>,
+    data: String,
+    comment: bool,
+}
+
+/// Reads an event stream until it ends (or `max` frames), keep-alives kept.
+async fn read_sse(resp: reqwest::Response, max: usize) -> Vec<Frame> {
+    let mut resp = resp;
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    while out.len() < max {
+        let chunk = match tokio::time::timeout(Duration::from_secs(30), resp.chunk()).await {
+            Ok(Ok(Some(c))) => c,
+            _ => break,
+        };
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let mut f = Frame::default();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    f.id = Some(v.trim().to_string());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    f.data.push_str(v.trim_start());
+                } else if line.starts_with(':') {
+                    f.comment = true;
+                }
+            }
+            out.push(f);
+        }
+    }
+    out
+}
+
+fn events_of(frames: &[Frame]) -> Vec<Value> {
+    frames
+        .iter()
+        .filter(|f| !f.comment)
+        .map(|f| serde_json::from_str(&f.data).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn submit_waits_for_the_result_and_the_run_reads_back() {
+    let s = start(ServerConfig::default(), false).await;
+    let (code, v, h) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=10",
+            None,
+            Some(json!({"agent": "quick", "input": "hi"})),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["output"], "five");
+    assert!(
+        v["result"]["usage"]["input_tokens"].as_u64().unwrap() >= 10,
+        "{v}"
+    );
+    let id = v["run_id"].as_str().unwrap().to_string();
+    assert_eq!(h["location"], format!("/v1/runs/{id}").as_str());
+    let (code, got, _) = s.req("GET", &format!("/v1/runs/{id}"), None, None).await;
+    assert_eq!(code, 200);
+    assert_eq!(got["status"], "ok");
+    assert_eq!(got["run_id"], id.as_str());
+    let (code, list, _) = s.req("GET", "/v1/runs?status=ok", None, None).await;
+    assert_eq!(code, 200);
+    assert_eq!(list["runs"][0]["run_id"], id.as_str());
+    let (code, agents, _) = s.req("GET", "/v1/agents", None, None).await;
+    assert_eq!(code, 200);
+    let names: Vec<&str> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["quick", "slow"]);
+}
+
+#[tokio::test]
+async fn errors_have_one_shape_and_the_right_status() {
+    let s = start(ServerConfig::default(), false).await;
+    let (code, v, _) = s
+        .req("POST", "/v1/runs", None, Some(json!({"agent": "nope"})))
+        .await;
+    assert_eq!(code, 404);
+    assert_eq!(v["error"]["kind"], "unknown_agent");
+    let (code, v, _) = s
+        .req("POST", "/v1/runs", None, Some(json!({"input": "x"})))
+        .await;
+    assert_eq!(code, 422);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("agent"),
+        "{v}"
+    );
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs",
+            None,
+            Some(json!({"agent": "quick", "budget_tokens": "lots"})),
+        )
+        .await;
+    assert_eq!(code, 422);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget_tokens")
+            || v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("invalid type"),
+        "{v}"
+    );
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs",
+            None,
+            Some(json!({"agent": "quick", "colour": 1})),
+        )
+        .await;
+    assert_eq!(code, 422);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("colour"),
+        "{v}"
+    );
+    let big = "x".repeat(2 << 20);
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs",
+            None,
+            Some(json!({"agent": "quick", "input": big})),
+        )
+        .await;
+    assert_eq!(code, 413, "{v}");
+    assert_eq!(v["error"]["kind"], "payload_too_large");
+    let (code, v, _) = s
+        .req(
+            "GET",
+            "/v1/runs/0123456789abcdef0123456789abcdef",
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(code, 404);
+    assert_eq!(v["error"]["kind"], "not_found");
+    let (code, _, _) = s.req("GET", "/v1/runs/not-an-id", None, None).await;
+    assert_eq!(code, 404);
+    let (code, v, _) = s.req("GET", "/v1/runs?limit=0", None, None).await;
+    assert_eq!(code, 422, "{v}");
+    let (code, v, _) = s.req("GET", "/v1/runs?status=sideways", None, None).await;
+    assert_eq!(code, 422, "{v}");
+    // A wait longer than any duration is clamped, not a failure.
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=1.8e19",
+            None,
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=-1",
+            None,
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    assert_eq!(code, 422, "{v}");
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_gives_the_same_run() {
+    let s = start(ServerConfig::default(), true).await;
+    let body = json!({"agent": "quick", "idempotency_key": "k1"});
+    let (c1, a, _) = s
+        .req("POST", "/v1/runs", Some(ALICE), Some(body.clone()))
+        .await;
+    let (c2, b, h) = s
+        .req("POST", "/v1/runs?wait=5", Some(ALICE), Some(body.clone()))
+        .await;
+    assert_eq!((c1, c2), (201, 201));
+    assert_eq!(a["run_id"], b["run_id"]);
+    assert_eq!(h["idempotent-replayed"], "true");
+    // Another caller's key is its own.
+    let (_, c, _) = s.req("POST", "/v1/runs", Some(BOB), Some(body)).await;
+    assert_ne!(a["run_id"], c["run_id"]);
+    // The header works as the field does.
+    let r1 = s
+        .http
+        .post(format!("{}/v1/runs", s.base))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", "k2")
+        .header("content-type", "application/json")
+        .body(r#"{"agent":"quick"}"#)
+        .send()
+        .await
+        .unwrap();
+    let r2 = s
+        .http
+        .post(format!("{}/v1/runs", s.base))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", "k2")
+        .header("content-type", "application/json")
+        .body(r#"{"agent":"quick"}"#)
+        .send()
+        .await
+        .unwrap();
+    let v1: Value = serde_json::from_str(&r1.text().await.unwrap()).unwrap();
+    let v2: Value = serde_json::from_str(&r2.text().await.unwrap()).unwrap();
+    assert_eq!(v1["run_id"], v2["run_id"]);
+}
+
+#[tokio::test]
+async fn tokens_decide_who_sees_what() {
+    let s = start(ServerConfig::default(), true).await;
+    let (code, v, _) = s.req("GET", "/v1/runs", None, None).await;
+    assert_eq!(code, 401);
+    assert_eq!(v["error"]["kind"], "unauthorized");
+    let (code, _, _) = s.req("GET", "/v1/runs", Some("av_wrong"), None).await;
+    assert_eq!(code, 401);
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=5",
+            Some(ALICE),
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    assert_eq!(code, 201);
+    assert_eq!(v["caller_id"], "alice");
+    let id = v["run_id"].as_str().unwrap().to_string();
+    // Bob: 404 for alice's run, everywhere; his list does not hold it.
+    for path in [
+        format!("/v1/runs/{id}"),
+        format!("/v1/runs/{id}/events"),
+        format!("/v1/runs/{id}/records"),
+    ] {
+        let (code, v, _) = s.req("GET", &path, Some(BOB), None).await;
+        assert_eq!(code, 404, "{path}: {v}");
+    }
+    let (code, _, _) = s
+        .req("POST", &format!("/v1/runs/{id}/kill"), Some(BOB), None)
+        .await;
+    assert_eq!(code, 404);
+    let (_, list, _) = s.req("GET", "/v1/runs", Some(BOB), None).await;
+    assert!(list["runs"].as_array().unwrap().is_empty(), "{list}");
+    // Alice and the admin see it.
+    assert_eq!(
+        s.req("GET", &format!("/v1/runs/{id}"), Some(ALICE), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        s.req("GET", &format!("/v1/runs/{id}"), Some(ROOT), None)
+            .await
+            .0,
+        200
+    );
+    let (_, list, _) = s.req("GET", "/v1/runs", Some(ROOT), None).await;
+    assert_eq!(list["runs"].as_array().unwrap().len(), 1);
+    // Inline manifests: admin only.
+    let manifest = json!({"name": "inline", "model": "scripted", "script": [{"text": "hey"}]});
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs",
+            Some(ALICE),
+            Some(json!({"manifest": manifest.clone()})),
+        )
+        .await;
+    assert_eq!(code, 403, "{v}");
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=5",
+            Some(ROOT),
+            Some(json!({"manifest": manifest})),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["output"], "hey");
+    // The token may come in the query (EventSource cannot set headers).
+    assert_eq!(
+        s.req("GET", &format!("/v1/runs?access_token={ALICE}"), None, None)
+            .await
+            .0,
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_run_streams_its_events_with_seq_ids_and_resumes_exactly() {
+    let s = start(ServerConfig::default(), false).await;
+    let (_, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=10",
+            None,
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    let id = v["run_id"].as_str().unwrap().to_string();
+    let resp = s
+        .http
+        .get(format!("{}/v1/runs/{id}/events", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let frames = read_sse(resp, 1000).await;
+    let evs = events_of(&frames);
+    assert_eq!(evs.last().unwrap()["type"], "run.end", "{evs:?}");
+    for (f, e) in frames.iter().zip(&evs) {
+        assert_eq!(
+            f.id.as_deref(),
+            Some(e["seq"].to_string().as_str()),
+            "{f:?}"
+        );
+    }
+    let seqs: Vec<u64> = evs.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    // Resume after the third event: exactly the rest.
+    let third = frames[2].id.clone().unwrap();
+    let resp = s
+        .http
+        .get(format!("{}/v1/runs/{id}/events", s.base))
+        .header("last-event-id", &third)
+        .send()
+        .await
+        .unwrap();
+    let rest = events_of(&read_sse(resp, 1000).await);
+    assert_eq!(rest, evs[3..].to_vec());
+}
+
+#[tokio::test]
+async fn a_live_run_streams_until_it_is_killed() {
+    let s = start(
+        ServerConfig {
+            keep_alive: Duration::from_millis(100),
+            ..Default::default()
+        },
+        false,
+    )
+    .await;
+    let (code, v, _) = s
+        .req("POST", "/v1/runs", None, Some(json!({"agent": "slow"})))
+        .await;
+    assert_eq!(code, 201);
+    assert_eq!(v["status"], "running");
+    let id = v["run_id"].as_str().unwrap().to_string();
+    let resp = s
+        .http
+        .get(format!("{}/v1/runs/{id}/events", s.base))
+        .send()
+        .await
+        .unwrap();
+    let reader = tokio::spawn(read_sse(resp, 1000));
+    // Wait for the tool call to be in flight, then kill it.
+    let mut feed = s.host.run(&id.parse().unwrap()).unwrap().subscribe();
+    while let Some(ev) = feed.next().await {
+        if matches!(ev.event, agentvisor::RunEvent::ToolCall { .. }) {
+            break;
+        }
+    }
+    let (code, v, _) = s
+        .req("POST", &format!("/v1/runs/{id}/kill"), None, None)
+        .await;
+    assert_eq!(code, 202, "{v}");
+    let frames = reader.await.unwrap();
+    let evs = events_of(&frames);
+    let end = evs.last().unwrap();
+    assert_eq!(end["type"], "run.end");
+    assert_eq!(end["status"], "killed");
+    assert_eq!(end["kill_reason"], "operator");
+    let (_, got, _) = s.req("GET", &format!("/v1/runs/{id}"), None, None).await;
+    assert_eq!(got["status"], "killed");
+    // Commands to an ended run: 409.
+    let (code, v, _) = s
+        .req(
+            "POST",
+            &format!("/v1/runs/{id}/steer"),
+            None,
+            Some(json!({"text": "go"})),
+        )
+        .await;
+    assert_eq!(code, 409, "{v}");
+    assert_eq!(v["error"]["kind"], "run_finished");
+}
+
+#[tokio::test]
+async fn steer_extend_cancel_reach_a_live_run() {
+    let s = start(ServerConfig::default(), false).await;
+    let (_, v, _) = s
+        .req("POST", "/v1/runs", None, Some(json!({"agent": "slow"})))
+        .await;
+    let id = v["run_id"].as_str().unwrap().to_string();
+    let (code, v, _) = s
+        .req(
+            "POST",
+            &format!("/v1/runs/{id}/extend"),
+            None,
+            Some(json!({"seconds": 30})),
+        )
+        .await;
+    assert_eq!(code, 202, "{v}");
+    let (code, _, _) = s
+        .req(
+            "POST",
+            &format!("/v1/runs/{id}/extend"),
+            None,
+            Some(json!({"seconds": -1})),
+        )
+        .await;
+    assert_eq!(code, 422);
+    let (code, _, _) = s
+        .req(
+            "POST",
+            &format!("/v1/runs/{id}/steer"),
+            None,
+            Some(json!({"text": "hurry"})),
+        )
+        .await;
+    assert_eq!(code, 202);
+    let (code, v, _) = s
+        .req("POST", &format!("/v1/runs/{id}/approve"), None, None)
+        .await;
+    assert_eq!(code, 409);
+    assert_eq!(v["error"]["kind"], "not_awaiting_approval");
+    let (code, _, _) = s
+        .req("POST", &format!("/v1/runs/{id}/cancel"), None, None)
+        .await;
+    assert_eq!(code, 202);
+    let (_, v, _) = s
+        .req("GET", &format!("/v1/runs/{id}?wait=10"), None, None)
+        .await;
+    assert_eq!(v["status"], "cancelled");
+    let decisions = v["result"]["critic"].as_array().unwrap();
+    assert!(decisions.iter().any(|d| d["action"] == "extend"), "{v}");
+}
+
+#[tokio::test]
+async fn runs_page_newest_first_without_gaps_or_repeats() {
+    let s = start(ServerConfig::default(), false).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let (_, v, _) = s
+            .req(
+                "POST",
+                "/v1/runs?wait=5",
+                None,
+                Some(json!({"agent": "quick"})),
+            )
+            .await;
+        ids.push(v["run_id"].as_str().unwrap().to_string());
+    }
+    let (_, v, _) = s
+        .req("POST", "/v1/runs", None, Some(json!({"agent": "slow"})))
+        .await;
+    let live = v["run_id"].as_str().unwrap().to_string();
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &cursor {
+            Some(c) => format!("/v1/runs?limit=2&cursor={c}"),
+            None => "/v1/runs?limit=2".into(),
+        };
+        let (code, page, _) = s.req("GET", &path, None, None).await;
+        assert_eq!(code, 200, "{page}");
+        for r in page["runs"].as_array().unwrap() {
+            seen.push(r["run_id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let mut want = vec![live.clone()];
+    want.extend(ids.iter().rev().cloned());
+    assert_eq!(seen, want);
+    let (_, page, _) = s.req("GET", "/v1/runs?status=running", None, None).await;
+    assert_eq!(page["runs"].as_array().unwrap().len(), 1);
+    let (_, page, _) = s
+        .req("GET", "/v1/runs?agent=quick&limit=500", None, None)
+        .await;
+    assert_eq!(page["runs"].as_array().unwrap().len(), 5);
+    let (_, page, _) = s
+        .req("GET", &format!("/v1/runs?root={}", ids[0]), None, None)
+        .await;
+    assert_eq!(page["runs"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_host_feed_tells_runs_started_and_ended() {
+    let s = start(ServerConfig::default(), true).await;
+    let resp = s
+        .http
+        .get(format!("{}/v1/events", s.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reader = tokio::spawn(read_sse(resp, 4));
+    // The watcher is registered once the response headers are out.
+    let (_, b, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=5",
+            Some(BOB),
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    let (_, a, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=5",
+            Some(ALICE),
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    let (_, a2, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=5",
+            Some(ALICE),
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    let evs = events_of(&reader.await.unwrap());
+    let kinds: Vec<(&str, &str)> = evs
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["run_id"].as_str().unwrap()))
+        .collect();
+    let (a, a2) = (
+        a["run_id"].as_str().unwrap(),
+        a2["run_id"].as_str().unwrap(),
+    );
+    assert_eq!(
+        kinds,
+        [
+            ("run.started", a),
+            ("run.ended", a),
+            ("run.started", a2),
+            ("run.ended", a2)
+        ]
+    );
+    assert!(
+        evs.iter().all(|e| e["run_id"] != b["run_id"]),
+        "bob's runs are not alice's to see"
+    );
+    assert_eq!(evs[1]["status"], "ok");
+}
+
+#[tokio::test]
+async fn limits_answer_429_with_retry_after() {
+    let s = start(
+        ServerConfig {
+            rate_per_sec: 1.0,
+            rate_burst: 3.0,
+            max_subscribers: 1,
+            ..Default::default()
+        },
+        true,
+    )
+    .await;
+    for _ in 0..3 {
+        assert_eq!(s.req("GET", "/v1/agents", Some(ALICE), None).await.0, 200);
+    }
+    let (code, v, h) = s.req("GET", "/v1/agents", Some(ALICE), None).await;
+    assert_eq!(code, 429);
+    assert_eq!(v["error"]["kind"], "rate_limited");
+    assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    // Bob has his own bucket. One subscriber per run: the second is refused.
+    let (_, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs",
+            Some(BOB),
+            Some(json!({"agent": "slow"})),
+        )
+        .await;
+    let id = v["run_id"].as_str().unwrap().to_string();
+    let first = s
+        .http
+        .get(format!("{}/v1/runs/{id}/events", s.base))
+        .bearer_auth(BOB)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let (code, v, h) = s
+        .req("GET", &format!("/v1/runs/{id}/events"), Some(BOB), None)
+        .await;
+    assert_eq!(code, 429, "{v}");
+    assert_eq!(v["error"]["kind"], "too_many_subscribers");
+    assert!(h.contains_key("retry-after"));
+    drop(first);
+}
+
+#[tokio::test]
+async fn draining_refuses_new_runs_and_readiness() {
+    let s = start(ServerConfig::default(), false).await;
+    assert_eq!(s.req("GET", "/readyz", None, None).await.0, 200);
+    assert_eq!(s.req("GET", "/healthz", None, None).await.0, 200);
+    s.server.start_draining();
+    let (code, v, _) = s.req("GET", "/readyz", None, None).await;
+    assert_eq!(code, 503);
+    assert_eq!(v["status"], "draining");
+    let (code, v, h) = s
+        .req("POST", "/v1/runs", None, Some(json!({"agent": "quick"})))
+        .await;
+    assert_eq!(code, 503);
+    assert_eq!(v["error"]["kind"], "shutting_down");
+    assert!(h.contains_key("retry-after"));
+    assert_eq!(s.req("GET", "/healthz", None, None).await.0, 200);
+}
+
+#[tokio::test]
+async fn the_openapi_document_covers_the_routes() {
+    let s = start(ServerConfig::default(), false).await;
+    let (code, doc, _) = s.req("GET", "/openapi.json", None, None).await;
+    assert_eq!(code, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for p in [
+        "/v1/runs",
+        "/v1/runs/{id}",
+        "/v1/runs/{id}/events",
+        "/v1/events",
+        "/v1/runs/{id}/kill",
+        "/v1/agents",
+        "/healthz",
+    ] {
+        assert!(doc["paths"].get(p).is_some(), "{p} missing");
+    }
+    assert!(doc["components"]["schemas"].get("SubmitRun").is_some());
+    assert!(doc["components"]["securitySchemes"].get("bearer").is_some());
+}
+
+#[tokio::test]
+async fn the_metrics_scrape_parses_and_counts_runs() {
+    let s = start(ServerConfig::default(), false).await;
+    // The recorder is installed with the first scrape; counting starts then.
+    assert_eq!(
+        s.http
+            .get(format!("{}/metrics", s.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    for _ in 0..3 {
+        s.req(
+            "POST",
+            "/v1/runs?wait=5",
+            None,
+            Some(json!({"agent": "quick"})),
+        )
+        .await;
+    }
+    let text = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the scrape parses");
+    let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    assert!(
+        value("agentvisor_runs_total", Some(("status", "ok"))) >= 3.0,
+        "{text}"
+    );
+    assert!(
+        value("agentvisor_tokens_total", Some(("kind", "input"))) >= 30.0,
+        "{text}"
+    );
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "agentvisor_active_runs"),
+        "{text}"
+    );
+    assert!(
+        text.contains("agentvisor_model_call_duration_seconds_bucket"),
+        "{text}"
+    );
+}

@@ -1,0 +1,400 @@
+//! The dashboard in a real browser: headless Chromium driven through
+//! chromedriver (Debian's `chromium` and `chromium-driver`, which
+//! `.ci/run` installs) against a server on a loopback socket. The page
+//! loads and goes live, a submitted run appears and ends, the kill button
+//! kills a slow run, and the browser console holds no error. The page's
+//! screenshot is saved to `docs/dashboard.png`.
+//!
+//! Runs with `cargo test --features peers` (it needs the programs).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+/// An HTTP client (rustls on ring handed over ready-made: reqwest is built
+/// without a process-wide crypto provider).
+fn http_client() -> reqwest::Client {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agentvisor::server::auth::{Caller, Role, TokenTable};
+use agentvisor::server::catalog::Catalog;
+use agentvisor::server::{Server, ServerConfig};
+use serde_json::{json, Value};
+
+const QUICK: &str = r#"
+name: quick
+model: scripted
+prompt: add
+tools: [add]
+script:
+  - { tool: add, args: { a: 2, b: 3 } }
+  - { text: "five", usage: { input: 10, output: 2 } }
+"#;
+
+const SLOW: &str = r#"
+name: slow
+model: scripted
+prompt: wait
+tools: [sleep]
+limits: { max_runtime: 120s, stall_timeout: 120s }
+script:
+  - { tool: sleep, args: { ms: 60000 } }
+  - { text: "late" }
+"#;
+
+const TOKEN: &str = "av_browser_test_token";
+
+/// Finds a program on `PATH` (or at one of `also`).
+fn program(names: &[&str], also: &[&str]) -> Option<String> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    for n in names {
+        for dir in path.split(':') {
+            let p = std::path::Path::new(dir).join(n);
+            if p.is_file() {
+                return Some(p.display().to_string());
+            }
+        }
+    }
+    also.iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .map(|p| p.to_string())
+}
+
+struct Driver {
+    child: Child,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Driver {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        wd(&self.http, method, &url, body).await
+    }
+
+    async fn script(&self, js: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({"script": js, "args": []})),
+        )
+        .await["value"]
+            .clone()
+    }
+
+    /// Polls `js` (which returns a value) until `ok` holds, up to 30 s.
+    async fn wait_for(&self, what: &str, js: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let v = self.script(js).await;
+            if ok(&v) {
+                return v;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}: last {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn wd(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Value>,
+) -> Value {
+    let mut r = http.request(method, url);
+    if let Some(b) = body {
+        r = r
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let text = r.send().await.unwrap().text().await.unwrap();
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start_driver(chromium: &str, chromedriver: &str, profile: &std::path::Path) -> Driver {
+    let port = free_port();
+    let child = Command::new(chromedriver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver starts");
+    let http = http_client();
+    let base = format!("http://127.0.0.1:{port}");
+    let t0 = Instant::now();
+    loop {
+        let ready = http.get(format!("{base}/status")).send().await.ok();
+        if let Some(r) = ready {
+            let v: Value =
+                serde_json::from_str(&r.text().await.unwrap_or_default()).unwrap_or(Value::Null);
+            if v["value"]["ready"] == true {
+                break;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "chromedriver did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let caps = json!({"capabilities": {"alwaysMatch": {
+        "browserName": "chrome",
+        "goog:loggingPrefs": {"browser": "ALL"},
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+                "--window-size=1400,900",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        },
+    }}});
+    let v = wd(
+        &http,
+        reqwest::Method::POST,
+        &format!("{base}/session"),
+        Some(caps),
+    )
+    .await;
+    let session = v["value"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no webdriver session: {v}"))
+        .to_string();
+    Driver {
+        child,
+        base,
+        session,
+        http,
+    }
+}
+
+fn b64decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter_map(val) {
+        acc = (acc << 6) | c;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_runs_live_and_kills_one() {
+    let chromium = program(
+        &["chromium", "chromium-browser"],
+        &["/usr/lib/chromium/chromium"],
+    )
+    .expect("chromium is installed (.ci/run installs Debian's chromium)");
+    let chromedriver = program(&["chromedriver"], &["/usr/lib/chromium/chromedriver"])
+        .expect("chromedriver is installed (.ci/run installs Debian's chromium-driver)");
+
+    let (host, store) = support::host().await;
+    let server = Server::new(host.clone(), store, ServerConfig::default());
+    let agents = [QUICK, SLOW].map(|y| host.agent(support::spec(y)).unwrap());
+    server.set_catalog(Catalog::from_agents(agents));
+    server.set_tokens(Some(TokenTable::from_tokens([(
+        TOKEN,
+        Caller {
+            id: "ops".into(),
+            role: Role::Admin,
+        },
+    )])));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let s = server.clone();
+    tokio::spawn(async move {
+        s.serve(
+            listener,
+            async {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(1),
+        )
+        .await
+    });
+
+    let profile = std::env::temp_dir().join(format!("agentvisor-chromium-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let d = start_driver(&chromium, &chromedriver, &profile).await;
+    d.call(
+        reqwest::Method::POST,
+        "/url",
+        Some(json!({"url": format!("{base}/?token={TOKEN}")})),
+    )
+    .await;
+    d.wait_for(
+        "the live feed",
+        "return document.getElementById('conn').textContent",
+        |v| v == "live",
+    )
+    .await;
+
+    // A submitted run appears and ends ok.
+    let api = http_client();
+    let submit = |agent: &'static str| {
+        let api = api.clone();
+        let base = base.clone();
+        async move {
+            let r = api
+                .post(format!("{base}/v1/runs"))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body(json!({"agent": agent}).to_string())
+                .send()
+                .await
+                .unwrap();
+            let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+            v["run_id"].as_str().unwrap().to_string()
+        }
+    };
+    let quick = submit("quick").await;
+    let row_status = |id: &str| {
+        format!(
+            "const r = document.querySelector('tr[data-id=\"{id}\"] td.status'); return r ? r.textContent : null"
+        )
+    };
+    d.wait_for("the quick run to end ok", &row_status(&quick), |v| {
+        v == "ok"
+    })
+    .await;
+
+    // A slow run appears running; its kill button kills it.
+    let slow = submit("slow").await;
+    d.wait_for("the slow run to show running", &row_status(&slow), |v| {
+        v == "running"
+    })
+    .await;
+    let clicked = d
+        .script(&format!(
+            "const b = document.querySelector('tr[data-id=\"{slow}\"] button.kill'); if (!b) return false; b.click(); return true"
+        ))
+        .await;
+    assert_eq!(clicked, true, "the slow run has a kill button");
+    d.wait_for("the slow run to show killed", &row_status(&slow), |v| {
+        v.as_str().is_some_and(|s| s.starts_with("killed"))
+    })
+    .await;
+    let view = api
+        .get(format!("{base}/v1/runs/{slow}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let view: Value = serde_json::from_str(&view).unwrap();
+    assert_eq!(view["status"], "killed");
+    assert_eq!(view["kill_reason"], "operator");
+
+    // The run page: its timeline ends with run.end.
+    d.script(&format!("location.hash = '#run/{quick}'; return true"))
+        .await;
+    d.wait_for(
+        "the quick run's timeline",
+        "const l = document.querySelectorAll('#r-timeline li'); return l.length ? l[l.length - 1].textContent : ''",
+        |v| v.as_str().is_some_and(|s| s.contains("run.end")),
+    )
+    .await;
+    d.script("location.hash = ''; return true").await;
+    d.wait_for("the runs table again", &row_status(&quick), |v| v == "ok")
+        .await;
+    // A fuller picture for the screenshot: more runs, one still running,
+    // and the charts past their first ticks.
+    for _ in 0..5 {
+        submit("quick").await;
+    }
+    let running = submit("slow").await;
+    d.wait_for("the running run", &row_status(&running), |v| v == "running")
+        .await;
+    d.wait_for(
+        "the latency chart",
+        "return document.getElementById('v-lat').textContent",
+        |v| v.as_str().is_some_and(|s| s.contains('/')),
+    )
+    .await;
+    d.wait_for(
+        "the active runs chart",
+        "return document.getElementById('v-active').textContent",
+        |v| v == "1",
+    )
+    .await;
+
+    let shot = d.call(reqwest::Method::GET, "/screenshot", None).await;
+    let png = b64decode(shot["value"].as_str().expect("a screenshot"));
+    assert!(png.starts_with(b"\x89PNG"), "the screenshot is a PNG");
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    std::fs::write(docs.join("dashboard.png"), &png).unwrap();
+
+    // No errors in the browser console.
+    let logs = d
+        .call(
+            reqwest::Method::POST,
+            "/se/log",
+            Some(json!({"type": "browser"})),
+        )
+        .await;
+    let severe: Vec<&Value> = logs["value"]
+        .as_array()
+        .map(|a| a.iter().filter(|e| e["level"] == "SEVERE").collect())
+        .unwrap_or_default();
+    assert!(severe.is_empty(), "browser console errors: {severe:?}");
+
+    api.post(format!("{base}/v1/runs/{running}/cancel"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    d.call(reqwest::Method::DELETE, "", None).await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&profile);
+    server.close_streams();
+}
