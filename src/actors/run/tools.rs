@@ -1,0 +1,220 @@
+//! A run's tool calls: dispatched (in place when a tool answers at once,
+//! otherwise in one task with the batch's cancellation signal, heartbeat
+//! and deadline), and their outcomes taken into the transcript, the steps
+//! and the records.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// A tool call still running after its first poll.
+type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send>>;
+
+/// The outcome of one tool call.
+#[derive(Debug)]
+pub struct ToolOutcome {
+    call_id: Arc<str>,
+    tool: Arc<str>,
+    args: String,
+    result: Result<String, ToolError>,
+    duration_ms: u64,
+}
+
+impl RunState {
+    /// Starts a turn's tool calls. A tool that answers at once without
+    /// blocking (`Tool::answers_at_once`) is polled once in place; the
+    /// others, and those not ready, run in one task (the run holds its
+    /// abort handle and the batch's cancellation signal) whose `ToolsDone`
+    /// brings every outcome back, in the model's order. Returns the
+    /// outcomes when all answered at once.
+    pub(super) fn dispatch_tools(&mut self, calls: &[ToolCallRequest]) -> Option<Vec<ToolOutcome>> {
+        let timeout = self.limits.tool_timeout;
+        let cap = self.limits.max_tool_result_bytes as usize;
+        let mut outcomes = Vec::with_capacity(calls.len());
+        let mut running: Vec<(usize, PendingTool)> = Vec::new();
+        let mut cancel: Option<CancellationToken> = None;
+        let mut beater: Option<Beater> = None;
+        let mut events: Option<ToolEvents> = None;
+        // One clock read per call: a call's time runs from the end of the
+        // one before (its argument check included).
+        let mut mark = self.now;
+        for call in calls {
+            // The critic counts repeats (arguments compared as canonical
+            // JSON); one that reaches the limit is decided on before the
+            // next step (the shard reviews the run).
+            let hash = crate::tools::validate::canonical_hash(&call.name, &call.arguments);
+            self.beat(Beat::ToolStarted { hash });
+            let args = cap_text(&call.arguments, SUMMARY_BYTES);
+            self.event(RunEvent::ToolCall {
+                iteration: self.iteration,
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                args: args.clone(),
+            });
+            let mut outcome = ToolOutcome {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                args,
+                result: Ok(String::new()),
+                duration_ms: 0,
+            };
+            let prepared = match self.agent.tools().prepare(call) {
+                Ok(p) => p,
+                Err(e) => {
+                    outcome.result = Err(e);
+                    outcomes.push(outcome);
+                    continue;
+                }
+            };
+            let in_place = prepared.tool.answers_at_once();
+            let mut ctx = ToolContext::new(self.shared.run_id, call.id.clone());
+            if !in_place {
+                // Calls that run in a task get the batch's cancellation
+                // signal (a kill gives them `kill_grace` to clean up), a
+                // heartbeat, the run's deadline, and a way to add events.
+                let addr = self.addr.clone();
+                let beat: Beater = beater
+                    .get_or_insert_with(|| Arc::new(move || addr.beat(Beat::Alive)))
+                    .clone();
+                let addr = self.addr.clone();
+                let sink: ToolEvents = events
+                    .get_or_insert_with(|| Arc::new(move |ev| addr.send(RunMsg::ToolEvent(ev))))
+                    .clone();
+                ctx = ctx
+                    .with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone())
+                    .with_beat(beat)
+                    .with_deadline(self.watch.hard_deadline)
+                    .with_events(sink);
+            }
+            let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
+            if !in_place {
+                // Its first poll happens in the task, not on the shard.
+                running.push((outcomes.len(), fut));
+                outcomes.push(outcome);
+                continue;
+            }
+            let polled = poll_once(fut);
+            let now = Instant::now();
+            let took = now.saturating_duration_since(mark);
+            outcome.duration_ms = took.as_millis() as u64;
+            mark = now;
+            if took > SLOW_HANDLER {
+                let what = format!("the tool call `{}`", call.name);
+                self.slow(&what, took);
+            }
+            match polled {
+                Ok(result) => {
+                    self.beat(Beat::ToolFinished);
+                    outcome.result = result;
+                    outcomes.push(outcome);
+                }
+                Err(fut) => {
+                    // A placeholder in the model's order, filled by the task.
+                    running.push((outcomes.len(), fut));
+                    outcomes.push(outcome);
+                }
+            }
+        }
+        self.epoch += 1;
+        if running.is_empty() {
+            return Some(outcomes);
+        }
+        let epoch = self.epoch;
+        let me = self.addr.clone();
+        let cancel = cancel.unwrap_or_default();
+        let stop = cancel.clone();
+        let grace = self.limits.kill_grace;
+        let task = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let finished = running.into_iter().map(|(i, fut)| {
+                let me = me.clone();
+                async move {
+                    let result = fut.await;
+                    // Each call reports as it ends: the critic sees progress.
+                    me.beat(Beat::ToolFinished);
+                    (i, result, t0.elapsed().as_millis() as u64)
+                }
+            });
+            let all = futures_util::future::join_all(finished);
+            tokio::pin!(all);
+            tokio::select! {
+                results = &mut all => {
+                    for (i, result, ms) in results {
+                        if let Some(o) = outcomes.get_mut(i) {
+                            o.result = result;
+                            o.duration_ms += ms;
+                        }
+                    }
+                    me.send(RunMsg::ToolsDone { epoch, outcomes });
+                }
+                _ = stop.cancelled() => {
+                    // The run was killed: its status is decided; the calls
+                    // get `kill_grace` to see the signal and clean up, then
+                    // they are dropped.
+                    let _ = tokio::time::timeout(grace, all).await;
+                }
+            }
+        });
+        self.inflight = Some(Inflight::Tools {
+            task: task.abort_handle(),
+            cancel,
+        });
+        None
+    }
+
+    pub(super) fn tools_done(&mut self, outcomes: Vec<ToolOutcome>) {
+        let mut any_ok = false;
+        for o in outcomes {
+            let (ok, content, error) = match o.result {
+                Ok(text) => (true, text, None),
+                Err(e) => {
+                    let msg = format!("{}: {e}", e.kind());
+                    (false, format!("error: {msg}"), Some(msg))
+                }
+            };
+            any_ok |= ok;
+            let summary = cap_text(&content, SUMMARY_BYTES);
+            self.event(RunEvent::ToolResult {
+                iteration: self.iteration,
+                call_id: o.call_id.clone(),
+                tool: o.tool.clone(),
+                ok,
+                result: content.clone(),
+                duration_ms: o.duration_ms,
+            });
+            self.shared.partial().steps.push(StepRecord {
+                iteration: self.iteration,
+                tool: o.tool,
+                args: o.args,
+                ok,
+                error,
+                result: summary,
+                duration_ms: o.duration_ms,
+            });
+            self.transcript_mut().push(Message {
+                role: Role::Tool,
+                content,
+                tool_calls: Vec::new(),
+                tool_call_id: Some(o.call_id),
+                attachments: Vec::new(),
+            });
+        }
+        if any_ok {
+            self.error_steps = 0;
+        } else {
+            self.error_steps += 1;
+            if self.error_steps >= self.limits.max_tool_errors {
+                let e = Ending::failed(
+                    RunStatus::Error,
+                    "tool_errors",
+                    format!(
+                        "{} consecutive steps where every tool call failed",
+                        self.error_steps
+                    ),
+                );
+                return self.finish(e);
+            }
+        }
+        self.checkpoint();
+        self.step_due = true;
+    }
+}

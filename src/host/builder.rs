@@ -1,0 +1,231 @@
+//! [`HostBuilder`]: a host made from its ports, and why building one can
+//! fail ([`HostError`]). `build` starts the actors: the root, the audit and
+//! budget actors, and the critic shards.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Why a host could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// A tool could not be registered.
+    #[error(transparent)]
+    Tool(#[from] RegistryError),
+    /// An actor could not start.
+    #[error("cannot start the {what} actor: {reason}")]
+    Spawn {
+        /// Which actor.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The configuration is not usable.
+    #[error("invalid host configuration: {0}")]
+    Config(String),
+}
+
+/// Builds a [`Host`].
+pub struct HostBuilder {
+    config: HostConfig,
+    tools: ToolRegistry,
+    extra_tools: Vec<Arc<dyn Tool>>,
+    models: HashMap<String, Arc<dyn ChatModel>>,
+    providers: ProviderConfig,
+    audit: Option<Arc<dyn AuditStore>>,
+    ledger: Option<Arc<dyn BudgetLedger>>,
+    policy: Option<Arc<dyn CriticPolicy>>,
+    checkpointer: Option<Arc<dyn Checkpointer>>,
+    sessions: Option<Arc<dyn crate::ports::session::SessionStore>>,
+}
+
+impl HostBuilder {
+    /// The built-in tools, in-memory stores and the rules policy.
+    pub(super) fn new() -> Self {
+        HostBuilder {
+            config: HostConfig::default(),
+            tools: ToolRegistry::with_builtins(),
+            extra_tools: Vec::new(),
+            models: HashMap::new(),
+            providers: ProviderConfig::default(),
+            audit: None,
+            ledger: None,
+            policy: None,
+            checkpointer: None,
+            sessions: None,
+        }
+    }
+
+    /// Host settings.
+    pub fn config(mut self, config: HostConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Adds a tool.
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.extra_tools.push(tool);
+        self
+    }
+
+    /// Starts from this tool registry instead of the built-in tools.
+    pub fn tools(mut self, registry: ToolRegistry) -> Self {
+        self.tools = registry;
+        self
+    }
+
+    /// Makes a model available under `name` (manifests say `model: NAME`).
+    pub fn model(mut self, name: impl Into<String>, model: Arc<dyn ChatModel>) -> Self {
+        self.models.insert(name.into(), model);
+        self
+    }
+
+    /// Maps a model tier (`fast`, `smart`, …) to a model spec
+    /// (`openai:gpt-4o-mini`, `ollama:llama3.2`) or a registered name.
+    pub fn tier(mut self, tier: impl Into<String>, spec: impl Into<String>) -> Self {
+        self.providers.tiers.insert(tier.into(), spec.into());
+        self
+    }
+
+    /// How models are resolved and wrapped: tiers, retries, circuit
+    /// breakers (default: [`ProviderConfig::default`]).
+    pub fn providers(mut self, providers: ProviderConfig) -> Self {
+        self.providers = providers;
+        self
+    }
+
+    /// Where audit records go (default: in memory).
+    pub fn audit_store(mut self, store: Arc<dyn AuditStore>) -> Self {
+        self.audit = Some(store);
+        self
+    }
+
+    /// Where budgets come from (default: in memory, no limits).
+    pub fn budget_ledger(mut self, ledger: Arc<dyn BudgetLedger>) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
+    /// Where durable runs' checkpoints go (default: in memory, which
+    /// resumes runs within one process only).
+    pub fn checkpointer(mut self, checkpointer: Arc<dyn Checkpointer>) -> Self {
+        self.checkpointer = Some(checkpointer);
+        self
+    }
+
+    /// Where chat sessions are kept (default: in memory; see
+    /// [`crate::session`]).
+    pub fn session_store(mut self, store: Arc<dyn crate::ports::session::SessionStore>) -> Self {
+        self.sessions = Some(store);
+        self
+    }
+
+    /// How the critic decides (default: [`RulesPolicy`]).
+    pub fn critic_policy(mut self, policy: Arc<dyn CriticPolicy>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Starts the actors and returns the host.
+    pub async fn build(self) -> Result<Host, HostError> {
+        let mut tools = self.tools;
+        for t in self.extra_tools {
+            tools.register(t)?;
+        }
+        let c = self.config;
+        if c.critic_shards == 0 || c.audit_batch == 0 {
+            return Err(HostError::Config(
+                "critic_shards and audit_batch must be at least 1".into(),
+            ));
+        }
+        let spawn_err = |what: &'static str| {
+            move |e: ractor::SpawnErr| HostError::Spawn {
+                what,
+                reason: e.to_string(),
+            }
+        };
+        let audit_store = self
+            .audit
+            .unwrap_or_else(|| Arc::new(MemoryAuditStore::new()));
+        let ledger = self
+            .ledger
+            .unwrap_or_else(|| Arc::new(MemoryBudgetLedger::new()));
+        let checkpointer = self
+            .checkpointer
+            .unwrap_or_else(|| Arc::new(MemoryCheckpointer::new()));
+        let policy = self.policy.unwrap_or_else(|| Arc::new(RulesPolicy));
+        let live = Arc::new(HostRuns::new(audit_store.clone()));
+        let shards = Arc::new(ShardSet::new(live.clone(), policy));
+        let root_actor = HostActor {
+            shards: shards.clone(),
+        };
+        let (root, _) = Actor::spawn(None, root_actor, ())
+            .await
+            .map_err(spawn_err("host"))?;
+        // Durability: the audit actor reports whether records can be
+        // written; admission reads it (see `open`).
+        let audit_health = Arc::new(AuditHealth::default());
+        // Exactly-once recovery: this host's lease on its durable runs.
+        let lease = Lease {
+            owner: lease_owner(),
+            ttl: c.lease_ttl,
+        };
+        let audit_actor = Audit {
+            store: audit_store.clone(),
+            max_batch: c.audit_batch,
+            max_age: c.audit_max_age,
+            spool: c.audit_spool.clone(),
+            checkpointer: checkpointer.clone(),
+            health: audit_health.clone(),
+            lease: lease.clone(),
+        };
+        let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
+            .await
+            .map_err(spawn_err("audit"))?;
+        let _ = shards.audit.set(audit.clone());
+        let budget_actor = Budget {
+            ledger: ledger.clone(),
+            window: c.budget_window,
+            flush_every: c.budget_flush_every,
+            refresh_every: c.budget_refresh_every,
+        };
+        let (budget, _) = Actor::spawn_linked(None, budget_actor, (), root.get_cell())
+            .await
+            .map_err(spawn_err("budget"))?;
+        for i in 0..c.critic_shards {
+            shards
+                .spawn(&root.get_cell(), i)
+                .await
+                .map_err(spawn_err("critic"))?;
+        }
+        let default_caller = Arc::from(c.default_caller.as_str());
+        Ok(Host {
+            inner: Arc::new(HostInner {
+                #[cfg(feature = "mcp")]
+                mcp: crate::mcp::hub::McpHub::new(c.mcp.clone()),
+                config: c,
+                tools,
+                models: self.models,
+                resolver: ModelResolver::new(self.providers),
+                root,
+                shards,
+                audit,
+                budget,
+                audit_store,
+                audit_health,
+                lease,
+                checkpointer,
+                booted: AtomicBool::new(false),
+                accounts: DashMap::new(),
+                live,
+                closed: AtomicBool::new(false),
+                next_key: AtomicU64::new(0),
+                default_caller,
+                sessions: crate::session::SessionTable::new(
+                    self.sessions
+                        .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
+                ),
+            }),
+        })
+    }
+}
