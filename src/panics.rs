@@ -76,6 +76,17 @@ pub fn install_quiet_hook() {
     }));
 }
 
+/// The text of a panic payload (`panic!` gives a `&str` or a `String`).
+pub(crate) fn payload_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.as_str()
+    } else {
+        "non-string panic payload"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -398,14 +398,7 @@ impl fmt::Debug for PreparedCall {
 
 /// The text of a panic payload (`panic!` gives a `&str` or a `String`).
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    let text = if let Some(s) = payload.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.as_str()
-    } else {
-        "non-string panic payload"
-    };
-    cap_text(text, MAX_ERROR_BYTES)
+    cap_text(crate::panics::payload_text(payload), MAX_ERROR_BYTES)
 }
 
 /// Caps the message an error carries, so a tool cannot flood the transcript
