@@ -41,9 +41,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStore};
+use crate::ports::event::{Event, RunEvent};
 use crate::ports::run::{
-    unix_ms, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
-    Usage,
+    unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 
 mod registry;

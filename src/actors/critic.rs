@@ -96,7 +96,8 @@ use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState, ShardLi
 use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
-use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
 
 /// The `error_kind` of a run killed while its streaming model call still

@@ -32,7 +32,7 @@ use crate::mcp::process::ExitCode;
 use crate::mcp::spec::McpServerSpec;
 use crate::mcp::tool::{build_tools, ServerTools};
 use crate::mcp::{McpConfig, McpError};
-use crate::ports::run::RunEvent;
+use crate::ports::event::RunEvent;
 
 /// Whether calls can reach the server now.
 #[derive(Clone)]

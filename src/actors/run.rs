@@ -61,14 +61,15 @@ use crate::compaction::{self, Compaction, Due};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::Checkpoint;
+use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
-    ToolCallRequest,
+    ToolCallRequest, ToolSpec,
 };
 use crate::ports::run::{
-    cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
+    cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
-use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents, ToolSpec};
+use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
 use crate::record::{Command, Ending, RunShared};
 use crate::spec::{AgentSpec, Invocation, Limits};
 

@@ -176,7 +176,7 @@ impl Host {
                 .filter(|r| {
                     matches!(
                         r.entry,
-                        AuditEntry::Event(crate::ports::run::RunEvent::StepStart { .. })
+                        AuditEntry::Event(crate::ports::event::RunEvent::StepStart { .. })
                     )
                 })
                 .count() as u32;

@@ -27,7 +27,7 @@ pub(crate) struct Link {
     pub(crate) on_list_changed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Server events no call was in flight to carry: the next call's run
     /// records them (a few at most).
-    pub(crate) pending: Mutex<Vec<crate::ports::run::RunEvent>>,
+    pub(crate) pending: Mutex<Vec<crate::ports::event::RunEvent>>,
 }
 
 impl Link {

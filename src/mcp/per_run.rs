@@ -22,8 +22,9 @@ use super::spec::McpServerSpec;
 use super::tool::{event_sink, ServerTools};
 use super::{McpConfig, McpError};
 use crate::actors::mcp::{Avail, McpMsg, McpServer};
+use crate::ports::model::ToolSpec;
 use crate::ports::run::RunId;
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 
 type Started = Result<(ActorRef<McpMsg>, ServerTools), McpError>;
 

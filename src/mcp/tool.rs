@@ -26,8 +26,9 @@ use super::names::{is_callable, model_names};
 use super::spec::McpServerSpec;
 use super::{result, McpConfig, McpError};
 use crate::actors::mcp::{Avail, McpMsg};
-use crate::ports::run::RunEvent;
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::event::RunEvent;
+use crate::ports::model::ToolSpec;
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::tools::CompiledTool;
 
 /// One tool of a server: its own name there, and the tool a run calls.

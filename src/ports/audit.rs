@@ -14,7 +14,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+use super::event::RunEvent;
+use super::run::{KillReason, RunId, RunResult, RunStatus};
 
 /// Who and what a run is, recorded at its start.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -398,7 +398,7 @@ mod tests {
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
     use crate::ports::model::Role;
-    use crate::ports::tool::ToolSpec;
+    use crate::ports::model::ToolSpec;
     use crate::spec::{ScriptToolCall, ScriptUsage};
 
     fn request(call_index: u32) -> ChatRequest {

@@ -24,9 +24,9 @@ use serde_json::Value;
 
 use super::builtin::builtins;
 use super::validate::{compile_schema, validate_arguments, MAX_ERROR_BYTES};
-use crate::ports::model::ToolCallRequest;
+use crate::ports::model::{ToolCallRequest, ToolSpec};
 use crate::ports::run::cap_text;
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 
 /// The longest tool name accepted, as providers allow.
 const MAX_NAME_BYTES: usize = 64;

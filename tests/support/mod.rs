@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore};
-use agentvisor::ports::model::{ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role};
-use agentvisor::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use agentvisor::ports::model::{
+    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolSpec,
+};
+use agentvisor::ports::tool::{Tool, ToolContext, ToolError};
 use agentvisor::providers::ScriptedModel;
 use agentvisor::stores::MemoryAuditStore;
 use agentvisor::{AgentSpec, Host, HostBuilder, HostConfig, RunEvent, RunEvents, RunId};

@@ -14,7 +14,8 @@ use super::json::{push_int, push_str, push_usage, strip_zero_defaults};
 use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, StepRecord};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 #[cfg(doc)]
 use crate::spec::Limits;
 use crate::spec::LimitsSpec;

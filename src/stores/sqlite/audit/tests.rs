@@ -8,7 +8,8 @@ use super::encode::{
 use super::json::{needs_no_escape, push_str, strip_zero_defaults};
 use super::KIND_START;
 use crate::ports::audit::{RunInfo, RunSummary};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, RunStatus, StepRecord};
 use crate::spec::LimitsSpec;
 
 #[test]
