@@ -28,7 +28,7 @@
 //! `crate::compaction`).
 //!
 //! A run on a model that streams hands each call an observer
-//! (`crate::actors::run_observer`): streamed chunks are heartbeats, the
+//! (`observer`): streamed chunks are heartbeats, the
 //! call's wait for its first token is bounded by `first_token_timeout`
 //! instead of the stall timeout, streamed text is kept as partial output,
 //! and a provider's fallbacks and estimates become `warning` events.
@@ -54,7 +54,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::audit::{send_finished, AuditMsg};
 use crate::actors::budget::{BudgetMsg, Ticket};
-use crate::actors::run_observer::RunObserver;
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
@@ -74,8 +73,11 @@ use crate::record::{Command, Ending, RunShared};
 use crate::spec::{AgentSpec, Invocation, Limits};
 
 mod ending;
+mod observer;
 mod summary;
 mod tools;
+
+use observer::RunObserver;
 
 pub use tools::ToolOutcome;
 
@@ -720,7 +722,7 @@ impl RunState {
     }
 
     /// The observer for the model call about to start (see
-    /// `run_observer`): made once, for a model that streams, whose calls
+    /// `observer`): made once, for a model that streams, whose calls
     /// then have a first-token phase. `None` for other models.
     fn call_observer(&mut self) -> Option<Arc<dyn CallObserver>> {
         if self.observer.is_none() {
