@@ -117,7 +117,7 @@ pub(crate) struct HostInner {
     /// `config.default_caller`, shared by the runs that name no caller.
     default_caller: Arc<str>,
     /// The chat sessions open on this host, and their store.
-    sessions: crate::session::SessionTable,
+    sessions: crate::session::table::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -171,7 +171,7 @@ impl Host {
     }
 
     /// The chat sessions open on this host (see [`crate::session`]).
-    pub(crate) fn session_table(&self) -> &crate::session::SessionTable {
+    pub(crate) fn session_table(&self) -> &crate::session::table::SessionTable {
         &self.inner.sessions
     }
 
