@@ -80,6 +80,10 @@
 //! `handle`; a policy that consults a model runs as a task. Its mailbox is
 //! unbounded: runs are admitted by the host (its run cap and the callers'
 //! accounts), which bounds what the shards hold.
+//!
+//! The shard stays one file, as every actor does (its messages, state and
+//! handlers together): its timers, reviews and decisions all act on the one
+//! timer set and run table it owns.
 
 use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;

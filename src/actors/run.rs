@@ -39,6 +39,12 @@
 //!
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
 //! partial output, steps and usage are kept on every ending.
+//!
+//! The loop stays in this file (its messages, its state and the step
+//! handlers that read and write that state); what stands apart has a file
+//! of its own under `run/`: a turn's tool calls (`tools`), the summary call
+//! (`summary`), how a run ends (`ending`) and what a model call reports
+//! while it runs (`observer`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

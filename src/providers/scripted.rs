@@ -29,6 +29,10 @@
 //!   dropping the call abandons it, and paused-time tests drive both.
 //!
 //! This module knows nothing about actors, retries or budgets.
+//!
+//! The file stays whole: it is one model (the player and what it computes
+//! up front), and half of its length is the tests that pin each key's
+//! behaviour.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,6 +11,10 @@
 //! [`PreparedCall::execute`] runs the tool under a timeout, turns a panic
 //! into [`ToolError::Panicked`] and caps what comes back, so whatever a tool
 //! does, the caller gets a bounded `Result<String, ToolError>`.
+//!
+//! The file stays whole: registering, selecting and calling share the one
+//! compiled entry (tool and validator) the registry makes, and almost half
+//! of its length is tests.
 
 use std::collections::HashMap;
 use std::fmt;
