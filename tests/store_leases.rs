@@ -3,13 +3,15 @@
 //! lease on the durable runs it runs; `recover` beside it leaves them
 //! alone, and two `recover`s at once resume each run once.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::checkpoint::{Checkpointer, Claim, Lease};
 use agentvisor::stores::{MemoryCheckpointer, SqliteStore};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId};
+use support::scratch::Scratch;
 
 /// One step, then a model call that never answers (the critic's limits
 /// are far away): the run stays in flight, checkpointed after its step.
@@ -24,26 +26,6 @@ script:
   - { tool: add, args: { a: 2, b: 3 } }
   - { hang: true }
 "#;
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-leases-{name}-{}-{}",
-            std::process::id(),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A host on its own handle to the file at `path`.
 async fn host_on(path: &std::path::Path) -> (Host, Arc<SqliteStore>) {

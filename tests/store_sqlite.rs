@@ -5,6 +5,8 @@
 //! schema, corrupt, foreign, unwritable), and the audit actor's spool
 //! taking the records while the store fails and replaying them after.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,33 +22,7 @@ use agentvisor::{
     AgentSpec, Host, HostConfig, Invocation, KillReason, RunEvent, RunId, RunResult, RunStatus,
 };
 use async_trait::async_trait;
-
-/// A fresh directory under the system temp dir (removed by `Scratch::drop`).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-test-{name}-{}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::scratch::Scratch;
 
 fn hello() -> AgentSpec {
     AgentSpec::from_file(concat!(
