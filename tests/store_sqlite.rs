@@ -686,25 +686,27 @@ async fn records_of_every_kind_round_trip() {
 
 #[tokio::test]
 async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
-    use agentvisor::ports::checkpoint::{Checkpoint, Checkpointer};
+    use agentvisor::ports::checkpoint::{Checkpoint, Checkpointer, EncodedJson};
     use agentvisor::ports::model::{Message, Role};
     let dir = Scratch::new("checkpoints");
     let path = dir.path("c.db");
-    let spec = Arc::new(hello());
+    let spec = EncodedJson::encode(&hello()).unwrap();
     let at = |run_id: RunId, iteration: u32| Checkpoint {
         run_id,
+        agent: "hello".into(),
         spec: spec.clone(),
-        invocation: Invocation {
+        invocation: EncodedJson::encode(&Invocation {
             run_id: Some(run_id),
             prompt: "go".into(),
             ..Invocation::default()
-        },
+        })
+        .unwrap(),
         transcript: Arc::new(vec![Message::text(Role::User, format!("step {iteration}"))]),
         iteration,
         steps: Vec::new(),
         usage: Default::default(),
         critic: Vec::new(),
-        resumes: 1,
+        resumes: 0,
         started_at: 10,
         saved_at: 20 + u64::from(iteration),
     };
@@ -715,6 +717,9 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
     };
     {
         let store = SqliteStore::open(&path).await.unwrap();
+        // The first save of a run creates its row; later ones replace it.
+        let lost = store.save(&[at(a, 0), at(b, 0)], &lease).await.unwrap();
+        assert!(lost.is_empty(), "{lost:?}");
         store.save(&[at(a, 1), at(b, 1)], &lease).await.unwrap();
         store.save(&[at(a, 2)], &lease).await.unwrap();
         store.clear(&[b]).await.unwrap();
@@ -793,7 +798,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 6] = [
+const MIGRATIONS: [(i64, &str); 7] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -803,6 +808,7 @@ const MIGRATIONS: [(i64, &str); 6] = [
         include_str!("../migrations/0005_partial_status_index.sql"),
     ),
     (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
+    (7, include_str!("../migrations/0007_sessions.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`
