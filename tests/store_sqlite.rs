@@ -854,6 +854,7 @@ async fn a_file_of_every_earlier_schema_version_opens_and_reads() {
                 insert_whole_segment(&conn, id, &run);
                 insert_whole_run(&conn, id, res);
             }
+            insert_old_checkpoint(&conn, id);
             conn.close().unwrap();
         }
         let store = SqliteStore::open(&path).await.unwrap();
@@ -875,12 +876,58 @@ async fn a_file_of_every_earlier_schema_version_opens_and_reads() {
         );
         let listed = store.list_runs(&RunFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 1, "version {version}");
+        // A checkpoint as builds before schema version 8 wrote it loads,
+        // and its manifest and invocation decode.
+        {
+            use agentvisor::ports::checkpoint::Checkpointer;
+            let saved = store.load_all().await.unwrap();
+            assert_eq!(saved.len(), 1, "version {version}");
+            assert_eq!(saved[0].run_id, id);
+            assert_eq!(saved[0].spec.decode::<AgentSpec>().unwrap(), hello());
+            let inv: Invocation = saved[0].invocation.decode().unwrap();
+            assert_eq!(inv.prompt, "go");
+        }
         // And it takes new runs.
         let (new_id, new_run) = rekey(&records, |_| {});
         store.append(&new_run).await.unwrap();
         assert_eq!(store.run_records(new_id).await.unwrap(), new_run);
         store.close().await;
     }
+}
+
+/// A durable run's checkpoint as builds before schema version 8 wrote it:
+/// the manifest and the invocation as JSON objects inside `state`, no
+/// agent name beside them.
+fn insert_old_checkpoint(conn: &rusqlite::Connection, id: RunId) {
+    use agentvisor::ports::checkpoint::{Checkpoint, EncodedJson};
+    let now = Checkpoint {
+        run_id: id,
+        agent: "hello".into(),
+        spec: EncodedJson::encode(&hello()).unwrap(),
+        invocation: EncodedJson::encode(&Invocation {
+            run_id: Some(id),
+            prompt: "go".into(),
+            ..Invocation::default()
+        })
+        .unwrap(),
+        transcript: Arc::new(Vec::new()),
+        iteration: 1,
+        steps: Vec::new(),
+        usage: Default::default(),
+        critic: Vec::new(),
+        resumes: 0,
+        started_at: 1,
+        saved_at: 2,
+    };
+    // The manifest and the invocation were nested as the same objects.
+    let mut state = serde_json::to_value(&now).unwrap();
+    state.as_object_mut().unwrap().remove("agent");
+    conn.execute(
+        "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at) \
+         VALUES (?1, 'hello', 1, 0, ?2, 2)",
+        rusqlite::params![id.to_string(), state.to_string()],
+    )
+    .unwrap();
 }
 
 /// A new file with the schema of `version` (migrations 1 to `version`).
