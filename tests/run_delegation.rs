@@ -7,7 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentvisor::ports::audit::AuditStore;
+use agentvisor::ports::audit::{AuditStore, RunIndex};
 use agentvisor::{HostConfig, Invocation, KillReason, RunStatus};
 
 /// A directory of manifests for one test.
@@ -84,6 +84,59 @@ async fn a_child_may_use_only_tools_its_parent_may_use() {
     // The child's call of `upper` was refused (unknown to it), the child
     // went on and answered.
     assert_eq!(r.steps[0].result, "done");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_gets_no_mcp_server_its_parent_does_not_have() {
+    let d = dir("mcp");
+    // The child names an MCP server; the parent names none. The child is
+    // prepared without it (its program is never started: it does not
+    // exist), and its tools are not offered.
+    let child = write(
+        &d,
+        "helper.yaml",
+        "name: helper
+tools: [add]
+mcp:
+  servers:
+    - { name: files, command: [/nonexistent/mcp-files] }
+script:
+  - { tool: files__read, args: { path: x } }
+  - { text: done }
+",
+    );
+    let parent = write(&d, "parent.yaml", &parent_yaml(&child, "{}"));
+    let (host, store) = support::host().await;
+    let agent = host
+        .agent(agentvisor::AgentSpec::from_file(&parent).unwrap())
+        .expect("a sub-agent's MCP servers do not stop its parent from preparing");
+    let r = host
+        .execute(&agent, Invocation::prompt("go"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert_eq!(r.steps[0].result, "done");
+    host.shutdown().await;
+    let child_id = store
+        .list_runs(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.agent == "helper")
+        .unwrap()
+        .run_id;
+    let child = store.run_result(child_id).await.unwrap().unwrap();
+    assert_eq!(&*child.steps[0].tool, "files__read");
+    assert!(!child.steps[0].ok);
+    assert!(
+        child.steps[0]
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("unknown"),
+        "{:?}",
+        child.steps[0]
+    );
 }
 
 #[tokio::test(start_paused = true)]
