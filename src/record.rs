@@ -232,6 +232,10 @@ pub(crate) struct RunShared {
     pub(crate) parent_run_id: Option<RunId>,
     /// The root of the run's delegation tree (itself for a top-level run).
     pub(crate) root_run_id: RunId,
+    /// The root recorded with the run ([`RunResult::root_run_id`]): its
+    /// top run's id for a sub-agent, its pipeline's for a phase and the
+    /// phase's sub-agents; `None` for a run that is its own root.
+    pub(crate) tree_root: Option<RunId>,
     /// How deep in its tree (0 for a top-level run).
     pub(crate) depth: u32,
     /// Its child runs in flight.
@@ -266,6 +270,7 @@ pub(crate) struct RunIdentity {
     pub(crate) caller_id: Option<Arc<str>>,
     pub(crate) parent_run_id: Option<RunId>,
     pub(crate) root_run_id: Option<RunId>,
+    pub(crate) tree_root: Option<RunId>,
     pub(crate) depth: u32,
     pub(crate) max_iterations: u32,
 }
@@ -286,6 +291,7 @@ impl RunShared {
             caller_id: id.caller_id,
             parent_run_id: id.parent_run_id,
             root_run_id: id.root_run_id.unwrap_or(id.run_id),
+            tree_root: id.tree_root,
             depth: id.depth,
             children: Mutex::new(Vec::new()),
             descendants: AtomicU32::new(0),
@@ -555,6 +561,7 @@ impl RunShared {
                 agent: self.agent.to_string(),
                 caller_id: self.caller_id.as_deref().map(str::to_string),
                 parent_run_id: self.parent_run_id,
+                root_run_id: self.tree_root,
                 status: ending.status,
                 kill_reason: ending.kill_reason,
                 error_kind: ending.error_kind,

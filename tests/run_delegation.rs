@@ -57,9 +57,22 @@ async fn a_parent_delegates_and_reads_its_childs_answer() {
     assert!(r.steps[0].ok);
     assert_eq!(r.steps[0].result, "5");
     host.shutdown().await;
-    // The child is a run of its own, on record with its parent.
+    // The child is a run of its own, on record with its parent and its
+    // tree's root.
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.terminal_records, 2);
+    let tree = store
+        .list_runs(&agentvisor::ports::audit::RunFilter {
+            root: Some(r.run_id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(tree.len(), 2);
+    let child = tree.iter().find(|s| s.agent == "helper").unwrap();
+    assert_eq!(child.parent_run_id, Some(r.run_id));
+    assert_eq!(child.root_run_id, Some(r.run_id));
+    assert_eq!(r.root_run_id, None, "the root is its own");
 }
 
 #[tokio::test(start_paused = true)]
