@@ -29,7 +29,8 @@
 //! - The child spends its parent's caller's budget (the same account,
 //!   reserve-and-settle), so a tree cannot spend more than its root.
 //! - The child's events reach the parent's subscribers too (tagged with
-//!   the child's `run_id`), live.
+//!   the child's `run_id` and `parent_run_id`), live and in the order the
+//!   child made them.
 
 use std::sync::Weak;
 
@@ -161,33 +162,21 @@ impl Tool for PaletteTool {
                 .unwrap_or_default()
                 .to_string();
         }
-        let parent = host.inner.live.get(&ctx.run_id);
         let (handle, mut events) = host
             .submit_streaming(&self.child, inv)
             .await
             .map_err(|e| ToolError::Failed(format!("the sub-agent could not start: {e}")))?;
         let mut guard = KillOnDrop(Some(handle.run_ref()));
         let child = handle.run_ref();
-        // Until the child's stream ends (it ends with the child): each event
-        // is a sign of life of this call, and news for the parent's
-        // subscribers.
+        // Until the child's stream ends (it ends with the child): each of
+        // its events (and its own sub-agents') is a sign of life of this
+        // call. The parent's subscribers get them from the child itself
+        // (`RunShared::publish`), in order.
         let mut cancelled = false;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
-                    Some(ev) => {
-                        ctx.beat();
-                        // The child's terminal events reach the parent from
-                        // the child's own end (before the parent can end).
-                        let terminal = matches!(
-                            ev.event,
-                            crate::ports::run::RunEvent::RunEnd { .. }
-                                | crate::ports::run::RunEvent::Error { .. }
-                        );
-                        if let (Some(p), false) = (&parent, terminal) {
-                            p.forward(&ev);
-                        }
-                    }
+                    Some(_) => ctx.beat(),
                     None => break,
                 },
                 _ = ctx.cancelled(), if !cancelled => {
