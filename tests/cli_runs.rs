@@ -436,3 +436,63 @@ fn runs_show_tree_and_runs_list_root_read_a_delegation_tree_back() {
     let out = agentvisor(&["runs", "show", unknown, "--tree", "--db", &db]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+#[test]
+fn run_of_a_pipeline_runs_its_phases_and_runs_show_tree_lists_them() {
+    let dir = Scratch::new("pipeline");
+    let db = db_arg(&dir.path("a.db"));
+    std::fs::write(
+        dir.path("leaf.yaml"),
+        "name: leaf\nscript:\n  - { text: facts, usage: { input: 5, output: 5 } }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path("essay.yaml"),
+        "name: essay\nagents: { leaf: leaf.yaml }\nphases:\n  - name: gather\n    prompt: \"Gather facts on {{prompt}}\"\n    script:\n      - { tool: agent__leaf, args: { prompt: look }, usage: { input: 10, output: 10 } }\n      - { text: gathered, usage: { input: 10, output: 10 } }\n  - name: write\n    prompt: \"Write from {{phases.gather.output}}\"\n    script:\n      - { text: written, usage: { input: 1, output: 1 } }\n",
+    )
+    .unwrap();
+    let essay = db_arg(&dir.path("essay.yaml"));
+    let out = agentvisor(&["run", &essay, "--input", "tides", "--db", &db, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = json(&out);
+    assert_eq!(result["status"], "ok", "{result}");
+    assert_eq!(result["output"], "written");
+    let phases = result["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    let pipeline_id = result["pipeline_id"].as_str().unwrap().to_string();
+
+    let out = agentvisor(&[
+        "runs",
+        "show",
+        &pipeline_id,
+        "--tree",
+        "--json",
+        "--db",
+        &db,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let tree = json(&out);
+    let top = tree["runs"].as_array().unwrap();
+    let agents: Vec<&str> = top.iter().map(|r| r["agent"].as_str().unwrap()).collect();
+    assert_eq!(agents, ["essay.gather", "essay.write"]);
+    assert_eq!(top[0]["children"][0]["agent"], "leaf");
+    assert_eq!(top[0]["run_id"], phases[0]["run_id"]);
+
+    // The human forms: the events of both phases, the phases' lines.
+    let out = agentvisor(&["run", &essay, "--input", "tides", "--db", &db, "--events"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ends = text
+        .lines()
+        .filter(|l| l.contains("\"type\":\"run.end\""))
+        .count();
+    assert_eq!(ends, 3, "two phases and the leaf:\n{text}");
+    assert!(
+        text.contains("phase gather: ok") && text.contains("phase write: ok"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pipeline ") && text.contains("(essay): ok"),
+        "{text}"
+    );
+}
