@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use agentvisor::ports::audit::{AuditRecord, AuditStats, AuditStore, AuditStoreError};
 use agentvisor::ports::budget::{BudgetLedger, Spend};
-use agentvisor::ports::checkpoint::{Checkpointer, Lease};
+use agentvisor::ports::checkpoint::{Checkpointer, EncodedJson, Lease};
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer, SqliteStore};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId, RunStatus};
 use async_trait::async_trait;
@@ -172,10 +172,12 @@ async fn hello_records() -> Vec<AuditRecord> {
 fn durable_checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoint {
     agentvisor::ports::checkpoint::Checkpoint {
         run_id,
-        spec: Arc::new(manifest("examples/agents/durable.yaml")),
-        invocation: Invocation::default(),
+        agent: "durable".into(),
+        spec: EncodedJson::encode(&manifest("examples/agents/durable.yaml")).unwrap(),
+        invocation: EncodedJson::encode(&Invocation::default()).unwrap(),
         transcript: Arc::new(Vec::new()),
-        iteration: 1,
+        // A run's first checkpoint (it creates the run's row).
+        iteration: 0,
         steps: Vec::new(),
         usage: Default::default(),
         critic: Vec::new(),

@@ -312,6 +312,9 @@ impl Actor for Critic {
                 for run in st.runs.values_mut() {
                     run.watch.shift(gap, now);
                 }
+                // The host's leases may have expired meanwhile: it checks
+                // them before it writes more of its durable runs.
+                let _ = self.audit.cast(AuditMsg::Paused { gap });
             }
             CriticMsg::Decided {
                 key,
@@ -367,6 +370,11 @@ impl Critic {
             }
             Command::Beat => {
                 self.with_run(myself, st, key, now, |_, run| run.beat(Beat::Alive));
+            }
+            Command::Fence => {
+                self.with_run(myself, st, key, now, |critic, run| {
+                    critic.stop(run, Ending::fenced(), None);
+                });
             }
             Command::Extend(by) => {
                 self.with_run(myself, st, key, now, |critic, run| {

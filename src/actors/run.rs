@@ -65,7 +65,7 @@ use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
-use crate::ports::checkpoint::Checkpoint;
+use crate::ports::checkpoint::{Checkpoint, EncodedJson};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
@@ -76,7 +76,7 @@ use crate::ports::run::{
 };
 use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
 use crate::record::{Command, Ending, RunShared};
-use crate::spec::{AgentSpec, Invocation, Limits};
+use crate::spec::Limits;
 
 mod ending;
 mod observer;
@@ -223,11 +223,13 @@ pub struct RunArgs {
     pub(crate) deadline_cap: Option<Instant>,
 }
 
-/// What a durable run's checkpoints carry besides its progress.
+/// What a durable run's checkpoints carry besides its progress: its
+/// manifest and invocation encoded once (a save copies neither).
 pub(crate) struct DurableRun {
-    pub(crate) spec: Arc<AgentSpec>,
+    pub(crate) agent: Arc<str>,
+    pub(crate) spec: EncodedJson,
     /// The invocation, with its run id and resolved prompt.
-    pub(crate) invocation: Invocation,
+    pub(crate) invocation: EncodedJson,
     pub(crate) resumes: u32,
     pub(crate) started_at: u64,
 }
@@ -759,6 +761,7 @@ impl RunState {
         };
         let checkpoint = Checkpoint {
             run_id: self.shared.run_id,
+            agent: d.agent.clone(),
             spec: d.spec.clone(),
             invocation: d.invocation.clone(),
             transcript: self.transcript.clone(),

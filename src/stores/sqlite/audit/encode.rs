@@ -69,6 +69,7 @@ pub(super) fn write_info(
         prompt,
         tools,
         limits,
+        host,
     } = info;
     out.extend_from_slice(b"{\"agent\":");
     push_str(out, agent);
@@ -110,6 +111,10 @@ pub(super) fn write_info(
             out.extend_from_slice(b",\"limits\":");
             out.extend_from_slice(json);
         }
+    }
+    if let Some(h) = host {
+        out.extend_from_slice(b",\"host\":");
+        push_str(out, h);
     }
     out.push(b'}');
     Ok(())

@@ -237,6 +237,7 @@ fn common_events_are_written_as_serde_writes_them() {
             prompt: tricky.into(),
             tools: vec!["add".to_string(), tricky.to_string()].into(),
             limits: Some(full),
+            host: caller.map(Into::into),
         };
         let mut out = Vec::new();
         let mut last = None;
