@@ -70,7 +70,8 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::Agent;
 use crate::host::{Host, SubmitError};
 use crate::ports::audit::{AuditEntry, AuditStoreError};
-use crate::ports::run::{unix_ms, Event, KillReason, RunId, RunResult, RunStatus, Usage};
+use crate::ports::event::Event;
+use crate::ports::run::{unix_ms, KillReason, RunId, RunResult, RunStatus, Usage};
 use crate::spec::{AgentSpec, Invocation, PhaseSpec};
 
 /// How many runs one phase of a durable pipeline may be tried with at most

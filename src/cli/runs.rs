@@ -15,6 +15,8 @@
 //!   status with its kill reason or error kind, tokens, wall time (see
 //!   `tree`); `--json` prints `{"root_run_id": …, "runs": [{…,
 //!   "children": […]}]}`. Finished runs only (the database has no other).
+//! - `runs kill|steer|extend|cancel|approve|deny RUN_ID`: commands to a
+//!   run in flight; they need `--server` (sent by `super::client`).
 //!
 //! Exit codes: 0 on success; 1 when `show` finds no such run; 2 when the
 //! database is missing or cannot be opened, `--db :memory:` (which keeps no
@@ -50,7 +52,46 @@ pub(super) enum RunsCommand {
     /// Commands to a run in flight on a server (`--server`): kill, steer,
     /// extend, cancel, approve, deny.
     #[command(flatten)]
-    Control(super::client::ControlCommand),
+    Control(ControlCommand),
+}
+
+/// Commands to a run on a server.
+#[derive(Subcommand, Debug)]
+pub(crate) enum ControlCommand {
+    /// Kill a run (status `killed`, reason `operator`).
+    Kill {
+        /// The run id.
+        run_id: String,
+    },
+    /// Cancel a run (status `cancelled`).
+    Cancel {
+        /// The run id.
+        run_id: String,
+    },
+    /// Inject a message before the run's next model call.
+    Steer {
+        /// The run id.
+        run_id: String,
+        /// The message.
+        text: String,
+    },
+    /// Push the run's hard deadline back (`30s`, `5m`, or seconds).
+    Extend {
+        /// The run id.
+        run_id: String,
+        /// By how long.
+        by: String,
+    },
+    /// Approve the run's pending tool call.
+    Approve {
+        /// The run id.
+        run_id: String,
+    },
+    /// Deny the run's pending tool call.
+    Deny {
+        /// The run id.
+        run_id: String,
+    },
 }
 
 #[derive(Args, Debug)]

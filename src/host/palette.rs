@@ -41,8 +41,9 @@ use super::{Host, HostInner};
 use crate::agent::Agent;
 use crate::handle::RunRef;
 use crate::mcp::ServedTool;
+use crate::ports::model::ToolSpec;
 use crate::ports::run::{KillReason, RunStatus};
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::spec::{AgentSpec, Invocation, SubAgent};
 
 /// The prefix of a palette tool's name.

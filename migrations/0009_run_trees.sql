@@ -1,4 +1,4 @@
--- agentvisor schema, version 8: run trees.
+-- agentvisor schema, version 9: run trees.
 --
 -- `root_run_id`: the tree a finished run belongs to when it is not its
 -- own root — the top run of a sub-agent's tree, or the pipeline of a phase
