@@ -251,6 +251,7 @@ fn lost_result(run_id: RunId) -> RunResult {
         agent: String::new(),
         caller_id: None,
         parent_run_id: None,
+        root_run_id: None,
         status: RunStatus::Error,
         kill_reason: None,
         error_kind: Some("lost".into()),

@@ -90,7 +90,7 @@ pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
-pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult};
+pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::event::{Event, RunEvent};
 pub use ports::run::{

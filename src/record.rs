@@ -253,6 +253,10 @@ pub(crate) struct RunShared {
     pub(crate) parent_run_id: Option<RunId>,
     /// The root of the run's delegation tree (itself for a top-level run).
     pub(crate) root_run_id: RunId,
+    /// The root recorded with the run ([`RunResult::root_run_id`]): its
+    /// top run's id for a sub-agent, its pipeline's for a phase and the
+    /// phase's sub-agents; `None` for a run that is its own root.
+    pub(crate) tree_root: Option<RunId>,
     /// How deep in its tree (0 for a top-level run).
     pub(crate) depth: u32,
     /// Its child runs in flight.
@@ -287,6 +291,7 @@ pub(crate) struct RunIdentity {
     pub(crate) caller_id: Option<Arc<str>>,
     pub(crate) parent_run_id: Option<RunId>,
     pub(crate) root_run_id: Option<RunId>,
+    pub(crate) tree_root: Option<RunId>,
     pub(crate) depth: u32,
     pub(crate) max_iterations: u32,
 }
@@ -307,6 +312,7 @@ impl RunShared {
             caller_id: id.caller_id,
             parent_run_id: id.parent_run_id,
             root_run_id: id.root_run_id.unwrap_or(id.run_id),
+            tree_root: id.tree_root,
             depth: id.depth,
             children: Mutex::new(Vec::new()),
             descendants: AtomicU32::new(0),
@@ -380,11 +386,12 @@ impl RunShared {
                 });
             }
         }
-        if self.subscribers.load(Ordering::SeqCst) == 0 {
+        if self.subscribers.load(Ordering::SeqCst) == 0 && self.parent_run_id.is_none() {
             return;
         }
-        self.fan_out(Event {
+        self.publish(Event {
             run_id: self.run_id,
+            parent_run_id: self.parent_run_id,
             seq,
             event: event.clone(),
         });
@@ -393,17 +400,46 @@ impl RunShared {
     /// Sends a streamed text delta (not a record: it carries the `seq` of
     /// the record before it).
     pub(crate) fn emit_delta(&self, event: RunEvent) {
-        if self.subscribers.load(Ordering::SeqCst) == 0 {
+        if self.subscribers.load(Ordering::SeqCst) == 0 && self.parent_run_id.is_none() {
             return;
         }
-        self.fan_out(Event {
+        self.publish(Event {
             run_id: self.run_id,
+            parent_run_id: self.parent_run_id,
             seq: self.last_seq(),
             event,
         });
     }
 
-    fn fan_out(&self, ev: Event) {
+    /// Sends one of the run's own events to its subscribers, then to its
+    /// ancestors' (a sub-agent's events reach every run above it, at once
+    /// and in the order it made them: its `run.end` comes after the rest).
+    fn publish(&self, ev: Event) {
+        if self.subscribers.load(Ordering::SeqCst) > 0 {
+            let resume_from = ev.seq;
+            self.fan_out(ev.clone(), resume_from);
+        }
+        self.relay_up(&ev);
+    }
+
+    /// Sends a descendant's event on to the parent's subscribers, and up.
+    fn relay_up(&self, ev: &Event) {
+        let Some(parent) = self.parent_run_id.and_then(|p| self.host.get(&p)) else {
+            return;
+        };
+        if parent.subscribers.load(Ordering::SeqCst) > 0 {
+            // A subscriber that falls behind on it re-reads the parent's
+            // own records from the parent's next one (the descendant's are
+            // in its own log).
+            let resume_from = parent.seq.load(Ordering::SeqCst);
+            parent.fan_out(ev.clone(), resume_from);
+        }
+        parent.relay_up(ev);
+    }
+
+    /// Sends `ev` to every subscriber; one that is full is dropped, to
+    /// re-read the run's records from `resume_from`.
+    fn fan_out(&self, ev: Event, resume_from: u32) {
         let mut subs = self.fanout.lock().unwrap_or_else(|p| p.into_inner());
         let before = subs.len();
         subs.retain(|s| match s.tx.try_send(ev.clone()) {
@@ -411,7 +447,7 @@ impl RunShared {
             Err(mpsc::error::TrySendError::Full(_)) => {
                 // Dropping the sender ends its channel after what it holds;
                 // the subscriber then re-reads from here.
-                let _ = s.lagged.set(ev.seq);
+                let _ = s.lagged.set(resume_from);
                 false
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -478,14 +514,6 @@ impl RunShared {
     /// Counts one more run in the tree this run is the root of; the count.
     pub(crate) fn add_descendant(&self) -> u32 {
         self.descendants.fetch_add(1, Ordering::AcqRel) + 1
-    }
-
-    /// Sends a child's event to this run's subscribers (live only: the
-    /// child's records are its own).
-    pub(crate) fn forward(&self, ev: &Event) {
-        if self.subscribers.load(Ordering::SeqCst) > 0 {
-            self.fan_out(ev.clone());
-        }
     }
 
     /// The host's registry (to reach relatives by id).
@@ -576,6 +604,7 @@ impl RunShared {
                 agent: self.agent.to_string(),
                 caller_id: self.caller_id.as_deref().map(str::to_string),
                 parent_run_id: self.parent_run_id,
+                root_run_id: self.tree_root,
                 status: ending.status,
                 kill_reason: ending.kill_reason,
                 error_kind: ending.error_kind,
@@ -618,17 +647,10 @@ impl RunShared {
             return Finished::Suspended(preceding, self.clone());
         }
         let seq = self.next_seq();
-        let parent = self.parent_run_id.and_then(|p| self.host.get(&p));
         for ev in terminal_events(&result) {
+            // To its ancestors' subscribers too, before the parent can end
+            // (it waits for this child).
             self.emit(seq, &ev);
-            if let Some(p) = &parent {
-                // Before the parent can end (it waits for this child).
-                p.forward(&Event {
-                    run_id: self.run_id,
-                    seq,
-                    event: ev,
-                });
-            }
         }
         self.close_fanout();
         let record = AuditRecord {

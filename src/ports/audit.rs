@@ -179,6 +179,10 @@ pub struct RunFilter {
     pub caller: Option<String>,
     /// At most this many (`None`: all).
     pub limit: Option<u32>,
+    /// Only the runs of this tree: the run itself and every run whose
+    /// [`RunSummary::root_run_id`] it is (its sub-agents at any depth; a
+    /// pipeline's phases and theirs).
+    pub root: Option<RunId>,
 }
 
 /// One finished run, as the run index lists it.
@@ -192,6 +196,10 @@ pub struct RunSummary {
     pub caller_id: Option<String>,
     /// The parent run, for a sub-agent run.
     pub parent_run_id: Option<RunId>,
+    /// The tree it belongs to when it is not its own root (see
+    /// [`RunResult::root_run_id`]).
+    #[serde(default)]
+    pub root_run_id: Option<RunId>,
     /// How it ended.
     pub status: RunStatus,
     /// Why it was killed, when it was.
@@ -212,6 +220,7 @@ impl RunSummary {
             agent: result.agent.clone(),
             caller_id: result.caller_id.clone(),
             parent_run_id: result.parent_run_id,
+            root_run_id: result.root_run_id,
             status: result.status,
             kill_reason: result.kill_reason,
             error_kind: result.error_kind.clone(),
@@ -232,6 +241,9 @@ impl RunSummary {
                 .caller
                 .as_deref()
                 .is_none_or(|c| self.caller_id.as_deref() == Some(c))
+            && filter
+                .root
+                .is_none_or(|r| self.run_id == r || self.root_run_id == Some(r))
     }
 }
 

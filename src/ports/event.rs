@@ -250,14 +250,20 @@ pub enum RunEvent {
 }
 
 /// One event of a run as subscribers get it: the event, the run it belongs
-/// to, and its audit record's `seq` (a consumer resumes from any `seq`;
-/// a streamed `text.delta` is not a record and carries the `seq` of the
-/// record before it). On the wire the fields sit beside the event's own:
-/// `{"type": "tool.call", "run_id": "…", "seq": 4, …}`.
+/// to (and that run's parent, for a sub-agent run), and its audit record's
+/// `seq` (a consumer resumes from any `seq`; a streamed `text.delta` is
+/// not a record and carries the `seq` of the record before it). On the
+/// wire the fields sit beside the event's own: `{"type": "tool.call",
+/// "run_id": "…", "seq": 4, …}`. A run's subscribers get its sub-agents'
+/// events too, as they happen, each with its own run's `run_id`, `seq`
+/// and `parent_run_id`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The run.
     pub run_id: RunId,
+    /// The run's parent, when it is a sub-agent run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<RunId>,
     /// Its audit record's sequence number.
     pub seq: u32,
     /// What happened.

@@ -416,6 +416,7 @@ pub(crate) async fn list_runs(
         status,
         caller: (!caller.is_admin()).then(|| caller.id.to_string()),
         limit: None,
+        root: None,
     };
     let all_ended = if root.is_some() && want_ended {
         let all = st

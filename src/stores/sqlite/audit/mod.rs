@@ -148,6 +148,14 @@ impl RunIndex for SqliteStore {
             sql.push_str(" AND caller_id = ?");
             args.push(caller.clone().into());
         }
+        if let Some(root) = filter.root {
+            // The root's own row by its key, the rest through `runs_by_root`.
+            sql.push_str(
+                " AND run_id IN (SELECT run_id FROM runs WHERE root_run_id = ? UNION ALL SELECT ?)",
+            );
+            args.push(root.to_string().into());
+            args.push(root.to_string().into());
+        }
         sql.push_str(" ORDER BY finished_at DESC, run_id DESC");
         if let Some(limit) = filter.limit {
             sql.push_str(" LIMIT ?");
