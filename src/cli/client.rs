@@ -165,26 +165,39 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
     let api = Api::new(url);
     match a.command {
         RunsCommand::List(l) => {
-            let mut path = format!("/v1/runs?limit={}", l.limit.clamp(1, 500));
-            if let Some(s) = l.status {
-                path.push_str(&format!("&status={s}"));
-            }
-            let list: RunList = match api.call(reqwest::Method::GET, &path, None).await {
-                Ok(v) => match serde_json::from_value(v) {
-                    Ok(l) => l,
-                    Err(e) => return super::refuse(format!("unexpected answer: {e}")),
-                },
-                Err(f) => return fail(f),
-            };
-            let runs: Vec<_> = list
-                .runs
-                .into_iter()
-                .filter(|r| {
+            // A page at a time (the server's pages hold at most 500),
+            // each from the cursor the previous one ended at, until
+            // `--limit` runs are listed or the server has no more.
+            let want = l.limit as usize;
+            let mut runs = Vec::new();
+            let mut cursor: Option<String> = None;
+            while runs.len() < want {
+                let mut path = format!("/v1/runs?limit={}", (want - runs.len()).clamp(1, 500));
+                if let Some(s) = l.status {
+                    path.push_str(&format!("&status={s}"));
+                }
+                if let Some(c) = &cursor {
+                    path.push_str(&format!("&cursor={c}"));
+                }
+                let page: RunList = match api.call(reqwest::Method::GET, &path, None).await {
+                    Ok(v) => match serde_json::from_value(v) {
+                        Ok(l) => l,
+                        Err(e) => return super::refuse(format!("unexpected answer: {e}")),
+                    },
+                    Err(f) => return fail(f),
+                };
+                runs.extend(page.runs.into_iter().filter(|r| {
                     l.caller
                         .as_deref()
                         .is_none_or(|c| r.caller_id.as_deref() == Some(c))
-                })
-                .collect();
+                }));
+                match page.next_cursor {
+                    // Cursors are hex: safe in a query as they are.
+                    Some(c) if c.bytes().all(|b| b.is_ascii_alphanumeric()) => cursor = Some(c),
+                    _ => break,
+                }
+            }
+            runs.truncate(want);
             if l.json {
                 println!("{}", serde_json::to_string(&runs).unwrap_or_default());
                 return ExitCode::SUCCESS;

@@ -110,6 +110,7 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
         status: a.status,
         caller: a.caller,
         limit: Some(a.limit),
+        after: None,
     };
     let runs = match store.list_runs(&filter).await {
         Ok(r) => r,
