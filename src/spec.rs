@@ -22,12 +22,14 @@ pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 use crate::ports::run::RunId;
 
+mod approval;
 mod limits;
 mod palette;
 mod phases;
 #[cfg(test)]
 mod tests;
 
+pub use approval::APPROVE_ALL;
 pub use limits::*;
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
@@ -420,6 +422,10 @@ pub struct AgentSpec {
     /// Tools the agent may call, by name.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Tools whose calls wait for an operator's approval (`*`: all; see
+    /// `approval_timeout` in `limits`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -582,6 +588,7 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
+            approval: Vec::new(),
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -716,6 +723,7 @@ impl AgentSpec {
             })?;
         }
         self.check_call_options(source)?;
+        self.check_approval(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

@@ -96,7 +96,7 @@ async fn page_through<S: AuditStore + RunIndex>(
             for _ in 0..3 {
                 newer += 1;
                 store
-                    .append(&copy(template, newer, newer % 2 == 0).1)
+                    .append(&copy(template, newer, newer.is_multiple_of(2)).1)
                     .await
                     .unwrap();
             }
@@ -122,9 +122,9 @@ async fn keyset_pages_list_every_run_once<S: AuditStore + RunIndex>(store: &S) {
     // every third killed.
     let mut on_file = Vec::new();
     for i in 0..240u64 {
-        let (id, records) = copy(&template, 10_000 + i / 3, i % 3 == 0);
+        let (id, records) = copy(&template, 10_000 + i / 3, i.is_multiple_of(3));
         store.append(&records).await.unwrap();
-        on_file.push((10_000 + i / 3, id, i % 3 == 0));
+        on_file.push((10_000 + i / 3, id, i.is_multiple_of(3)));
     }
     on_file.sort_by_key(|(at, id, _)| std::cmp::Reverse((*at, *id)));
 

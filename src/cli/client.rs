@@ -47,15 +47,26 @@ pub(crate) enum ControlCommand {
         /// By how long.
         by: String,
     },
-    /// Approve the run's pending tool call.
+    /// Approve the tool calls a run waits to have approved (they run).
     Approve {
         /// The run id.
         run_id: String,
+        /// Only this call (its id, as `runs show` or the run's
+        /// `approval.requested` event gives it); default: every waiting call.
+        #[arg(long, value_name = "CALL_ID")]
+        call: Option<String>,
     },
-    /// Deny the run's pending tool call.
+    /// Deny the tool calls a run waits to have approved (the model reads
+    /// the reason as their result).
     Deny {
         /// The run id.
         run_id: String,
+        /// Only this call; default: every waiting call.
+        #[arg(long, value_name = "CALL_ID")]
+        call: Option<String>,
+        /// Why (the model reads it).
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -295,8 +306,20 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
     let (id, action, body) = match c {
         ControlCommand::Kill { run_id } => (run_id, "kill", None),
         ControlCommand::Cancel { run_id } => (run_id, "cancel", None),
-        ControlCommand::Approve { run_id } => (run_id, "approve", None),
-        ControlCommand::Deny { run_id } => (run_id, "deny", None),
+        ControlCommand::Approve { run_id, call } => (
+            run_id,
+            "approve",
+            Some(serde_json::json!({ "call_id": call })),
+        ),
+        ControlCommand::Deny {
+            run_id,
+            call,
+            reason,
+        } => (
+            run_id,
+            "deny",
+            Some(serde_json::json!({ "call_id": call, "note": reason })),
+        ),
         ControlCommand::Steer { run_id, text } => {
             (run_id, "steer", Some(serde_json::json!({ "text": text })))
         }
@@ -326,8 +349,17 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
         )
         .await
     {
-        Ok(_) => {
+        Ok(v) => {
             println!("{action}: sent to run {id}");
+            // An approval decision names the calls it covers.
+            for c in v["calls"].as_array().into_iter().flatten() {
+                println!(
+                    "  {} {}({})",
+                    c["call_id"].as_str().unwrap_or("?"),
+                    c["tool"].as_str().unwrap_or("?"),
+                    c["arguments"].as_str().unwrap_or("")
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(f) => fail(f),

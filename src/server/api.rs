@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::handle::LiveState;
+use crate::handle::{LiveState, PendingApproval};
 use crate::host::LiveRun;
 use crate::ports::audit::RunSummary;
 use crate::RunResult;
@@ -65,6 +65,37 @@ pub struct LiveView {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Tool calls waiting for an operator's approval (`approve` / `deny`):
+    /// the run is parked, its deadlines paused, until they are decided.
+    #[serde(default)]
+    pub awaiting_approval: Vec<PendingView>,
+}
+
+/// A tool call waiting for an operator's approval.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PendingView {
+    /// The model's call id (what `call_id` of `approve` / `deny` names).
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its arguments as the model sent them (secrets redacted).
+    pub arguments: String,
+    /// Unix ms when it began to wait.
+    pub since_ms: u64,
+    /// Unix ms when it is denied if nobody decides.
+    pub until_ms: u64,
+}
+
+impl From<&PendingApproval> for PendingView {
+    fn from(p: &PendingApproval) -> Self {
+        PendingView {
+            call_id: p.call_id.to_string(),
+            tool: p.tool.to_string(),
+            arguments: p.arguments.clone(),
+            since_ms: p.since_ms,
+            until_ms: p.until_ms,
+        }
+    }
 }
 
 impl From<LiveState> for LiveView {
@@ -75,6 +106,7 @@ impl From<LiveState> for LiveView {
             elapsed_ms: l.elapsed_ms,
             tokens: l.tokens,
             tool_calls: l.tool_calls,
+            awaiting_approval: l.awaiting_approval.iter().map(PendingView::from).collect(),
         }
     }
 }
@@ -207,6 +239,7 @@ impl RunItem {
                 elapsed_ms: r.age_ms,
                 tokens: r.tokens,
                 tool_calls: r.tool_calls,
+                awaiting_approval: r.awaiting_approval.iter().map(PendingView::from).collect(),
             }),
         }
     }
@@ -267,9 +300,25 @@ pub struct KillBody {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalBody {
-    /// Why (recorded with the decision).
+    /// The waiting call decided on (default: every call the run waits
+    /// for).
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// Why (recorded with the decision; for a denial, what the model
+    /// reads).
     #[serde(default)]
     pub note: Option<String>,
+}
+
+/// A decision was handed to the run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalDecision {
+    /// The run.
+    pub run_id: String,
+    /// `approve` or `deny`.
+    pub action: String,
+    /// The calls the decision covers.
+    pub calls: Vec<PendingView>,
 }
 
 /// A command was handed to the run.

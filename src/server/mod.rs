@@ -10,7 +10,7 @@
 //! | `GET /v1/runs/{id}/events` | its events as Server-Sent Events (`id:` = `seq`, `Last-Event-ID` resumes) |
 //! | `GET /v1/events` | the host-wide feed (runs started and ended, critic decisions) |
 //! | `POST /v1/runs/{id}/steer\|extend\|kill\|cancel` | commands (202) |
-//! | `POST /v1/runs/{id}/approve\|deny` | 409: this host has no approval gates yet |
+//! | `POST /v1/runs/{id}/approve\|deny` | decide on the tool calls a run waits to have approved (200; 409 when it waits for none) |
 //! | `POST /v1/sessions` | create (201) or reopen (200) a chat session with an agent |
 //! | `GET /v1/sessions/{id}` | its state and history |
 //! | `POST /v1/sessions/{id}/messages` | send a message; its run's events come back as SSE |

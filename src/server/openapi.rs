@@ -38,6 +38,7 @@ use super::error;
     components(schemas(
         api::SubmitRun, api::RunView, api::LiveView, api::RunList, api::RunItem,
         api::SteerBody, api::ExtendBody, api::KillBody, api::ApprovalBody, api::Accepted,
+        api::ApprovalDecision, api::PendingView,
         api::AgentView, api::AgentList, api::Health, error::ErrorBody, error::ErrorDetail,
         api::CreateSession, api::MessageBody, api::BusyMode, api::SessionStatus,
         api::SessionView, api::SessionMessageView,

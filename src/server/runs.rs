@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::api::{
-    Accepted, AgentList, AgentView, ApprovalBody, ExtendBody, KillBody, ListQuery, RunItem,
-    RunList, RunView, SteerBody, SubmitRun, WaitQuery,
+    Accepted, AgentList, AgentView, ApprovalBody, ApprovalDecision, ExtendBody, KillBody,
+    ListQuery, PendingView, RunItem, RunList, RunView, SteerBody, SubmitRun, WaitQuery,
 };
 use super::auth::Caller;
 use super::body::JsonBody;
@@ -23,7 +23,8 @@ use super::AppState;
 use crate::host::LiveStatus;
 use crate::ports::audit::{AuditEntry, RunCursor, RunFilter, RunSummary};
 use crate::{
-    Agent, AgentSpec, Invocation, KillReason, RunEvent, RunId, RunRef, RunResult, RunStatus,
+    Agent, AgentSpec, ApprovalError, Invocation, KillReason, PendingApproval, RunEvent, RunId,
+    RunRef, RunResult, RunStatus,
 };
 
 /// The longest `?wait=` honoured.
@@ -706,47 +707,75 @@ pub(crate) async fn cancel(
     Ok(accepted(&run, "cancel"))
 }
 
-/// Approve the run's pending tool call. This host has no approval gates:
-/// no run ever waits for one, so the answer is 409 for a run the caller
-/// may see.
+/// Why a decision did not reach the run.
+fn approval_error(id: &str, e: ApprovalError) -> ApiError {
+    let message = match &e {
+        ApprovalError::NotAwaiting => format!("run `{id}` awaits no approval"),
+        other => format!("run `{id}`: {other}"),
+    };
+    ApiError::new(StatusCode::CONFLICT, e.kind(), message)
+}
+
+fn decided(run: &RunRef, action: &str, calls: Vec<PendingApproval>) -> Json<ApprovalDecision> {
+    Json(ApprovalDecision {
+        run_id: run.run_id().to_string(),
+        action: action.to_string(),
+        calls: calls.iter().map(PendingView::from).collect(),
+    })
+}
+
+/// Approve the tool calls the run waits for (or the one `call_id` names):
+/// they run, and the run goes on once none waits.
 #[utoipa::path(
     post, path = "/v1/runs/{id}/approve", tag = "control",
     params(("id" = String, Path, description = "The run's id")), request_body(content = Option<ApprovalBody>),
-    responses((status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, description = "The run awaits no approval", body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses(
+        (status = 200, description = "The calls approved", body = ApprovalDecision),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run has ended, awaits no approval (`not_awaiting_approval`), or not of that call (`unknown_call`)", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
     security(("bearer" = []))
 )]
 pub(crate) async fn approve(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    _body: super::body::OptionalJson<ApprovalBody>,
-) -> Result<StatusCode, ApiError> {
-    not_awaiting(&st, &caller, &id).await
+    body: super::body::OptionalJson<ApprovalBody>,
+) -> Result<Json<ApprovalDecision>, ApiError> {
+    let body = body.0.unwrap_or_default();
+    let run = live_run(&st, &caller, &id).await?;
+    let calls = run
+        .approve(body.call_id.as_deref())
+        .map_err(|e| approval_error(&id, e))?;
+    Ok(decided(&run, "approve", calls))
 }
 
-/// Deny the run's pending tool call (see `approve`).
+/// Deny the tool calls the run waits for (or the one `call_id` names):
+/// the model reads `denied by operator: NOTE` as their result.
 #[utoipa::path(
     post, path = "/v1/runs/{id}/deny", tag = "control",
     params(("id" = String, Path, description = "The run's id")), request_body(content = Option<ApprovalBody>),
-    responses((status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, description = "The run awaits no approval", body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses(
+        (status = 200, description = "The calls denied", body = ApprovalDecision),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run has ended, awaits no approval (`not_awaiting_approval`), or not of that call (`unknown_call`)", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
     security(("bearer" = []))
 )]
 pub(crate) async fn deny(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    _body: super::body::OptionalJson<ApprovalBody>,
-) -> Result<StatusCode, ApiError> {
-    not_awaiting(&st, &caller, &id).await
-}
-
-async fn not_awaiting(st: &AppState, caller: &Caller, id: &str) -> Result<StatusCode, ApiError> {
-    find(st, caller, id).await?;
-    Err(ApiError::new(
-        StatusCode::CONFLICT,
-        "not_awaiting_approval",
-        format!("run `{id}` awaits no approval (this host has no approval gates)"),
-    ))
+    body: super::body::OptionalJson<ApprovalBody>,
+) -> Result<Json<ApprovalDecision>, ApiError> {
+    let body = body.0.unwrap_or_default();
+    let run = live_run(&st, &caller, &id).await?;
+    let calls = run
+        .deny(body.call_id.as_deref(), body.note.unwrap_or_default())
+        .map_err(|e| approval_error(&id, e))?;
+    Ok(decided(&run, "deny", calls))
 }
 
 /// The agents this server runs.
