@@ -2,7 +2,9 @@
 //! chromedriver (Debian's `chromium` and `chromium-driver`, which
 //! `.ci/run` installs) against a server on a loopback socket. The page
 //! loads and goes live, a submitted run appears and ends, the kill button
-//! kills a slow run, and the browser console holds no error. The page's
+//! kills a slow run, a run waiting for approval lists the call on its page
+//! and the approve button lets it finish, and the browser console holds no
+//! error. The page's
 //! screenshot is saved to `docs/dashboard.png`.
 //!
 //! Runs with `cargo test --features peers` (it needs the programs).
