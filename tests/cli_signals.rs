@@ -328,8 +328,8 @@ fn run_sigterm_cancels_after_the_drain_prints_the_result_and_exits_143() {
 #[test]
 fn a_swarm_paused_past_its_stall_timeout_kills_none_of_its_healthy_runs() {
     let dir = Scratch::new("pause");
-    let db = dir.path("a.db");
-    let file = dir.path("m.yaml");
+    let db = dir.arg("a.db");
+    let file = dir.arg("m.yaml");
     // Each run waits 300 ms for its answer: healthy, well within its stall
     // timeout of 1 s.
     std::fs::write(
@@ -366,7 +366,7 @@ fn a_swarm_paused_past_its_stall_timeout_kills_none_of_its_healthy_runs() {
 #[test]
 fn recover_beside_a_live_swarm_ends_none_of_its_runs() {
     let dir = Scratch::new("beside");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { hang: true }\n");
     let child = start(&swarm_args(&db, &file, "100ms"));
     child.await_stderr("runs in flight");
@@ -396,8 +396,8 @@ fn recover_beside_a_live_swarm_ends_none_of_its_runs() {
 #[test]
 fn a_swarm_paused_past_its_leases_loses_its_durable_runs_to_recover_and_writes_nothing_of_them() {
     let dir = Scratch::new("fenced");
-    let db = dir.path("a.db");
-    let file = dir.path("m.yaml");
+    let db = dir.arg("a.db");
+    let file = dir.arg("m.yaml");
     // A step, then an answer a second later.
     std::fs::write(
         &file,
