@@ -4,13 +4,12 @@
 //! answers 409. Another caller's run is 404, as everywhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod http;
 mod support;
 
 use std::process::Command;
 
-use http::{Running, ALICE, BOB};
 use serde_json::{json, Value};
+use support::loopback::{Running, ALICE, BOB, SLOW};
 
 const GATED: &str = r#"
 name: gated
@@ -24,20 +23,9 @@ script:
   - { text: "done" }
 "#;
 
-const SLOW: &str = r#"
-name: slow
-model: scripted
-prompt: wait
-tools: [sleep]
-limits: { max_runtime: 120s, stall_timeout: 120s }
-script:
-  - { tool: sleep, args: { ms: 60000 } }
-  - { text: "late" }
-"#;
-
 async fn start(auth: bool) -> Running {
     let (host, store) = support::host().await;
-    http::start(host, store, &[GATED, SLOW], auth).await
+    support::loopback::start(host, store, &[GATED, SLOW], auth).await
 }
 
 /// Submits `agent` and reads its events until it waits for approval (or

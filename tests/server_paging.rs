@@ -4,7 +4,6 @@
 //! live runs end between pages.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod http;
 mod support;
 
 use std::collections::HashSet;
@@ -17,27 +16,7 @@ use agentvisor::server::ServerConfig;
 use agentvisor::stores::{MemoryAuditStore, SqliteStore};
 use agentvisor::{Invocation, RunId, RunResult, RunStatus};
 use serde_json::{json, Value};
-
-const QUICK: &str = r#"
-name: quick
-model: scripted
-prompt: add
-tools: [add]
-script:
-  - { tool: add, args: { a: 2, b: 3 } }
-  - { text: "five" }
-"#;
-
-const SLOW: &str = r#"
-name: slow
-model: scripted
-prompt: wait
-tools: [sleep]
-limits: { max_runtime: 120s, stall_timeout: 120s }
-script:
-  - { tool: sleep, args: { ms: 60000 } }
-  - { text: "late" }
-"#;
+use support::loopback::{QUICK, SLOW};
 
 /// One real run's records, to copy.
 async fn template() -> Vec<AuditRecord> {
@@ -198,7 +177,7 @@ async fn the_api_pages_through_every_run_once_while_runs_come_and_go() {
         rate_per_sec: 0.0,
         ..ServerConfig::default()
     };
-    let s = http::start_with(host, store, &[QUICK, SLOW], false, config).await;
+    let s = support::loopback::start_with(host, store, &[QUICK, SLOW], false, config).await;
     let submit = |agent: &'static str, wait: bool| {
         let req = s.request(
             "POST",

@@ -3,13 +3,12 @@
 //! or `on_busy: wait`), close and remove, and who may use whose session.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod http;
 mod support;
 
 use std::time::Duration;
 
-use http::{events_of, read_sse, Running, ALICE, BOB, ROOT};
 use serde_json::{json, Value};
+use support::loopback::{events_of, read_sse, Running, ALICE, BOB, ROOT};
 
 const CHAT: &str = r#"
 name: chat
@@ -32,7 +31,7 @@ script:
 
 async fn start(auth: bool) -> Running {
     let (host, store) = support::host().await;
-    http::start(host, store, &[CHAT, SLOW_CHAT], auth).await
+    support::loopback::start(host, store, &[CHAT, SLOW_CHAT], auth).await
 }
 
 /// Sends a message and reads its whole answer stream.
