@@ -437,6 +437,7 @@ impl Host {
                     max_iterations: live.max_iterations,
                     tokens: live.tokens,
                     tool_calls: live.tool_calls,
+                    awaiting_approval: live.awaiting_approval,
                 }
             })
             .collect();
@@ -566,4 +567,6 @@ pub struct LiveRun {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Tool calls waiting for an operator's approval.
+    pub awaiting_approval: Vec<crate::handle::PendingApproval>,
 }

@@ -85,7 +85,7 @@ pub mod tools;
 #[doc(hidden)]
 pub use actors::critic::Fault;
 pub use agent::Agent;
-pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
+pub use handle::{ApprovalError, LiveState, PendingApproval, RunEvents, RunHandle, RunRef};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,

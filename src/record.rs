@@ -71,6 +71,24 @@ pub(crate) struct Partial {
     pub(crate) steps_taken: usize,
     /// Cost so far in micro-dollars (of the whole usage, priced once).
     pub(crate) cost_micros: u64,
+    /// Tool calls waiting for an operator's decision (the run is parked).
+    pub(crate) awaiting: Vec<PendingApproval>,
+}
+
+/// A tool call waiting for an operator's approval (see the manifest's
+/// `approval:`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PendingApproval {
+    /// The model's call id.
+    pub call_id: Arc<str>,
+    /// The tool.
+    pub tool: Arc<str>,
+    /// Its arguments (secrets redacted, capped).
+    pub arguments: String,
+    /// Unix ms when it began to wait.
+    pub since_ms: u64,
+    /// Unix ms when it is denied if nobody decides.
+    pub until_ms: u64,
 }
 
 /// How a run ends, before it becomes a [`RunResult`].
@@ -156,6 +174,16 @@ pub(crate) enum Command {
     /// Answer once every record the run made so far is written (the shard
     /// forwards it to the audit actor after the run's current handler).
     Barrier(oneshot::Sender<crate::ports::audit::AuditStats>),
+    /// An operator's decision on the tool calls waiting for approval:
+    /// the one with this call id, or all of them (`None`).
+    Decide {
+        /// The call decided on (`None`: every waiting call).
+        call_id: Option<Arc<str>>,
+        /// Whether the calls run.
+        approve: bool,
+        /// Why (for a denial, what the model reads).
+        reason: Option<String>,
+    },
     /// A child run of this run has been finalized (its terminal record is
     /// with the audit actor). The id is for the logs of a debugging reader.
     ChildEnded(#[allow(dead_code)] RunId),
@@ -562,6 +590,11 @@ impl RunShared {
             tokens: p.usage.total(),
             tool_calls: (p.steps.len() + p.steps_taken) as u32,
             finished: p.finished,
+            awaiting_approval: if p.finished {
+                Vec::new()
+            } else {
+                p.awaiting.clone()
+            },
         }
     }
 
@@ -734,4 +767,7 @@ pub struct LiveState {
     pub tool_calls: u32,
     /// Whether the run has ended.
     pub finished: bool,
+    /// Tool calls waiting for an operator's approval (the run is parked
+    /// until they are decided).
+    pub awaiting_approval: Vec<PendingApproval>,
 }

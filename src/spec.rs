@@ -27,6 +27,7 @@ use serde_json::Value;
 pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 
+mod approval;
 mod duration;
 mod invocation;
 mod limits;
@@ -37,6 +38,7 @@ mod shape;
 #[cfg(test)]
 mod tests;
 
+pub use approval::APPROVE_ALL;
 pub use duration::{
     duration_serde, format_duration, opt_duration_serde, parse_duration, MAX_DURATION,
 };
@@ -114,6 +116,10 @@ pub struct AgentSpec {
     /// Tools the agent may call, by name.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Tools whose calls wait for an operator's approval (`*`: all; see
+    /// `approval_timeout` in `limits`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -276,6 +282,7 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
+            approval: Vec::new(),
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -410,6 +417,7 @@ impl AgentSpec {
             })?;
         }
         self.check_call_options(source)?;
+        self.check_approval(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

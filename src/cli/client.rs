@@ -126,32 +126,47 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
     let api = Api::new(url);
     match a.command {
         RunsCommand::List(l) => {
-            let mut path = format!("/v1/runs?limit={}", l.limit.clamp(1, 500));
-            if let Some(s) = l.status {
-                path.push_str(&format!("&status={s}"));
-            }
             if let Some(root) = &l.root {
                 if let Err(code) = check_id(root) {
                     return code;
                 }
-                path.push_str(&format!("&root={root}"));
             }
-            let list: RunList = match api.call(reqwest::Method::GET, &path, None).await {
-                Ok(v) => match serde_json::from_value(v) {
-                    Ok(l) => l,
-                    Err(e) => return super::refuse(format!("unexpected answer: {e}")),
-                },
-                Err(f) => return fail(f),
-            };
-            let runs: Vec<_> = list
-                .runs
-                .into_iter()
-                .filter(|r| {
+            // A page at a time (the server's pages hold at most 500),
+            // each from the cursor the previous one ended at, until
+            // `--limit` runs are listed or the server has no more.
+            let want = l.limit as usize;
+            let mut runs = Vec::new();
+            let mut cursor: Option<String> = None;
+            while runs.len() < want {
+                let mut path = format!("/v1/runs?limit={}", (want - runs.len()).clamp(1, 500));
+                if let Some(s) = l.status {
+                    path.push_str(&format!("&status={s}"));
+                }
+                if let Some(root) = &l.root {
+                    path.push_str(&format!("&root={root}"));
+                }
+                if let Some(c) = &cursor {
+                    path.push_str(&format!("&cursor={c}"));
+                }
+                let page: RunList = match api.call(reqwest::Method::GET, &path, None).await {
+                    Ok(v) => match serde_json::from_value(v) {
+                        Ok(l) => l,
+                        Err(e) => return super::refuse(format!("unexpected answer: {e}")),
+                    },
+                    Err(f) => return fail(f),
+                };
+                runs.extend(page.runs.into_iter().filter(|r| {
                     l.caller
                         .as_deref()
                         .is_none_or(|c| r.caller_id.as_deref() == Some(c))
-                })
-                .collect();
+                }));
+                match page.next_cursor {
+                    // Cursors are hex: safe in a query as they are.
+                    Some(c) if c.bytes().all(|b| b.is_ascii_alphanumeric()) => cursor = Some(c),
+                    _ => break,
+                }
+            }
+            runs.truncate(want);
             if l.json {
                 println!("{}", serde_json::to_string(&runs).unwrap_or_default());
                 return ExitCode::SUCCESS;
@@ -333,8 +348,20 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
     let (id, action, body) = match c {
         ControlCommand::Kill { run_id } => (run_id, "kill", None),
         ControlCommand::Cancel { run_id } => (run_id, "cancel", None),
-        ControlCommand::Approve { run_id } => (run_id, "approve", None),
-        ControlCommand::Deny { run_id } => (run_id, "deny", None),
+        ControlCommand::Approve { run_id, call } => (
+            run_id,
+            "approve",
+            Some(serde_json::json!({ "call_id": call })),
+        ),
+        ControlCommand::Deny {
+            run_id,
+            call,
+            reason,
+        } => (
+            run_id,
+            "deny",
+            Some(serde_json::json!({ "call_id": call, "note": reason })),
+        ),
         ControlCommand::Steer { run_id, text } => {
             (run_id, "steer", Some(serde_json::json!({ "text": text })))
         }
@@ -364,8 +391,17 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
         )
         .await
     {
-        Ok(_) => {
+        Ok(v) => {
             println!("{action}: sent to run {id}");
+            // An approval decision names the calls it covers.
+            for c in v["calls"].as_array().into_iter().flatten() {
+                println!(
+                    "  {} {}({})",
+                    c["call_id"].as_str().unwrap_or("?"),
+                    c["tool"].as_str().unwrap_or("?"),
+                    c["arguments"].as_str().unwrap_or("")
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(f) => fail(f),

@@ -82,15 +82,26 @@ pub(crate) enum ControlCommand {
         /// By how long.
         by: String,
     },
-    /// Approve the run's pending tool call.
+    /// Approve the tool calls a run waits to have approved (they run).
     Approve {
         /// The run id.
         run_id: String,
+        /// Only this call (its id, as `runs show` or the run's
+        /// `approval.requested` event gives it); default: every waiting call.
+        #[arg(long, value_name = "CALL_ID")]
+        call: Option<String>,
     },
-    /// Deny the run's pending tool call.
+    /// Deny the tool calls a run waits to have approved (the model reads
+    /// the reason as their result).
     Deny {
         /// The run id.
         run_id: String,
+        /// Only this call; default: every waiting call.
+        #[arg(long, value_name = "CALL_ID")]
+        call: Option<String>,
+        /// Why (the model reads it).
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -183,6 +194,7 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
         caller: a.caller,
         limit: Some(a.limit),
         root,
+        after: None,
     };
     let runs = match store.list_runs(&filter).await {
         Ok(r) => r,

@@ -54,6 +54,11 @@ pub struct Limits {
     /// timeout.
     #[serde(with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
     pub first_token_timeout: Option<Duration>,
+    /// How long a tool call that needs approval (`approval:`) waits for an
+    /// operator's decision before it is denied. The run's deadlines and
+    /// stall timer are paused while it waits.
+    #[serde(with = "duration_serde")]
+    pub approval_timeout: Duration,
 }
 
 impl Limits {
@@ -79,6 +84,7 @@ impl Limits {
             kill_grace: Some(self.kill_grace),
             context_window: self.context_window,
             first_token_timeout: self.first_token_timeout,
+            approval_timeout: Some(self.approval_timeout),
         }
     }
 
@@ -114,11 +120,15 @@ impl Limits {
             max_tool_result_bytes,
             kill_grace,
             context_window,
-            first_token_timeout
+            first_token_timeout,
+            approval_timeout
         );
         spec
     }
 }
+
+/// How long a call that needs approval waits for a decision by default.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The absolute failsafe: no run lives longer than this, extensions included.
 pub const ABSOLUTE_DEADLINE: Duration = Duration::from_secs(24 * 3600);
@@ -207,6 +217,13 @@ pub struct LimitsSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub first_token_timeout: Option<Duration>,
+    /// See [`Limits::approval_timeout`] (default 1h).
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub approval_timeout: Option<Duration>,
 }
 
 impl LimitsSpec {
@@ -227,6 +244,7 @@ impl LimitsSpec {
             kill_grace: self.kill_grace.or(lower.kill_grace),
             context_window: self.context_window.or(lower.context_window),
             first_token_timeout: self.first_token_timeout.or(lower.first_token_timeout),
+            approval_timeout: self.approval_timeout.or(lower.approval_timeout),
         }
     }
 
@@ -258,6 +276,7 @@ impl LimitsSpec {
             kill_grace: d(m.kill_grace, Duration::from_secs(5)),
             context_window: m.context_window.map(|w| w.min(MAX_CONTEXT_WINDOW)),
             first_token_timeout: m.first_token_timeout.map(|t| t.min(MAX_DURATION)),
+            approval_timeout: d(m.approval_timeout, DEFAULT_APPROVAL_TIMEOUT),
         }
     }
 
@@ -268,7 +287,7 @@ impl LimitsSpec {
     /// | key | range |
     /// |---|---|
     /// | `max_iterations` | 1 – 100000 |
-    /// | `max_runtime`, `hard_timeout`, `stall_timeout`, `tool_timeout` | more than 0, at most 24h |
+    /// | `max_runtime`, `hard_timeout`, `stall_timeout`, `tool_timeout`, `approval_timeout` | more than 0, at most 24h |
     /// | `soft_timeout`, `extension`, `kill_grace` | 0 – 24h |
     /// | `max_extensions` | 0 – 1000 |
     /// | `repeat_limit`, `max_tool_errors` | 1 – 10000 |
@@ -305,6 +324,7 @@ impl LimitsSpec {
             ("hard_timeout", self.hard_timeout, true),
             ("stall_timeout", self.stall_timeout, true),
             ("tool_timeout", self.tool_timeout, true),
+            ("approval_timeout", self.approval_timeout, true),
             ("soft_timeout", self.soft_timeout, false),
             ("extension", self.extension, false),
             ("kill_grace", self.kill_grace, false),
