@@ -16,7 +16,8 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::sync::oneshot;
 
-use crate::ports::run::{unix_ms, Event, KillReason, RunId, RunResult, RunStatus, Usage};
+use crate::ports::event::Event;
+use crate::ports::run::{unix_ms, KillReason, RunId, RunResult, RunStatus, Usage};
 use crate::record::{self, Command, RunShared, SUBSCRIBER_BUFFER};
 
 pub use crate::record::LiveState;

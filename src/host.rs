@@ -21,7 +21,7 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone};
+use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone, LeaseWatch};
 use crate::actors::audit::spool::SpoolIndex;
 use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
@@ -33,7 +33,7 @@ use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, Lease};
+use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, EncodedJson, HostClaim, Lease};
 use crate::ports::critic::CriticPolicy;
 use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
@@ -105,6 +105,8 @@ pub(crate) struct HostInner {
     audit_health: Arc<AuditHealth>,
     /// Exactly-once recovery: this host's lease on its durable runs.
     lease: Lease,
+    /// The lease's owner id, shared by every run's `run.start` record.
+    host_id: Arc<str>,
     checkpointer: Arc<dyn Checkpointer>,
     /// A run was submitted or `recover` ran: from then on `recover` would
     /// take this host's own runs for interrupted ones, so it refuses.
@@ -117,7 +119,7 @@ pub(crate) struct HostInner {
     /// `config.default_caller`, shared by the runs that name no caller.
     default_caller: Arc<str>,
     /// The chat sessions open on this host, and their store.
-    sessions: crate::session::SessionTable,
+    sessions: crate::session::table::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -171,7 +173,7 @@ impl Host {
     }
 
     /// The chat sessions open on this host (see [`crate::session`]).
-    pub(crate) fn session_table(&self) -> &crate::session::SessionTable {
+    pub(crate) fn session_table(&self) -> &crate::session::table::SessionTable {
         &self.inner.sessions
     }
 
@@ -455,6 +457,15 @@ impl Host {
         for a in self.inner.shards.actors() {
             let _ = a.cast(CriticMsg::Paused { gap });
         }
+        // As a shard does when it has runs (a host without any learns of a
+        // pause at its next renewal).
+        let _ = self.inner.audit.cast(AuditMsg::Paused { gap });
+    }
+
+    /// This host's id as its leases name it (and its runs' `run.start`
+    /// records: [`RunInfo::host`](crate::ports::audit::RunInfo::host)).
+    pub fn host_id(&self) -> &str {
+        &self.inner.host_id
     }
 
     /// Stops accepting runs, cancels what still runs, waits for every

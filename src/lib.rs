@@ -92,12 +92,12 @@ pub use host::{
 };
 pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
+pub use ports::event::{Event, RunEvent};
 pub use ports::run::{
-    CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,
-    StepRecord, Usage,
+    CriticAction, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
-pub use record::{Ending, SUBSCRIBER_BUFFER};
+pub use record::{Ending, LEASE_LOST, SUBSCRIBER_BUFFER};
 pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use session::{OnBusy, Session, SessionError, SessionOptions, SessionTurn};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

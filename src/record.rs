@@ -41,9 +41,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStore};
+use crate::ports::event::{Event, RunEvent};
 use crate::ports::run::{
-    unix_ms, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
-    Usage,
+    unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 
 mod registry;
@@ -118,11 +118,29 @@ impl Ending {
     pub(crate) fn suspended() -> Self {
         Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down")
     }
+
+    /// The ending of a durable run this host lost to another (its lease
+    /// expired while it was paused, and a `recover` elsewhere claimed it).
+    pub(crate) fn fenced() -> Self {
+        Ending::failed(
+            RunStatus::Cancelled,
+            LEASE_LOST,
+            "another host took this run over (this host's lease on it expired, \
+             e.g. while the process was paused): it goes on there, and this host \
+             writes nothing more of it",
+        )
+    }
 }
 
 /// The `error_kind` of runs the host's shutdown cancels; a durable run
 /// ending so is suspended, not finished (see [`RunShared::finish_after`]).
 pub(crate) const SUSPENDED: &str = "shutdown";
+
+/// The `error_kind` of a durable run this host lost to another host (see
+/// [`Ending::fenced`]): its caller gets a `cancelled` result with it, and
+/// nothing of the run is written here — no terminal record, no checkpoint,
+/// none of its records still unsent (the run belongs to the other host).
+pub const LEASE_LOST: &str = "lease_lost";
 
 /// What a run's handle, references and the host ask of the run, through its
 /// shard (see [`Mailbox`]).
@@ -141,6 +159,9 @@ pub(crate) enum Command {
     /// A child run of this run has been finalized (its terminal record is
     /// with the audit actor). The id is for the logs of a debugging reader.
     ChildEnded(#[allow(dead_code)] RunId),
+    /// Another host took this durable run over: stop it and write nothing
+    /// more of it (see [`Ending::fenced`]).
+    Fence,
 }
 
 /// Where a run's commands go: its critic shard. The shard implements it;
@@ -575,7 +596,15 @@ impl RunShared {
             shared: Some(self.clone()),
         };
         let durable = self.is_durable();
-        if durable && result.error_kind.as_deref() == Some(SUSPENDED) {
+        let kind = result.error_kind.as_deref();
+        if durable && matches!(kind, Some(SUSPENDED | LEASE_LOST)) {
+            // Fenced: the run's records here would collide with those the
+            // other host writes for it.
+            let preceding = if kind == Some(LEASE_LOST) {
+                Vec::new()
+            } else {
+                preceding
+            };
             // No terminal record: the stream ends on the live terminal events.
             let seq = self.last_seq();
             for ev in terminal_events(&result) {

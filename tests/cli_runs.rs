@@ -4,52 +4,14 @@
 //! invocations, and a database that cannot be used is refused with exit 2
 //! and its path, untouched.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
-
-/// A fresh directory under the system temp dir (removed on drop).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-cli-{name}-{}-{}-{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs the built binary from the crate root (so `examples/…` resolve),
-/// without an inherited `AGENTVISOR_DB`.
-fn agentvisor(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("AGENTVISOR_DB")
-        .output()
-        .expect("the binary runs")
-}
+use support::cli::agentvisor;
+use support::scratch::Scratch;
 
 fn db_arg(p: &Path) -> String {
     p.display().to_string()

@@ -6,11 +6,11 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentvisor::mcp::McpConfig;
-use agentvisor::{Host, HostConfig, Invocation, RunEvent, RunResult, RunStatus};
+use agentvisor::{Agent, Host, HostConfig, Invocation, RunEvent, RunHandle, RunResult, RunStatus};
 use support::{collect, kinds, spec};
 
 /// The test server's path: `target/<profile>/examples/mcp_test_server`,
@@ -66,6 +66,46 @@ async fn run(host: &Host, yaml: &str) -> (RunResult, Vec<RunEvent>) {
         .expect("submit");
     let events = collect(events).await;
     (handle.await, events)
+}
+
+/// A manifest whose first call hangs in the test server, which writes to
+/// `marker` when the call is cancelled.
+fn hanging(marker: &Path, extra: &str) -> String {
+    manifest(
+        "",
+        "",
+        &format!(
+            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
+            marker.display().to_string()
+        ),
+        extra,
+    )
+}
+
+/// Waits (5 s at most) until the test server says, through `marker`, that
+/// it heard `notifications/cancelled`.
+async fn hears_cancelled(marker: &Path) {
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(marker).is_ok_and(|t| t.contains("cancelled")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no notifications/cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Submits `n` runs of `agent` at once.
+async fn submit_n(host: &Host, agent: &Agent, n: usize) -> Vec<RunHandle> {
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        handles.push(
+            host.submit(agent, Invocation::default())
+                .await
+                .expect("submit"),
+        );
+    }
+    handles
 }
 
 fn alive(pid: i32) -> bool {
@@ -228,27 +268,12 @@ async fn a_timeout_is_mcp_tool_timeout_and_the_server_hears_cancelled() {
     let dir = std::env::temp_dir().join(format!("mcp-timeout-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
     let host = host_with(McpConfig::default()).await;
-    let yaml = manifest(
-        "",
-        "",
-        &format!(
-            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
-            dir.display().to_string()
-        ),
-        "limits: { tool_timeout: 1s }\n",
-    );
+    let yaml = hanging(&dir, "limits: { tool_timeout: 1s }\n");
     let (r, events) = run(&host, &yaml).await;
     let err = r.steps[0].error.clone().unwrap_or_default();
     assert!(err.starts_with("mcp_tool_timeout"), "{err}");
     assert!(kinds(&events).contains(&"mcp.tool.call.timeout".to_string()));
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&dir).is_ok_and(|t| t.contains("cancelled")) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no notifications/cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hears_cancelled(&dir).await;
     let _ = std::fs::remove_file(&dir);
     host.shutdown().await;
 }
@@ -258,15 +283,7 @@ async fn a_killed_run_sends_cancelled_for_its_call() {
     let dir = std::env::temp_dir().join(format!("mcp-kill-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
     let host = host_with(McpConfig::default()).await;
-    let yaml = manifest(
-        "",
-        "",
-        &format!(
-            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
-            dir.display().to_string()
-        ),
-        "limits: { tool_timeout: 60s, kill_grace: 1s }\n",
-    );
+    let yaml = hanging(&dir, "limits: { tool_timeout: 60s, kill_grace: 1s }\n");
     let (handle, mut events) = host
         .submit_streaming(spec(&yaml), Invocation::default())
         .await
@@ -281,14 +298,7 @@ async fn a_killed_run_sends_cancelled_for_its_call() {
     handle.kill();
     let r = handle.await;
     assert_eq!(r.status, RunStatus::Killed);
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&dir).is_ok_and(|t| t.contains("cancelled")) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no notifications/cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hears_cancelled(&dir).await;
     let _ = std::fs::remove_file(&dir);
     host.shutdown().await;
 }
@@ -391,14 +401,7 @@ async fn one_server_serves_200_concurrent_runs() {
         "",
     );
     let agent = host.prepare(spec(&yaml)).await.expect("prepare");
-    let mut handles = Vec::new();
-    for _ in 0..200 {
-        handles.push(
-            host.submit(&agent, Invocation::default())
-                .await
-                .expect("submit"),
-        );
-    }
+    let handles = submit_n(&host, &agent, 200).await;
     let mut seen = std::collections::HashSet::new();
     for h in handles {
         let r = h.await;
@@ -553,14 +556,7 @@ async fn scope_run_gives_each_run_its_own_server_stopped_with_it() {
     );
     let agent = host.prepare(spec(&yaml)).await.expect("prepare");
     assert!(agent.tools().contains("t__pid"));
-    let mut handles = Vec::new();
-    for _ in 0..3 {
-        handles.push(
-            host.submit(&agent, Invocation::default())
-                .await
-                .expect("submit"),
-        );
-    }
+    let handles = submit_n(&host, &agent, 3).await;
     let mut seen = std::collections::HashSet::new();
     for h in handles {
         let r = h.await;

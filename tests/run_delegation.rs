@@ -4,28 +4,12 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use agentvisor::ports::audit::AuditStore;
-use agentvisor::{HostConfig, Invocation, KillReason, RunStatus};
-
-/// A directory of manifests for one test.
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "agentvisor-delegation-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn write(d: &Path, file: &str, yaml: &str) -> PathBuf {
-    let p = d.join(file);
-    std::fs::write(&p, yaml).unwrap();
-    p
-}
+use agentvisor::{AgentSpec, HostConfig, Invocation, KillReason, RunStatus};
+use support::scratch::Scratch;
 
 fn parent_yaml(child: &Path, limits: &str) -> String {
     format!(
@@ -34,16 +18,22 @@ fn parent_yaml(child: &Path, limits: &str) -> String {
     )
 }
 
+/// Writes `child` as `helper.yaml` to `d`, and a parent that delegates to
+/// it once (with `limits`) as `parent.yaml`; reads the parent's manifest.
+fn parent_of(d: &Scratch, child: &str, limits: &str) -> AgentSpec {
+    let child = d.file("helper.yaml", child);
+    let parent = d.file("parent.yaml", &parent_yaml(&child, limits));
+    AgentSpec::from_file(&parent).unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_parent_delegates_and_reads_its_childs_answer() {
-    let d = dir("roundtrip");
-    let child = write(
+    let d = Scratch::new("delegation-roundtrip");
+    let spec = parent_of(
         &d,
-        "helper.yaml",
         "name: helper\ntools: [add, upper]\nscript:\n  - { tool: add, args: { a: 2, b: 3 } }\n  - { text: \"5\" }\n",
+        "{}",
     );
-    let parent = write(&d, "parent.yaml", &parent_yaml(&child, "{}"));
-    let spec = agentvisor::AgentSpec::from_file(&parent).unwrap();
     assert_eq!(spec.sub_agents.len(), 1);
     let (host, store) = support::host().await;
     let agent = host.agent(spec).unwrap();
@@ -64,20 +54,16 @@ async fn a_parent_delegates_and_reads_its_childs_answer() {
 
 #[tokio::test(start_paused = true)]
 async fn a_child_may_use_only_tools_its_parent_may_use() {
-    let d = dir("tools");
+    let d = Scratch::new("delegation-tools");
     // The child asks for `upper`, which the parent does not have.
-    let child = write(
+    let parent = parent_of(
         &d,
-        "helper.yaml",
         "name: helper\ntools: [add, upper]\nscript:\n  - { tool: upper, args: { text: x } }\n  - { text: done }\n",
+        "{}",
     );
-    let parent = write(&d, "parent.yaml", &parent_yaml(&child, "{}"));
     let (host, _store) = support::host().await;
     let r = host
-        .execute(
-            agentvisor::AgentSpec::from_file(&parent).unwrap(),
-            Invocation::prompt("go"),
-        )
+        .execute(parent, Invocation::prompt("go"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok);
@@ -88,26 +74,23 @@ async fn a_child_may_use_only_tools_its_parent_may_use() {
 
 #[tokio::test(start_paused = true)]
 async fn killing_a_parent_ends_its_children_killed_parent_first() {
-    let d = dir("cascade");
-    let grandchild = write(
-        &d,
+    let d = Scratch::new("delegation-cascade");
+    let grandchild = d.file(
         "gc.yaml",
         "name: gc\nlimits: { stall_timeout: 1h, max_runtime: 1h }\nscript:\n  - { hang: true }\n",
     );
-    let child = write(
-        &d,
+    let child = d.file(
         "helper.yaml",
         &format!("name: helper\nagents: {{ deeper: {} }}\nlimits: {{ stall_timeout: 1h, max_runtime: 1h }}\nscript:\n  - {{ tool: agent__deeper, args: {{ prompt: go }} }}\n  - {{ text: never }}\n", grandchild.display()),
     );
-    let parent = write(
-        &d,
+    let parent = d.file(
         "parent.yaml",
         &parent_yaml(&child, "{ stall_timeout: 1h, max_runtime: 1h }"),
     );
     let (host, store) = support::host().await;
     let handle = host
         .submit(
-            agentvisor::AgentSpec::from_file(&parent).unwrap(),
+            AgentSpec::from_file(&parent).unwrap(),
             Invocation::prompt("go"),
         )
         .await
@@ -144,25 +127,15 @@ async fn killing_a_parent_ends_its_children_killed_parent_first() {
 
 #[tokio::test(start_paused = true)]
 async fn a_child_ends_killed_parent_at_its_parents_deadline() {
-    let d = dir("deadline");
-    let child = write(&d, "helper.yaml", "name: helper\nlimits: { stall_timeout: 1h, max_runtime: 1h }\nscript:\n  - { hang: true }\n");
-    let parent = write(
+    let d = Scratch::new("delegation-deadline");
+    let parent = parent_of(
         &d,
-        "parent.yaml",
-        &parent_yaml(
-            &child,
-            "{ stall_timeout: 1h, max_runtime: 5s, hard_timeout: 10s, max_extensions: 0 }",
-        ),
+        "name: helper\nlimits: { stall_timeout: 1h, max_runtime: 1h }\nscript:\n  - { hang: true }\n",
+        "{ stall_timeout: 1h, max_runtime: 5s, hard_timeout: 10s, max_extensions: 0 }",
     );
     let (host, store) = support::host().await;
     let t0 = tokio::time::Instant::now();
-    let handle = host
-        .submit(
-            agentvisor::AgentSpec::from_file(&parent).unwrap(),
-            Invocation::prompt("go"),
-        )
-        .await
-        .unwrap();
+    let handle = host.submit(parent, Invocation::prompt("go")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let child_id = host
         .runs()
@@ -194,13 +167,8 @@ async fn a_child_ends_killed_parent_at_its_parents_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_past_the_depth_cap_is_an_error_result() {
-    let d = dir("caps");
-    let child = write(
-        &d,
-        "helper.yaml",
-        "name: helper\nscript:\n  - { text: hi }\n",
-    );
-    let parent = write(&d, "parent.yaml", &parent_yaml(&child, "{}"));
+    let d = Scratch::new("delegation-caps");
+    let parent = parent_of(&d, "name: helper\nscript:\n  - { text: hi }\n", "{}");
     let (host, _store) = support::host_from(support::builder().config(HostConfig {
         critic_shards: 2,
         max_depth: 0,
@@ -208,10 +176,7 @@ async fn a_call_past_the_depth_cap_is_an_error_result() {
     }))
     .await;
     let r = host
-        .execute(
-            agentvisor::AgentSpec::from_file(&parent).unwrap(),
-            Invocation::prompt("go"),
-        )
+        .execute(parent, Invocation::prompt("go"))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Ok, "the parent goes on");
@@ -229,8 +194,8 @@ async fn a_call_past_the_depth_cap_is_an_error_result() {
 
 #[test]
 fn a_manifest_that_delegates_to_itself_or_to_a_missing_file_is_refused() {
-    let d = dir("bad");
-    let me = d.join("me.yaml");
+    let d = Scratch::new("delegation-bad");
+    let me = d.path("me.yaml");
     std::fs::write(
         &me,
         format!(
@@ -239,18 +204,13 @@ fn a_manifest_that_delegates_to_itself_or_to_a_missing_file_is_refused() {
         ),
     )
     .unwrap();
-    let e = agentvisor::AgentSpec::from_file(&me)
-        .unwrap_err()
-        .to_string();
+    let e = AgentSpec::from_file(&me).unwrap_err().to_string();
     assert!(e.contains("agents.again") && e.contains("itself"), "{e}");
-    let lost = write(
-        &d,
+    let lost = d.file(
         "lost.yaml",
         "name: lost\nagents: { gone: nowhere.yaml }\nscript:\n  - { text: x }\n",
     );
-    let e = agentvisor::AgentSpec::from_file(&lost)
-        .unwrap_err()
-        .to_string();
+    let e = AgentSpec::from_file(&lost).unwrap_err().to_string();
     assert!(
         e.contains("agents.gone") && e.contains("nowhere.yaml"),
         "{e}"

@@ -10,21 +10,6 @@
 
 mod support;
 
-/// An HTTP client (rustls on ring handed over ready-made: reqwest is built
-/// without a process-wide crypto provider).
-fn http_client() -> reqwest::Client {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .unwrap()
-}
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,27 +17,7 @@ use agentvisor::server::auth::{Caller, Role, TokenTable};
 use agentvisor::server::catalog::Catalog;
 use agentvisor::server::{Server, ServerConfig};
 use serde_json::{json, Value};
-
-const QUICK: &str = r#"
-name: quick
-model: scripted
-prompt: add
-tools: [add]
-script:
-  - { tool: add, args: { a: 2, b: 3 } }
-  - { text: "five", usage: { input: 10, output: 2 } }
-"#;
-
-const SLOW: &str = r#"
-name: slow
-model: scripted
-prompt: wait
-tools: [sleep]
-limits: { max_runtime: 120s, stall_timeout: 120s }
-script:
-  - { tool: sleep, args: { ms: 60000 } }
-  - { text: "late" }
-"#;
+use support::loopback::{QUICK, SLOW};
 
 const TOKEN: &str = "av_browser_test_token";
 
@@ -151,7 +116,7 @@ async fn start_driver(chromium: &str, chromedriver: &str, profile: &std::path::P
         .stderr(Stdio::null())
         .spawn()
         .expect("chromedriver starts");
-    let http = http_client();
+    let http = support::loopback::http_client();
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
     loop {
@@ -246,20 +211,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
             role: Role::Admin,
         },
     )])));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    tokio::spawn(async move {
-        s.serve(
-            listener,
-            async {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(1),
-        )
-        .await
-    });
+    let (base, _stop) = support::loopback::serve(&server).await;
 
     let profile = std::env::temp_dir().join(format!("agentvisor-chromium-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&profile);
@@ -278,7 +230,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     .await;
 
     // A submitted run appears and ends ok.
-    let api = http_client();
+    let api = support::loopback::http_client();
     let submit = |agent: &'static str| {
         let api = api.clone();
         let base = base.clone();

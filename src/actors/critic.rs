@@ -80,6 +80,10 @@
 //! `handle`; a policy that consults a model runs as a task. Its mailbox is
 //! unbounded: runs are admitted by the host (its run cap and the callers'
 //! accounts), which bounds what the shards hold.
+//!
+//! The shard stays one file, as every actor does (its messages, state and
+//! handlers together): its timers, reviews and decisions all act on the one
+//! timer set and run table it owns.
 
 use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
@@ -96,7 +100,8 @@ use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState, ShardLi
 use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
-use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
 
 /// The `error_kind` of a run killed while its streaming model call still
@@ -307,6 +312,9 @@ impl Actor for Critic {
                 for run in st.runs.values_mut() {
                     run.watch.shift(gap, now);
                 }
+                // The host's leases may have expired meanwhile: it checks
+                // them before it writes more of its durable runs.
+                let _ = self.audit.cast(AuditMsg::Paused { gap });
             }
             CriticMsg::Decided {
                 key,
@@ -362,6 +370,11 @@ impl Critic {
             }
             Command::Beat => {
                 self.with_run(myself, st, key, now, |_, run| run.beat(Beat::Alive));
+            }
+            Command::Fence => {
+                self.with_run(myself, st, key, now, |critic, run| {
+                    critic.stop(run, Ending::fenced(), None);
+                });
             }
             Command::Extend(by) => {
                 self.with_run(myself, st, key, now, |critic, run| {

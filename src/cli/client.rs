@@ -10,7 +10,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Subcommand;
 use serde_json::Value;
 
 use agentvisor::ports::audit::AuditRecord;
@@ -18,46 +17,7 @@ use agentvisor::server::api::{RunList, RunView};
 use agentvisor::RunId;
 
 use super::replay::ReplayArgs;
-use super::runs::{RunsArgs, RunsCommand};
-
-/// Commands to a run on a server.
-#[derive(Subcommand, Debug)]
-pub(crate) enum ControlCommand {
-    /// Kill a run (status `killed`, reason `operator`).
-    Kill {
-        /// The run id.
-        run_id: String,
-    },
-    /// Cancel a run (status `cancelled`).
-    Cancel {
-        /// The run id.
-        run_id: String,
-    },
-    /// Inject a message before the run's next model call.
-    Steer {
-        /// The run id.
-        run_id: String,
-        /// The message.
-        text: String,
-    },
-    /// Push the run's hard deadline back (`30s`, `5m`, or seconds).
-    Extend {
-        /// The run id.
-        run_id: String,
-        /// By how long.
-        by: String,
-    },
-    /// Approve the run's pending tool call.
-    Approve {
-        /// The run id.
-        run_id: String,
-    },
-    /// Deny the run's pending tool call.
-    Deny {
-        /// The run id.
-        run_id: String,
-    },
-}
+use super::runs::{ControlCommand, RunsArgs, RunsCommand};
 
 /// A client of one server.
 struct Api {

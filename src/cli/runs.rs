@@ -7,6 +7,8 @@
 //! - `runs show RUN_ID [--json]`: the run's result, then every audit record
 //!   in order (start, steps, tool calls, critic decisions, the terminal
 //!   roll-up); `--json` prints `{"result": …, "records": […]}`.
+//! - `runs kill|steer|extend|cancel|approve|deny RUN_ID`: commands to a
+//!   run in flight; they need `--server` (sent by `super::client`).
 //!
 //! Exit codes: 0 on success; 1 when `show` finds no such run; 2 when the
 //! database is missing or cannot be opened, `--db :memory:` (which keeps no
@@ -41,7 +43,46 @@ pub(super) enum RunsCommand {
     /// Commands to a run in flight on a server (`--server`): kill, steer,
     /// extend, cancel, approve, deny.
     #[command(flatten)]
-    Control(super::client::ControlCommand),
+    Control(ControlCommand),
+}
+
+/// Commands to a run on a server.
+#[derive(Subcommand, Debug)]
+pub(crate) enum ControlCommand {
+    /// Kill a run (status `killed`, reason `operator`).
+    Kill {
+        /// The run id.
+        run_id: String,
+    },
+    /// Cancel a run (status `cancelled`).
+    Cancel {
+        /// The run id.
+        run_id: String,
+    },
+    /// Inject a message before the run's next model call.
+    Steer {
+        /// The run id.
+        run_id: String,
+        /// The message.
+        text: String,
+    },
+    /// Push the run's hard deadline back (`30s`, `5m`, or seconds).
+    Extend {
+        /// The run id.
+        run_id: String,
+        /// By how long.
+        by: String,
+    },
+    /// Approve the run's pending tool call.
+    Approve {
+        /// The run id.
+        run_id: String,
+    },
+    /// Deny the run's pending tool call.
+    Deny {
+        /// The run id.
+        run_id: String,
+    },
 }
 
 #[derive(Args, Debug)]

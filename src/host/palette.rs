@@ -32,8 +32,9 @@ use serde_json::{json, Value};
 use super::{Host, HostInner};
 use crate::agent::Agent;
 use crate::handle::RunRef;
+use crate::ports::model::ToolSpec;
 use crate::ports::run::{KillReason, RunStatus};
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::spec::{Invocation, SubAgent};
 
 /// The prefix of a palette tool's name.
@@ -136,8 +137,8 @@ impl Tool for PaletteTool {
                         // the child's own end (before the parent can end).
                         let terminal = matches!(
                             ev.event,
-                            crate::ports::run::RunEvent::RunEnd { .. }
-                                | crate::ports::run::RunEvent::Error { .. }
+                            crate::ports::event::RunEvent::RunEnd { .. }
+                                | crate::ports::event::RunEvent::Error { .. }
                         );
                         if let (Some(p), false) = (&parent, terminal) {
                             p.forward(&ev);

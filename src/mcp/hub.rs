@@ -10,12 +10,12 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::client::Link;
+use super::client::{Avail, Link};
 use super::per_run::{self, RunScopedTool, RunServers};
 use super::spec::{McpScope, McpServerSpec};
 use super::tool::event_sink;
 use super::{McpConfig, McpError};
-use crate::actors::mcp::{Avail, McpMsg, McpServer};
+use crate::actors::mcp::{McpMsg, McpServer};
 use crate::ports::run::RunId;
 use crate::record::RunShared;
 use crate::tools::CompiledTool;

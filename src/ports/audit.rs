@@ -14,7 +14,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+use super::event::RunEvent;
+use super::run::{KillReason, RunId, RunResult, RunStatus};
 
 /// Who and what a run is, recorded at its start.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -39,6 +40,11 @@ pub struct RunInfo {
     /// The run's resolved limits (for replay).
     #[serde(default)]
     pub limits: Option<crate::spec::LimitsSpec>,
+    /// The host that runs it (its lease owner id, `HOSTNAME/PID/NONCE`):
+    /// `recover` leaves the unfinished runs of a host whose lease is live
+    /// to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<std::sync::Arc<str>>,
 }
 
 /// What an audit record says.
@@ -94,6 +100,12 @@ pub struct AuditStats {
     /// them.
     #[serde(default)]
     pub spooled: u64,
+    /// The store lost what it writes to (a database file deleted or
+    /// replaced while it was open): what it refused since — what went to
+    /// the spool or is counted in `unwritten` — never reaches it. The CLI
+    /// says so and exits non-zero.
+    #[serde(default)]
+    pub store_lost: bool,
 }
 
 /// An audit store failure.

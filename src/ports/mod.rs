@@ -6,6 +6,7 @@ pub mod audit;
 pub mod budget;
 pub mod checkpoint;
 pub mod critic;
+pub mod event;
 pub mod model;
 pub mod run;
 pub mod session;

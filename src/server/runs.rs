@@ -2,6 +2,10 @@
 //!
 //! A caller sees and controls only its own runs: another caller's run
 //! answers 404, as an unknown id does. Admins see every run.
+//!
+//! The routes of one resource share its lookups (`find`, the caller's
+//! ownership check) and stay in one file; listing and the control commands
+//! are the parts to give files of their own when they grow.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

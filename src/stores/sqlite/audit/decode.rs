@@ -17,7 +17,8 @@ use rusqlite::Connection;
 use super::steps::each_tail_step;
 use super::{unavailable, KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo, RunSummary};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, RunStatus};
 use crate::spec::LimitsSpec;
 use crate::stores::sqlite::to_u64;
 

@@ -14,7 +14,8 @@ use super::json::{push_int, push_str, push_usage, strip_zero_defaults};
 use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, StepRecord};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 #[cfg(doc)]
 use crate::spec::Limits;
 use crate::spec::LimitsSpec;
@@ -68,6 +69,7 @@ pub(super) fn write_info(
         prompt,
         tools,
         limits,
+        host,
     } = info;
     out.extend_from_slice(b"{\"agent\":");
     push_str(out, agent);
@@ -109,6 +111,10 @@ pub(super) fn write_info(
             out.extend_from_slice(b",\"limits\":");
             out.extend_from_slice(json);
         }
+    }
+    if let Some(h) = host {
+        out.extend_from_slice(b",\"host\":");
+        push_str(out, h);
     }
     out.push(b'}');
     Ok(())

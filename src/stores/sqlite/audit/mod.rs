@@ -117,6 +117,7 @@ impl AuditStore for SqliteStore {
             records: self.records.load(Ordering::Relaxed),
             terminal_records: self.terminal_records.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
+            store_lost: self.writer.file_lost(),
             ..AuditStats::default()
         })
     }

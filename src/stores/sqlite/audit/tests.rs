@@ -8,7 +8,8 @@ use super::encode::{
 use super::json::{needs_no_escape, push_str, strip_zero_defaults};
 use super::KIND_START;
 use crate::ports::audit::{RunInfo, RunSummary};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, RunStatus, StepRecord};
 use crate::spec::LimitsSpec;
 
 #[test]
@@ -236,6 +237,7 @@ fn common_events_are_written_as_serde_writes_them() {
             prompt: tricky.into(),
             tools: vec!["add".to_string(), tricky.to_string()].into(),
             limits: Some(full),
+            host: caller.map(Into::into),
         };
         let mut out = Vec::new();
         let mut last = None;
