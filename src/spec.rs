@@ -28,9 +28,7 @@ pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 
 mod approval;
-mod duration;
 mod invocation;
-mod limits;
 mod palette;
 mod phases;
 mod script;
@@ -38,12 +36,12 @@ mod shape;
 #[cfg(test)]
 mod tests;
 
-pub use approval::APPROVE_ALL;
-pub use duration::{
+pub use crate::ports::duration::{
     duration_serde, format_duration, opt_duration_serde, parse_duration, MAX_DURATION,
 };
+pub use crate::ports::limits::*;
+pub use approval::APPROVE_ALL;
 pub use invocation::{fill_inputs, Invocation, MissingInput};
-pub use limits::*;
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
 pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};

@@ -39,7 +39,7 @@ pub struct RunInfo {
     pub tools: std::sync::Arc<[String]>,
     /// The run's resolved limits (for replay).
     #[serde(default)]
-    pub limits: Option<crate::spec::LimitsSpec>,
+    pub limits: Option<super::limits::LimitsSpec>,
     /// The host that runs it (its lease owner id, `HOSTNAME/PID/NONCE`):
     /// `recover` leaves the unfinished runs of a host whose lease is live
     /// to it.

@@ -2,8 +2,11 @@
 //! ([`LimitsSpec`]), how layers resolve, and the ranges every key must stay
 //! within (a value out of range is a [`LimitError`] naming the key).
 
-#[allow(unused_imports)]
-use super::*;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::{duration_serde, format_duration, opt_duration_serde, MAX_DURATION};
 
 /// The limits of one run, fully resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
