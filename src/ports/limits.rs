@@ -134,7 +134,7 @@ impl Limits {
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The absolute failsafe: no run lives longer than this, extensions included.
-pub const ABSOLUTE_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+pub const ABSOLUTE_DEADLINE: Duration = MAX_DURATION;
 
 impl Default for Limits {
     fn default() -> Self {
