@@ -197,7 +197,7 @@ async fn the_api_pages_through_every_run_once_while_runs_come_and_go() {
         ended.push(submit("quick", true).await);
     }
     let mut slow = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         slow.push(submit("slow", false).await);
     }
     let on_file: HashSet<String> = ended.iter().chain(&slow).cloned().collect();
@@ -226,23 +226,32 @@ async fn the_api_pages_through_every_run_once_while_runs_come_and_go() {
         }
         let path = match &cursor {
             None => "/v1/runs?limit=2".to_string(),
+            Some(c) if pages == 1 => format!("/v1/runs?limit=2&cursor={c}"),
             Some(c) => format!("/v1/runs?limit=7&cursor={c}"),
         };
         let (code, v, _) = s.req("GET", &path, None, None).await;
         assert_eq!(code, 200, "{v}");
         listed.extend(v["runs"].as_array().unwrap().iter().cloned());
         pages += 1;
+        if pages == 2 {
+            // The second page holds the live run left (slow[1] ended
+            // before it) and the ended runs begin: slow[2], listed live on
+            // the first page, ends now and must not come back as ended.
+            assert_eq!(listed[2]["run_id"], slow[0].as_str(), "{listed:?}");
+            kill_and_wait(slow[2].clone()).await;
+        }
         if pages == 1 {
             // The first page holds the two newest live runs: the newest
             // ends now (it must not come back as an ended run), and so
-            // does the oldest, not listed yet (it must come as one).
+            // does one not listed yet, between the two pages' runs (it
+            // must come as an ended one).
             assert_eq!(listed.len(), 2);
             assert!(
                 listed.iter().all(|r| r["status"] == "running"),
                 "{listed:?}"
             );
-            kill_and_wait(slow[2].clone()).await;
-            kill_and_wait(slow[0].clone()).await;
+            kill_and_wait(slow[3].clone()).await;
+            kill_and_wait(slow[1].clone()).await;
             // From now on, submitters keep adding runs while the reader pages.
             for _ in 0..2 {
                 let stop = stop.clone();
@@ -287,15 +296,18 @@ async fn the_api_pages_through_every_run_once_while_runs_come_and_go() {
     assert_eq!(unique.len(), ids.len(), "a run was listed twice: {ids:?}");
     assert_eq!(unique, on_file, "listed runs differ from those on file");
     // Live first (newest first), then ended (the most recently ended first).
-    assert_eq!(&ids[..2], &[slow[2].clone(), slow[1].clone()]);
     assert_eq!(
-        ids[2], slow[0],
+        &ids[..3],
+        &[slow[3].clone(), slow[2].clone(), slow[0].clone()]
+    );
+    assert_eq!(
+        ids[3], slow[1],
         "the run that ended meanwhile leads the ended ones"
     );
-    let ends: Vec<u64> = listed[2..]
+    let ends: Vec<u64> = listed[3..]
         .iter()
         .map(|r| r["finished_at"].as_u64().unwrap())
         .collect();
     assert!(ends.windows(2).all(|w| w[0] >= w[1]), "{ends:?}");
-    kill_and_wait(slow[1].clone()).await;
+    kill_and_wait(slow[0].clone()).await;
 }

@@ -334,58 +334,146 @@ pub(crate) async fn get_run(
     Ok(Json(view(found, wait).await))
 }
 
-/// A cursor: where a page ended, and when the listing began.
+/// A cursor: where a page ended, and what the pages before it listed.
 ///
 /// A listing is live runs (newest first, by id), then ended runs (the most
-/// recently ended first, a keyset page of the run index at a time). `since`
-/// is the time the first page was read: in the ended section a run that
-/// ended after it and sorts at or before `boundary` (the last live run
-/// listed) was listed live already, or started after the listing began,
-/// and is skipped. So a run that ends while a client pages is listed once,
-/// and runs started meanwhile are not listed; as opaque hex text (`l…`,
-/// `e…`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// recently ended first, a keyset page of the run index at a time). Every
+/// page of the live section notes when it read the live runs (`at`) and
+/// the oldest run it covered (`last`): the runs it covered are those from
+/// `last` up to the previous page's `last`. An ended run of that range that
+/// ended by `at` was not listed live and is listed as ended; one that ended
+/// later was listed live (or started after the listing began) and is
+/// skipped. Runs older than every live page's range are listed as ended.
+/// So every run on record when the listing began is listed once, however
+/// many start or end while a client pages; runs started meanwhile are not
+/// listed. As text: hex (`l…`, `e…`), opaque.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Cursor {
-    /// Unix ms when the listing began.
-    since: u64,
-    /// The last live run listed (`RunId(0)`: none).
-    boundary: RunId,
+    /// The live section's pages so far, newest first (`last` decreasing).
+    pages: Vec<LivePage>,
     /// In the ended section: after this run.
     ended: Option<RunCursor>,
 }
 
+/// One page of a listing's live section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LivePage {
+    /// Unix ms by which the runs it covered had either been listed live or
+    /// ended.
+    at: u64,
+    /// The oldest run it covered.
+    last: RunId,
+}
+
+/// Live pages a cursor remembers; past it the two oldest merge into one
+/// (with the older `at`: a run of the newer one's range that ended
+/// between the two may then be left out).
+const MAX_LIVE_PAGES: usize = 64;
+
 impl Cursor {
     fn encode(&self) -> String {
-        match self.ended {
-            None => format!("l{:016x}{}", self.since, self.boundary),
-            Some(e) => format!("e{:016x}{}{}", self.since, self.boundary, e.encode()),
+        let mut s = String::with_capacity(3 + 48 * (self.pages.len() + 1));
+        s.push(if self.ended.is_some() { 'e' } else { 'l' });
+        s.push_str(&format!("{:02x}", self.pages.len()));
+        for p in &self.pages {
+            s.push_str(&format!("{:016x}{}", p.at, p.last));
         }
+        if let Some(e) = self.ended {
+            s.push_str(&e.encode());
+        }
+        s
     }
 
     fn parse(s: &str) -> Option<Cursor> {
-        let hex = |t: &str| t.bytes().all(|b| b.is_ascii_hexdigit());
-        let kind = s.get(..1)?;
-        let since = s.get(1..17).filter(|t| hex(t))?;
-        let since = u64::from_str_radix(since, 16).ok()?;
-        let boundary = s.get(17..49).filter(|t| hex(t))?.parse().ok()?;
-        let rest = s.get(49..)?;
-        let ended = match (kind, rest.is_empty()) {
+        if !s.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return None;
+        }
+        let n = usize::from_str_radix(s.get(1..3)?, 16).ok()?;
+        if n > MAX_LIVE_PAGES {
+            return None;
+        }
+        let mut rest = s.get(3..)?;
+        let mut pages = Vec::with_capacity(n);
+        for _ in 0..n {
+            let page = rest.get(..48)?;
+            rest = rest.get(48..)?;
+            pages.push(LivePage {
+                at: u64::from_str_radix(page.get(..16)?, 16).ok()?,
+                last: parse_id(page.get(16..)?).ok()?,
+            });
+        }
+        if pages.windows(2).any(|w| w[1].last >= w[0].last) {
+            return None;
+        }
+        let ended = match (s.get(..1)?, rest.is_empty()) {
             ("l", true) => None,
             ("e", false) => Some(RunCursor::decode(rest)?),
             _ => return None,
         };
-        Some(Cursor {
-            since,
-            boundary,
-            ended,
-        })
+        Some(Cursor { pages, ended })
     }
 
-    /// Whether an ended run belongs to a listing that began at `since`
-    /// and listed live runs down to `boundary`.
-    fn keeps_ended(&self, r: &RunSummary) -> bool {
-        r.finished_at <= self.since || r.run_id < self.boundary
+    /// Where the live section goes on: below the last page's oldest run.
+    fn below(&self) -> Option<RunId> {
+        self.pages.last().map(|p| p.last)
     }
+
+    /// Whether an ended run is listed in the ended section (see the type).
+    fn keeps_ended(&self, r: &RunSummary) -> bool {
+        match self.pages.iter().find(|p| r.run_id >= p.last) {
+            Some(p) => r.finished_at <= p.at,
+            None => true,
+        }
+    }
+
+    fn push(&mut self, page: LivePage) {
+        if self.pages.len() == MAX_LIVE_PAGES {
+            let second = self.pages.remove(1);
+            self.pages[0].last = second.last;
+        }
+        self.pages.push(page);
+    }
+}
+
+/// Closes a page's live section: its `at` is now, and once the clock has
+/// moved past that millisecond, a run listed live that has ended by then
+/// (so its end time is at most `at`, and the ended section lists it) is
+/// taken off the live list. A run that ends later has a later end time:
+/// the ended section skips it.
+async fn settle_live_page(st: &AppState, out: &mut Vec<RunItem>, seen: &mut HashSet<RunId>) -> u64 {
+    let at = crate::ports::run::unix_ms();
+    while crate::ports::run::unix_ms() <= at {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let mut gone = Vec::new();
+    for item in out.iter().filter(|i| i.live.is_some()) {
+        let Ok(run_id) = item.run_id.parse::<RunId>() else {
+            continue;
+        };
+        let finished_at = match st.host.run(&run_id) {
+            Some(run) if !run.is_finished() => continue,
+            Some(run) => tokio::time::timeout(SETTLE, run.shared_result())
+                .await
+                .ok()
+                .map(|r| r.finished_at),
+            None => st
+                .index
+                .run_result(run_id)
+                .await
+                .ok()
+                .flatten()
+                .map(|r| r.finished_at),
+        };
+        if finished_at.is_some_and(|f| f <= at) {
+            gone.push(run_id);
+        }
+    }
+    for run_id in gone {
+        seen.remove(&run_id);
+        let id = run_id.to_string();
+        out.retain(|i| i.run_id != id);
+    }
+    at
 }
 
 /// Ended runs fetched from the index at a time, at least.
@@ -440,7 +528,6 @@ pub(crate) async fn list_runs(
             Some(Cursor::parse(c).ok_or_else(|| bad("cursor", "not a cursor this server gave"))?)
         }
     };
-    let first_page = given.is_none();
     let mine = |owner: Option<&str>| caller.may_see(owner);
     let agent_ok = |a: &str| q.agent.as_deref().is_none_or(|want| want == a);
     let limit = limit as usize;
@@ -474,13 +561,7 @@ pub(crate) async fn list_runs(
                 .flatten(),
         );
     }
-    let mut cursor = given.unwrap_or(Cursor {
-        // Read after the live runs are: a run that had ended by then
-        // (gone, or finishing and not listed live) ended before it.
-        since: crate::ports::run::unix_ms(),
-        boundary: RunId(0),
-        ended: None,
-    });
+    let mut cursor = given.unwrap_or_default();
     let ended_filter = RunFilter {
         status,
         caller: (!caller.is_admin()).then(|| caller.id.to_string()),
@@ -519,10 +600,12 @@ pub(crate) async fn list_runs(
 
     let mut seen = HashSet::new();
     if want_live && cursor.ended.is_none() {
+        let below = cursor.below();
+        let mut last = None;
         for r in &live {
-            // Later pages: after the last one listed, and none started
-            // since the listing began (ids grow with time).
-            if !first_page && r.run_id >= cursor.boundary {
+            // Later pages: below the last one's oldest run (so none started
+            // since the listing began: ids grow with time).
+            if below.is_some_and(|b| r.run_id >= b) {
                 continue;
             }
             if settled.contains(&r.run_id) {
@@ -537,12 +620,16 @@ pub(crate) async fn list_runs(
                 break;
             }
             seen.insert(r.run_id);
-            cursor.boundary = r.run_id;
+            last = Some(r.run_id);
             out.push(RunItem::live(r));
+        }
+        if let Some(last) = last {
+            let at = settle_live_page(&st, &mut out, &mut seen).await;
+            cursor.push(LivePage { at, last });
         }
     }
     if !more && want_ended {
-        let c = cursor;
+        let c = cursor.clone();
         let keep = |r: &RunSummary| {
             mine(r.caller_id.as_deref())
                 && agent_ok(&r.agent)
@@ -827,4 +914,77 @@ pub(crate) async fn records(
         .await
         .map_err(ApiError::store)?;
     Ok(Json(records))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(run_id: RunId, finished_at: u64) -> RunSummary {
+        RunSummary {
+            run_id,
+            agent: "a".into(),
+            caller_id: None,
+            parent_run_id: None,
+            root_run_id: None,
+            status: RunStatus::Ok,
+            kill_reason: None,
+            error_kind: None,
+            started_at: 0,
+            finished_at,
+        }
+    }
+
+    #[test]
+    fn cursors_round_trip_and_refuse_other_text() {
+        let (a, b) = (RunId(9 << 80), RunId(5 << 80));
+        let mut c = Cursor::default();
+        assert_eq!(Cursor::parse(&c.encode()), Some(c.clone()));
+        c.push(LivePage { at: 100, last: a });
+        c.push(LivePage { at: 200, last: b });
+        assert_eq!(Cursor::parse(&c.encode()), Some(c.clone()));
+        c.ended = Some(RunCursor {
+            finished_at: 50,
+            run_id: RunId(3),
+        });
+        let text = c.encode();
+        assert!(text.starts_with("e02"));
+        assert_eq!(Cursor::parse(&text), Some(c.clone()));
+        // Out of order pages, bad digits, cut short, other kinds.
+        let swapped = format!("l02{}{}", &text[51..99], &text[3..51]);
+        for bad in [
+            "",
+            "l",
+            "x00",
+            "lff",
+            &swapped,
+            &text[..text.len() - 1],
+            &text.replace('e', "l"),
+            &format!("{text}/"),
+        ] {
+            assert_eq!(Cursor::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_ended_run_is_kept_unless_a_live_page_covered_it_live() {
+        let mut c = Cursor::default();
+        c.push(LivePage {
+            at: 100,
+            last: RunId(9 << 80),
+        });
+        c.push(LivePage {
+            at: 200,
+            last: RunId(5 << 80),
+        });
+        // The first page's range: ended by its read, or after (listed live).
+        assert!(c.keeps_ended(&summary(RunId(10 << 80), 100)));
+        assert!(!c.keeps_ended(&summary(RunId(10 << 80), 101)));
+        // The second page's range reads at its own time.
+        assert!(c.keeps_ended(&summary(RunId(6 << 80), 150)));
+        assert!(!c.keeps_ended(&summary(RunId(6 << 80), 201)));
+        // Older than every live page: ended before any was read.
+        assert!(c.keeps_ended(&summary(RunId(1 << 80), 10_000)));
+        assert!(Cursor::default().keeps_ended(&summary(RunId(1), 10_000)));
+    }
 }
