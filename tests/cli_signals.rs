@@ -16,39 +16,17 @@
 //! fails the test instead of hanging the suite; the bound is far above
 //! what a healthy child needs (well under a second here).
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::scratch::Scratch;
 
 const BOUND: Duration = Duration::from_secs(60);
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-cli-signals-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A started child and its output, read line by line on threads.
 struct Running {
@@ -152,7 +130,7 @@ impl Running {
 }
 
 fn manifest(dir: &Scratch, script: &str) -> String {
-    let path = dir.path("m.yaml");
+    let path = dir.arg("m.yaml");
     std::fs::write(
         &path,
         format!("name: sig\nlimits: {{ stall_timeout: 2h, max_runtime: 3h, hard_timeout: 4h }}\nscript:\n{script}"),
@@ -273,7 +251,7 @@ fn swarm_args<'a>(db: &'a str, file: &'a str, drain: &'a str) -> Vec<&'a str> {
 #[test]
 fn swarm_sigterm_drains_then_cancels_flushes_and_exits_143() {
     let dir = Scratch::new("term");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { text: slow, latency: 1h }\n");
     let child = start(&swarm_args(&db, &file, "200ms"));
     child.await_stderr("runs in flight");
@@ -293,7 +271,7 @@ fn swarm_sigterm_drains_then_cancels_flushes_and_exits_143() {
 #[test]
 fn swarm_sighup_lets_runs_in_flight_finish_within_the_drain_and_exits_129() {
     let dir = Scratch::new("hup");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { text: quick, latency: 300ms }\n");
     let child = start(&swarm_args(&db, &file, "30s"));
     child.await_stderr("runs in flight");
@@ -314,7 +292,7 @@ fn swarm_sighup_lets_runs_in_flight_finish_within_the_drain_and_exits_129() {
 #[test]
 fn swarm_ctrl_c_drains_and_exits_130_and_a_second_signal_ends_at_once() {
     let dir = Scratch::new("int");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { hang: true }\n");
     // A drain of an hour: only the second signal can end it in time.
     let child = start(&swarm_args(&db, &file, "1h"));
@@ -333,7 +311,7 @@ fn swarm_ctrl_c_drains_and_exits_130_and_a_second_signal_ends_at_once() {
 #[test]
 fn run_sigterm_cancels_after_the_drain_prints_the_result_and_exits_143() {
     let dir = Scratch::new("run");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { hang: true }\n");
     let mut child = start(&[
         "--db", &db, "run", &file, "--events", "--json", "--drain", "100ms",
@@ -350,8 +328,8 @@ fn run_sigterm_cancels_after_the_drain_prints_the_result_and_exits_143() {
 #[test]
 fn a_swarm_paused_past_its_stall_timeout_kills_none_of_its_healthy_runs() {
     let dir = Scratch::new("pause");
-    let db = dir.path("a.db");
-    let file = dir.path("m.yaml");
+    let db = dir.arg("a.db");
+    let file = dir.arg("m.yaml");
     // Each run waits 300 ms for its answer: healthy, well within its stall
     // timeout of 1 s.
     std::fs::write(
@@ -388,7 +366,7 @@ fn a_swarm_paused_past_its_stall_timeout_kills_none_of_its_healthy_runs() {
 #[test]
 fn recover_beside_a_live_swarm_ends_none_of_its_runs() {
     let dir = Scratch::new("beside");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { hang: true }\n");
     let child = start(&swarm_args(&db, &file, "100ms"));
     child.await_stderr("runs in flight");
@@ -418,8 +396,8 @@ fn recover_beside_a_live_swarm_ends_none_of_its_runs() {
 #[test]
 fn a_swarm_paused_past_its_leases_loses_its_durable_runs_to_recover_and_writes_nothing_of_them() {
     let dir = Scratch::new("fenced");
-    let db = dir.path("a.db");
-    let file = dir.path("m.yaml");
+    let db = dir.arg("a.db");
+    let file = dir.arg("m.yaml");
     // A step, then an answer a second later.
     std::fs::write(
         &file,

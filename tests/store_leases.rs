@@ -10,7 +10,8 @@
 //! Waits for a state of the file are bounded polls (10 ms apart, 60 s at
 //! most), never a wait for a deadline.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use agentvisor::ports::checkpoint::{Checkpointer, Claim, EncodedJson, HostClaim, Lease, Renewal};
 use agentvisor::stores::{MemoryCheckpointer, SqliteStore};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId};
+use support::scratch::Scratch;
 
 /// One step, then a model call that never answers (the critic's limits
 /// are far away): the run stays in flight, checkpointed after its step.
@@ -38,26 +40,6 @@ script:
   - { tool: add, args: { a: 2, b: 3 } }
   - { hang: true }
 "#;
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-leases-{name}-{}-{}",
-            std::process::id(),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A host on its own handle to the file at `path`.
 async fn host_on(path: &std::path::Path) -> (Host, Arc<SqliteStore>) {

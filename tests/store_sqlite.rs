@@ -5,6 +5,8 @@
 //! schema, corrupt, foreign, unwritable), and the audit actor's spool
 //! taking the records while the store fails and replaying them after.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,33 +22,7 @@ use agentvisor::{
     AgentSpec, Host, HostConfig, Invocation, KillReason, RunEvent, RunId, RunResult, RunStatus,
 };
 use async_trait::async_trait;
-
-/// A fresh directory under the system temp dir (removed by `Scratch::drop`).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-test-{name}-{}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::scratch::Scratch;
 
 fn hello() -> AgentSpec {
     AgentSpec::from_file(concat!(
@@ -798,7 +774,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 7] = [
+const MIGRATIONS: [(i64, &str); 8] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -809,6 +785,7 @@ const MIGRATIONS: [(i64, &str); 7] = [
     ),
     (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
     (7, include_str!("../migrations/0007_sessions.sql")),
+    (8, include_str!("../migrations/0008_host_leases.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`

@@ -235,7 +235,7 @@ impl HostBuilder {
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
                 default_caller,
-                sessions: crate::session::SessionTable::new(
+                sessions: crate::session::table::SessionTable::new(
                     self.sessions
                         .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
                 ),

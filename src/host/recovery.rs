@@ -218,7 +218,7 @@ impl Host {
                 .filter(|r| {
                     matches!(
                         r.entry,
-                        AuditEntry::Event(crate::ports::run::RunEvent::StepStart { .. })
+                        AuditEntry::Event(crate::ports::event::RunEvent::StepStart { .. })
                     )
                 })
                 .count() as u32;
@@ -228,6 +228,7 @@ impl Host {
                 agent: info.agent.to_string(),
                 caller_id: info.caller_id.as_deref().map(str::to_string),
                 parent_run_id: info.parent_run_id,
+                root_run_id: None,
                 status: RunStatus::Error,
                 kill_reason: None,
                 error_kind: Some("interrupted".into()),
@@ -300,6 +301,7 @@ impl Host {
             agent,
             caller_id: inv.and_then(|i| i.caller_id.clone()),
             parent_run_id: inv.and_then(|i| i.parent_run_id),
+            root_run_id: inv.and_then(|i| i.root_run_id),
             status: RunStatus::Error,
             kill_reason: None,
             error_kind: Some(kind.to_string()),
