@@ -200,10 +200,11 @@ impl Host {
     /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
     ///
     /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
-    /// prepared here too, with the tools of its own manifest that this one
-    /// may use (see [`palette`]). A manifest that names MCP servers needs
-    /// them started: prepare it with [`prepare`](Self::prepare) (or submit
-    /// the manifest).
+    /// prepared here too, with the tools and MCP servers of its own
+    /// manifest that this one has as well (see [`palette`]): a sub-agent
+    /// of a manifest without MCP servers gets none. A manifest that names
+    /// MCP servers needs them started: prepare it with
+    /// [`prepare`](Self::prepare) (or submit the manifest).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
         if spec.mcp.as_ref().is_some_and(|m| !m.servers.is_empty()) {
@@ -215,21 +216,25 @@ impl Host {
         self.agent_with(spec, &[])
     }
 
-    /// [`agent`](Self::agent), with the tools of its MCP servers.
+    /// [`agent`](Self::agent), with the tools of its MCP servers (already
+    /// started).
     fn agent_with(
         &self,
         spec: Arc<AgentSpec>,
-        mcp_tools: &[crate::tools::CompiledTool],
+        mcp: &[crate::mcp::ServedTool],
     ) -> Result<Agent, SubmitError> {
-        let tools = self.inner.tools.select_with(&spec.tools, mcp_tools)?;
+        let mcp_tools: Vec<crate::tools::CompiledTool> =
+            mcp.iter().map(|t| t.tool.clone()).collect();
+        let tools = self.inner.tools.select_with(&spec.tools, &mcp_tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
         let mut palette: Vec<Arc<dyn Tool>> = Vec::with_capacity(spec.sub_agents.len());
         for sub in &spec.sub_agents {
-            // A child may use only tools its parent may use (D3).
-            let mut child = AgentSpec::clone(&sub.spec);
-            child.tools.retain(|t| spec.tools.contains(t));
-            let child = self.agent(child)?;
+            // A child may use only tools its parent may use (D3): its
+            // manifest's tools and MCP servers intersected with its
+            // parent's, the servers the parent's own (already started).
+            let (child, child_mcp) = palette::within_parent(&spec, &sub.spec, mcp);
+            let child = self.agent_with(Arc::new(child), &child_mcp)?;
             palette.push(Arc::new(palette::PaletteTool::new(
                 sub,
                 child,
@@ -254,7 +259,7 @@ impl Host {
         #[cfg(feature = "mcp")]
         let found = self.inner.mcp.tools_for(servers).await;
         #[cfg(not(feature = "mcp"))]
-        let found: Result<Vec<crate::tools::CompiledTool>, _> = {
+        let found: Result<Vec<crate::mcp::ServedTool>, _> = {
             let _ = servers;
             Err(crate::mcp::McpError::Unavailable(
                 "this build has no MCP client (the `mcp` feature)".into(),
@@ -432,6 +437,7 @@ impl Host {
                     max_iterations: live.max_iterations,
                     tokens: live.tokens,
                     tool_calls: live.tool_calls,
+                    awaiting_approval: live.awaiting_approval,
                 }
             })
             .collect();
@@ -561,4 +567,6 @@ pub struct LiveRun {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Tool calls waiting for an operator's approval.
+    pub awaiting_approval: Vec<crate::handle::PendingApproval>,
 }

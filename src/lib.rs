@@ -85,12 +85,12 @@ pub mod tools;
 #[doc(hidden)]
 pub use actors::critic::Fault;
 pub use agent::Agent;
-pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
+pub use handle::{ApprovalError, LiveState, PendingApproval, RunEvents, RunHandle, RunRef};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
-pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult};
+pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::event::{Event, RunEvent};
 pub use ports::run::{

@@ -27,9 +27,8 @@ use serde_json::Value;
 pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 
-mod duration;
+mod approval;
 mod invocation;
-mod limits;
 mod palette;
 mod phases;
 mod script;
@@ -37,11 +36,12 @@ mod shape;
 #[cfg(test)]
 mod tests;
 
-pub use duration::{
+pub use crate::ports::duration::{
     duration_serde, format_duration, opt_duration_serde, parse_duration, MAX_DURATION,
 };
+pub use crate::ports::limits::*;
+pub use approval::APPROVE_ALL;
 pub use invocation::{fill_inputs, Invocation, MissingInput};
-pub use limits::*;
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
 pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
@@ -114,6 +114,10 @@ pub struct AgentSpec {
     /// Tools the agent may call, by name.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Tools whose calls wait for an operator's approval (`*`: all; see
+    /// `approval_timeout` in `limits`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -276,6 +280,7 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
+            approval: Vec::new(),
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -410,6 +415,7 @@ impl AgentSpec {
             })?;
         }
         self.check_call_options(source)?;
+        self.check_approval(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

@@ -7,9 +7,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentvisor::mcp::McpConfig;
+use agentvisor::ports::audit::RunIndex;
 use agentvisor::{Agent, Host, HostConfig, Invocation, RunEvent, RunHandle, RunResult, RunStatus};
 use support::{collect, kinds, spec};
 
@@ -590,4 +592,85 @@ async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
         err.map(|_| ()).map_err(|e| e.kind()),
         Err("mcp_server_start_failed")
     );
+}
+
+/// A sub-agent's MCP servers are its parent's that it names too: the same
+/// process (a `scope: host` server is shared), the tools both `allow`
+/// lists let through, and nothing of a server the parent does not have.
+#[tokio::test]
+async fn a_sub_agent_shares_its_parents_servers_and_gets_no_other() {
+    let d = std::env::temp_dir().join(format!("agentvisor-mcp-palette-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let server = format!("{:?}", server());
+    // The child names `t` (no `allow`: whatever its parent may use of it)
+    // and `u`, which its parent does not have.
+    let child = d.join("helper.yaml");
+    std::fs::write(
+        &child,
+        format!(
+            "name: helper\nmcp:\n  servers:\n    - {{ name: t, command: [{server}] }}\n    - {{ name: u, command: [{server}] }}\nscript:\n  - tools:\n      - {{ tool: t__pid, args: {{}} }}\n      - {{ tool: t__add, args: {{ a: 1, b: 2 }} }}\n      - {{ tool: u__echo, args: {{ text: x }} }}\n  - {{ text: child done }}\n"
+        ),
+    )
+    .unwrap();
+    let parent = d.join("parent.yaml");
+    std::fs::write(
+        &parent,
+        format!(
+            "name: parent\nmcp:\n  servers:\n    - {{ name: t, command: [{server}], allow: [echo, pid] }}\nagents:\n  helper: {}\nscript:\n  - {{ tool: t__pid, args: {{}} }}\n  - {{ tool: agent__helper, args: {{ prompt: go }} }}\n  - {{ text: done }}\n",
+            child.display()
+        ),
+    )
+    .unwrap();
+    let store = Arc::new(agentvisor::stores::MemoryAuditStore::new());
+    let host = Host::builder()
+        .config(config(McpConfig::default()))
+        .audit_store(store.clone())
+        .build()
+        .await
+        .expect("host");
+    let r = host
+        .execute(
+            agentvisor::AgentSpec::from_file(&parent).unwrap(),
+            Invocation::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert!(r.steps[1].ok, "{:?}", r.steps[1]);
+    let parent_pid = pids(&r.steps[0].result);
+    host.shutdown().await;
+    let child_id = store
+        .list_runs(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.agent == "helper")
+        .expect("the child ran")
+        .run_id;
+    let c = store.run_result(child_id).await.unwrap().unwrap();
+    assert_eq!(c.status, RunStatus::Ok, "{c:?}");
+    let step = |tool: &str| {
+        c.steps
+            .iter()
+            .find(|s| &*s.tool == tool)
+            .unwrap_or_else(|| panic!("no {tool} step: {:?}", c.steps))
+    };
+    // The parent's server, the very process.
+    assert!(step("t__pid").ok);
+    assert_eq!(pids(&step("t__pid").result), parent_pid);
+    // `add` is the server's, but the parent's `allow` leaves it out.
+    assert!(!step("t__add").ok);
+    assert!(step("t__add")
+        .error
+        .as_deref()
+        .unwrap_or_default()
+        .contains("unknown"));
+    // `u` is not the parent's: not started, its tools not offered.
+    assert!(!step("u__echo").ok);
+    assert!(step("u__echo")
+        .error
+        .as_deref()
+        .unwrap_or_default()
+        .contains("unknown"));
 }

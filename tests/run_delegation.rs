@@ -7,7 +7,7 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use agentvisor::ports::audit::AuditStore;
+use agentvisor::ports::audit::{AuditStore, RunIndex};
 use agentvisor::{AgentSpec, HostConfig, Invocation, KillReason, RunStatus};
 use support::scratch::Scratch;
 
@@ -47,9 +47,95 @@ async fn a_parent_delegates_and_reads_its_childs_answer() {
     assert!(r.steps[0].ok);
     assert_eq!(r.steps[0].result, "5");
     host.shutdown().await;
-    // The child is a run of its own, on record with its parent.
+    // The child is a run of its own, on record with its parent and its
+    // tree's root.
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.terminal_records, 2);
+    let tree = store
+        .list_runs(&agentvisor::ports::audit::RunFilter {
+            root: Some(r.run_id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(tree.len(), 2);
+    let child = tree.iter().find(|s| s.agent == "helper").unwrap();
+    assert_eq!(child.parent_run_id, Some(r.run_id));
+    assert_eq!(child.root_run_id, Some(r.run_id));
+    assert_eq!(r.root_run_id, None, "the root is its own");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parents_subscribers_get_its_descendants_events_tagged_and_in_order() {
+    let d = Scratch::new("delegation-events");
+    let grandchild = d.file("gc.yaml",
+        "name: gc\ntools: [add]\nscript:\n  - { tool: add, args: { a: 1, b: 1 } }\n  - { text: \"2\" }\n",
+    );
+    let child = d.file("helper.yaml",
+        &format!("name: helper\ntools: [add]\nagents: {{ deeper: {} }}\nscript:\n  - {{ tool: agent__deeper, args: {{ prompt: go }} }}\n  - {{ tool: add, args: {{ a: 2, b: 3 }} }}\n  - {{ text: \"5\" }}\n", grandchild.display()),
+    );
+    let parent = d.file("parent.yaml", &parent_yaml(&child, "{}"));
+    let (host, _store) = support::host().await;
+    let (handle, mut events) = host
+        .submit_streaming(
+            agentvisor::AgentSpec::from_file(&parent).unwrap(),
+            Invocation::prompt("go"),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(ev) = events.next().await {
+        seen.push(ev);
+    }
+    let r = handle.await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    let mine: Vec<_> = seen.iter().filter(|e| e.run_id == r.run_id).collect();
+    assert!(mine.iter().all(|e| e.parent_run_id.is_none()));
+    assert!(matches!(
+        mine.last().unwrap().event,
+        agentvisor::RunEvent::RunEnd { .. }
+    ));
+    // Each descendant's events, tagged with its parent, in its own order,
+    // ending with its run.end.
+    let mut runs: Vec<agentvisor::RunId> = seen
+        .iter()
+        .map(|e| e.run_id)
+        .filter(|id| *id != r.run_id)
+        .collect();
+    runs.dedup();
+    runs.sort_unstable();
+    runs.dedup();
+    assert_eq!(runs.len(), 2, "the child and the grandchild");
+    let mut parents = Vec::new();
+    for id in runs {
+        let theirs: Vec<_> = seen.iter().filter(|e| e.run_id == id).collect();
+        let p = theirs[0].parent_run_id.expect("tagged with its parent");
+        assert!(theirs.iter().all(|e| e.parent_run_id == Some(p)));
+        parents.push(p);
+        let seqs: Vec<u32> = theirs.iter().map(|e| e.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] <= w[1]), "{seqs:?}");
+        assert!(
+            matches!(
+                theirs.last().unwrap().event,
+                agentvisor::RunEvent::RunEnd { .. }
+            ),
+            "{theirs:?}"
+        );
+        assert!(theirs
+            .iter()
+            .any(|e| matches!(e.event, agentvisor::RunEvent::ToolCall { .. })));
+    }
+    // One is the parent's child, the other the child's.
+    assert!(parents.contains(&r.run_id));
+    // Every descendant's event came before the parent's run.end.
+    let end = seen
+        .iter()
+        .position(|e| {
+            e.run_id == r.run_id && matches!(e.event, agentvisor::RunEvent::RunEnd { .. })
+        })
+        .unwrap();
+    assert_eq!(end, seen.len() - 1);
+    host.shutdown().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -70,6 +156,58 @@ async fn a_child_may_use_only_tools_its_parent_may_use() {
     // The child's call of `upper` was refused (unknown to it), the child
     // went on and answered.
     assert_eq!(r.steps[0].result, "done");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_gets_no_mcp_server_its_parent_does_not_have() {
+    let d = Scratch::new("delegation-mcp");
+    // The child names an MCP server; the parent names none. The child is
+    // prepared without it (its program is never started: it does not
+    // exist), and its tools are not offered.
+    let child = d.file(
+        "helper.yaml",
+        "name: helper
+tools: [add]
+mcp:
+  servers:
+    - { name: files, command: [/nonexistent/mcp-files] }
+script:
+  - { tool: files__read, args: { path: x } }
+  - { text: done }
+",
+    );
+    let parent = d.file("parent.yaml", &parent_yaml(&child, "{}"));
+    let (host, store) = support::host().await;
+    let agent = host
+        .agent(agentvisor::AgentSpec::from_file(&parent).unwrap())
+        .expect("a sub-agent's MCP servers do not stop its parent from preparing");
+    let r = host
+        .execute(&agent, Invocation::prompt("go"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert_eq!(r.steps[0].result, "done");
+    host.shutdown().await;
+    let child_id = store
+        .list_runs(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.agent == "helper")
+        .unwrap()
+        .run_id;
+    let child = store.run_result(child_id).await.unwrap().unwrap();
+    assert_eq!(&*child.steps[0].tool, "files__read");
+    assert!(!child.steps[0].ok);
+    assert!(
+        child.steps[0]
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("unknown"),
+        "{:?}",
+        child.steps[0]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -215,4 +353,52 @@ fn a_manifest_that_delegates_to_itself_or_to_a_missing_file_is_refused() {
         e.contains("agents.gone") && e.contains("nowhere.yaml"),
         "{e}"
     );
+}
+
+/// `examples/agents/tree.yaml`, as `agentvisor run … --events` shows it:
+/// the parent times out while its two workers run, each worker ends
+/// `killed`/`parent` and the parent's stream carries both endings, tagged
+/// with their parent, before its own.
+#[tokio::test(start_paused = true)]
+async fn the_tree_example_times_out_and_ends_every_worker_killed_parent() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/agents/tree.yaml");
+    let (host, store) = support::host().await;
+    let (handle, mut events) = host
+        .submit_streaming(
+            agentvisor::AgentSpec::from_file(&path).unwrap(),
+            Invocation::default(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(ev) = events.next().await {
+        seen.push(ev);
+    }
+    let r = handle.await;
+    assert_eq!(r.status, RunStatus::Timeout, "{r:?}");
+    assert_eq!(r.kill_reason, Some(KillReason::Deadline));
+    let ends: Vec<_> = seen
+        .iter()
+        .filter_map(|e| match &e.event {
+            agentvisor::RunEvent::RunEnd {
+                status,
+                kill_reason,
+                ..
+            } => Some((e.run_id, e.parent_run_id, *status, *kill_reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.len(), 3, "{ends:?}");
+    for (id, parent, status, reason) in &ends[..2] {
+        assert_ne!(*id, r.run_id);
+        assert_eq!(*parent, Some(r.run_id));
+        assert_eq!(*status, RunStatus::Killed);
+        assert_eq!(*reason, Some(KillReason::Parent));
+    }
+    assert_eq!(ends[2].0, r.run_id, "the parent ends last");
+    host.shutdown().await;
+    for (id, ..) in &ends[..2] {
+        let records = support::records(&store, *id).await;
+        assert_eq!(support::terminal_count(&records), 1);
+    }
 }

@@ -6,141 +6,15 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use agentvisor::server::auth::{Caller, Role, TokenTable};
-use agentvisor::server::catalog::Catalog;
-use agentvisor::server::{Server, ServerConfig};
-use agentvisor::Host;
+use agentvisor::server::ServerConfig;
 use serde_json::{json, Value};
-use support::loopback::{QUICK, SLOW};
-
-const ALICE: &str = "av_alice";
-const BOB: &str = "av_bob";
-const ROOT: &str = "av_root";
-
-struct Running {
-    base: String,
-    server: Server,
-    host: Host,
-    http: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
+use support::loopback::{events_of, read_sse, Running, ALICE, BOB, QUICK, ROOT, SLOW};
 
 async fn start(config: ServerConfig, auth: bool) -> Running {
     let (host, store) = support::host().await;
-    let server = Server::new(host.clone(), store, config);
-    let agents = [QUICK, SLOW].map(|y| host.agent(support::spec(y)).unwrap());
-    server.set_catalog(Catalog::from_agents(agents));
-    if auth {
-        server.set_tokens(Some(TokenTable::from_tokens([
-            (ALICE, caller("alice", Role::Caller)),
-            (BOB, caller("bob", Role::Caller)),
-            (ROOT, caller("root", Role::Admin)),
-        ])));
-    }
-    let (base, tx) = support::loopback::serve(&server).await;
-    Running {
-        base,
-        server,
-        host,
-        http: support::loopback::http_client(),
-        _stop: tx,
-    }
-}
-
-fn caller(id: &str, role: Role) -> Caller {
-    Caller {
-        id: Arc::from(id),
-        role,
-    }
-}
-
-impl Running {
-    /// `POST` of `{"agent": agent}` to `path` (`/v1/runs`, with its query).
-    async fn submit(
-        &self,
-        path: &str,
-        token: Option<&str>,
-        agent: &str,
-    ) -> (u16, Value, reqwest::header::HeaderMap) {
-        self.req("POST", path, token, Some(json!({ "agent": agent })))
-            .await
-    }
-
-    async fn req(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (u16, Value, reqwest::header::HeaderMap) {
-        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut r = self.http.request(m, format!("{}{path}", self.base));
-        if let Some(t) = token {
-            r = r.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            r = r
-                .header("content-type", "application/json")
-                .body(b.to_string());
-        }
-        let resp = r.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-            headers,
-        )
-    }
-}
-
-/// One SSE frame.
-#[derive(Debug, Default, Clone)]
-struct Frame {
-    id: Option<String>,
-    data: String,
-    comment: bool,
-}
-
-/// Reads an event stream until it ends (or `max` frames), keep-alives kept.
-async fn read_sse(resp: reqwest::Response, max: usize) -> Vec<Frame> {
-    let mut resp = resp;
-    let mut buf = String::new();
-    let mut out = Vec::new();
-    while out.len() < max {
-        let chunk = match tokio::time::timeout(Duration::from_secs(30), resp.chunk()).await {
-            Ok(Ok(Some(c))) => c,
-            _ => break,
-        };
-        buf.push_str(std::str::from_utf8(&chunk).unwrap());
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let mut f = Frame::default();
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    f.id = Some(v.trim().to_string());
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    f.data.push_str(v.trim_start());
-                } else if line.starts_with(':') {
-                    f.comment = true;
-                }
-            }
-            out.push(f);
-        }
-    }
-    out
-}
-
-fn events_of(frames: &[Frame]) -> Vec<Value> {
-    frames
-        .iter()
-        .filter(|f| !f.comment)
-        .map(|f| serde_json::from_str(&f.data).unwrap())
-        .collect()
+    support::loopback::start_with(host, store, &[QUICK, SLOW], auth, config).await
 }
 
 #[tokio::test]

@@ -2,7 +2,9 @@
 //! chromedriver (Debian's `chromium` and `chromium-driver`, which
 //! `.ci/run` installs) against a server on a loopback socket. The page
 //! loads and goes live, a submitted run appears and ends, the kill button
-//! kills a slow run, and the browser console holds no error. The page's
+//! kills a slow run, a run waiting for approval lists the call on its page
+//! and the approve button lets it finish, and the browser console holds no
+//! error. The page's
 //! screenshot is saved to `docs/dashboard.png`.
 //!
 //! Runs with `cargo test --features peers` (it needs the programs).
@@ -18,6 +20,18 @@ use agentvisor::server::catalog::Catalog;
 use agentvisor::server::{Server, ServerConfig};
 use serde_json::{json, Value};
 use support::loopback::{QUICK, SLOW};
+
+const GATED: &str = r#"
+name: gated
+model: scripted
+prompt: add
+tools: [add]
+approval: [add]
+limits: { max_runtime: 120s, stall_timeout: 120s }
+script:
+  - { tool: add, args: { a: 2, b: 3 } }
+  - { text: "approved" }
+"#;
 
 const TOKEN: &str = "av_browser_test_token";
 
@@ -202,7 +216,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
 
     let (host, store) = support::host().await;
     let server = Server::new(host.clone(), store, ServerConfig::default());
-    let agents = [QUICK, SLOW].map(|y| host.agent(support::spec(y)).unwrap());
+    let agents = [QUICK, SLOW, GATED].map(|y| host.agent(support::spec(y)).unwrap());
     server.set_catalog(Catalog::from_agents(agents));
     server.set_tokens(Some(TokenTable::from_tokens([(
         TOKEN,
@@ -296,6 +310,30 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
         |v| v.as_str().is_some_and(|s| s.contains("run.end")),
     )
     .await;
+    // A run waiting for approval: its page lists the call; Approve runs it.
+    let gated = submit("gated").await;
+    d.script(&format!("location.hash = '#run/{gated}'; return true"))
+        .await;
+    d.wait_for(
+        "the call waiting for approval",
+        "const b = document.getElementById('b-approve'); return b.disabled ? '' : document.getElementById('r-approvals').textContent",
+        |v| v.as_str().is_some_and(|s| s.contains("add")),
+    )
+    .await;
+    d.script("document.getElementById('b-approve').click(); return true")
+        .await;
+    d.wait_for(
+        "the approved run to end ok",
+        "return document.getElementById('r-status').textContent",
+        |v| v == "ok",
+    )
+    .await;
+    assert_eq!(
+        d.script("return document.getElementById('r-approval').hidden")
+            .await,
+        true,
+        "nothing waits any more"
+    );
     d.script("location.hash = ''; return true").await;
     d.wait_for("the runs table again", &row_status(&quick), |v| v == "ok")
         .await;

@@ -774,7 +774,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 7] = [
+const MIGRATIONS: [(i64, &str); 8] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -785,6 +785,7 @@ const MIGRATIONS: [(i64, &str); 7] = [
     ),
     (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
     (7, include_str!("../migrations/0007_sessions.sql")),
+    (8, include_str!("../migrations/0008_host_leases.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`

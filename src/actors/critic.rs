@@ -365,6 +365,15 @@ impl Critic {
             Command::Steer(text) => {
                 self.with_run(myself, st, key, now, |_, run| run.steer(text));
             }
+            Command::Decide {
+                call_id,
+                approve,
+                reason,
+            } => {
+                self.with_run(myself, st, key, now, |_, run| {
+                    run.decide_approval(call_id.as_deref(), approve, reason)
+                });
+            }
             Command::ChildEnded(_) => {
                 self.with_run(myself, st, key, now, |_, run| run.child_ended());
             }
@@ -497,6 +506,13 @@ impl Critic {
             return;
         }
         if run.done {
+            return;
+        }
+        if let Some((_, until)) = run.watch.parked {
+            // Waiting for an operator: no deadline but the approval's.
+            if now >= until {
+                run.approval_timed_out();
+            }
             return;
         }
         let w = &mut run.watch;

@@ -75,9 +75,10 @@ use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
 use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
-use crate::record::{Command, Ending, RunShared};
+use crate::record::{Command, Ending, PendingApproval, RunShared};
 use crate::spec::Limits;
 
+mod approval;
 mod ending;
 mod observer;
 mod summary;
@@ -276,6 +277,8 @@ pub struct RunState {
     observer: Option<Arc<RunObserver>>,
     /// The critic's record of this run (C8: small).
     pub(crate) watch: Watched,
+    /// A turn waiting for an operator's approval (see `approval`).
+    parked: Option<Box<approval::ParkedTurn>>,
     span: tracing::Span,
 }
 
@@ -338,6 +341,7 @@ impl RunState {
             clock_ms: None,
             retry: None,
             observer: None,
+            parked: None,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -524,7 +528,7 @@ impl RunState {
             on_delta,
             // The deadline as this run knows it (the critic may extend it;
             // a retry layer then stops early rather than late).
-            deadline: Some(self.started + self.limits.hard_timeout),
+            deadline: Some(self.watch.hard_deadline),
             on_retry: self.retry_sink(),
             options: self.agent.call_options(),
             observer: self.call_observer(),

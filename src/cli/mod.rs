@@ -38,6 +38,7 @@ mod sessions;
 mod signals;
 mod soak;
 mod swarm;
+mod tree;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -176,6 +176,12 @@ impl Host {
             inv.caller_id = p.caller_id.as_deref().map(str::to_string);
         }
         let caller = self.caller_arc(inv.caller_id.as_deref());
+        // The tree it is recorded in: its parent's (the parent's top run,
+        // or the pipeline the parent is a phase of), else the invocation's.
+        inv.root_run_id = parent
+            .as_ref()
+            .map(|p| p.tree_root.unwrap_or(p.root_run_id))
+            .or(inv.root_run_id);
         // Runs go round the shards; a run's key is unique on its host.
         let key = h.next_key.fetch_add(1, Ordering::Relaxed);
         let shard = h.shards.route(key);
@@ -186,6 +192,7 @@ impl Host {
                 caller_id: Some(caller.clone()),
                 parent_run_id: inv.parent_run_id,
                 root_run_id: parent.as_ref().map(|p| p.root_run_id),
+                tree_root: inv.root_run_id,
                 depth: parent.as_ref().map_or(0, |p| p.depth + 1),
                 max_iterations: limits.max_iterations,
             },

@@ -239,6 +239,41 @@ pub enum RunEvent {
         /// Wall time.
         duration_ms: u64,
     },
+    /// A tool call waits for an operator's approval (the manifest's
+    /// `approval:`): the run is parked, its deadlines and stall timer
+    /// paused, until it is approved, denied, or `approval_timeout` passes
+    /// (then it is denied).
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested {
+        /// 1-based iteration.
+        iteration: u32,
+        /// The model's call id (what `approve` and `deny` may name).
+        call_id: Arc<str>,
+        /// Tool name.
+        tool: Arc<str>,
+        /// The call's arguments as the model sent them (secrets redacted;
+        /// capped at 16 KiB).
+        arguments: String,
+        /// How long the call waits for a decision, in ms.
+        timeout_ms: u64,
+    },
+    /// A decision on a call that waited for approval.
+    #[serde(rename = "approval.decided")]
+    ApprovalDecided {
+        /// The model's call id.
+        call_id: Arc<str>,
+        /// Tool name.
+        tool: Arc<str>,
+        /// Whether the call runs.
+        approved: bool,
+        /// Who decided: `operator`, or `timeout` (nobody did in time).
+        by: String,
+        /// The reason given (for a denial, what the model reads).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// How long the call waited, in ms.
+        waited_ms: u64,
+    },
     /// This subscriber fell behind the run and missed live events: what
     /// follows is re-read from the audit log from `resume_from` on (a
     /// stream event only; never recorded).
@@ -250,14 +285,20 @@ pub enum RunEvent {
 }
 
 /// One event of a run as subscribers get it: the event, the run it belongs
-/// to, and its audit record's `seq` (a consumer resumes from any `seq`;
-/// a streamed `text.delta` is not a record and carries the `seq` of the
-/// record before it). On the wire the fields sit beside the event's own:
-/// `{"type": "tool.call", "run_id": "…", "seq": 4, …}`.
+/// to (and that run's parent, for a sub-agent run), and its audit record's
+/// `seq` (a consumer resumes from any `seq`; a streamed `text.delta` is
+/// not a record and carries the `seq` of the record before it). On the
+/// wire the fields sit beside the event's own: `{"type": "tool.call",
+/// "run_id": "…", "seq": 4, …}`. A run's subscribers get its sub-agents'
+/// events too, as they happen, each with its own run's `run_id`, `seq`
+/// and `parent_run_id`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The run.
     pub run_id: RunId,
+    /// The run's parent, when it is a sub-agent run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<RunId>,
     /// Its audit record's sequence number.
     pub seq: u32,
     /// What happened.

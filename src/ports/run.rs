@@ -332,6 +332,11 @@ pub struct RunResult {
     /// The parent run, for a sub-agent run.
     #[serde(default)]
     pub parent_run_id: Option<RunId>,
+    /// The tree the run belongs to, when it is not its own root: the top
+    /// run of a sub-agent's tree, or the pipeline of a phase (and of that
+    /// phase's sub-agents). `None` for a run that is its own root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<RunId>,
     /// How it ended.
     pub status: RunStatus,
     /// Why it was killed, when it was.

@@ -21,6 +21,12 @@ pub struct Invocation {
     pub channel_id: Option<String>,
     /// The parent run (sub-agents).
     pub parent_run_id: Option<RunId>,
+    /// The tree a top-level run is recorded in
+    /// ([`RunResult::root_run_id`](crate::RunResult::root_run_id)): a
+    /// pipeline's phases name their pipeline. A sub-agent's is its
+    /// parent's, whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<RunId>,
     /// The session whose history the run shares.
     pub session_id: Option<String>,
     /// Named inputs: they fill the manifest's `{{inputs.NAME}}`

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::duration::opt_duration_serde;
+use crate::ports::duration::opt_duration_serde;
 
 /// Token usage a scripted entry reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -85,10 +85,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (7, include_str!("../../../migrations/0007_sessions.sql")),
     (8, include_str!("../../../migrations/0008_host_leases.sql")),
+    (9, include_str!("../../../migrations/0009_run_trees.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -66,6 +66,7 @@ pub(super) struct RunRow {
     pub(super) agent: String,
     pub(super) caller_id: Option<String>,
     pub(super) parent_run_id: Option<String>,
+    pub(super) root_run_id: Option<String>,
     pub(super) status: &'static str,
     pub(super) kill_reason: Option<&'static str>,
     pub(super) error_kind: Option<String>,
@@ -695,7 +696,8 @@ fn append(
         let mut insert = tx.prepare_cached(
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
              error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail, \
-             tail_at_base) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+             tail_at_base, root_run_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
              ON CONFLICT (run_id) DO NOTHING",
         )?;
         for r in &runs {
@@ -714,6 +716,7 @@ fn append(
                 r.tail_records,
                 r.tail,
                 r.tail_at_base,
+                r.root_run_id,
             ])?;
             if n > 0 {
                 terminal += 1;

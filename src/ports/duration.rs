@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use serde::Deserializer;
 
-use super::limits::ABSOLUTE_DEADLINE;
-
 /// Parses a duration: `500ms`, `2s`, `1m`, `1h`, `1m30s`, or a bare number of
 /// seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -65,7 +63,7 @@ pub fn format_duration(d: Duration) -> String {
 
 /// The longest duration a manifest may write (every limit is bounded by the
 /// 24 h failsafe, so `start + 24 h + extensions` can never overflow).
-pub const MAX_DURATION: Duration = ABSOLUTE_DEADLINE;
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// serde glue for `Duration` fields written as strings.
 pub mod duration_serde {
