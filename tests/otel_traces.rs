@@ -10,6 +10,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -24,6 +25,8 @@ use prost::Message;
 use tracing_subscriber::prelude::*;
 
 use agentvisor::otel::Traces;
+use agentvisor::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
+use agentvisor::providers::{RetryPolicy, Retrying};
 use agentvisor::{AgentSpec, Invocation, RunStatus};
 
 /// What the receiver got: every span of every request, and the service
@@ -123,6 +126,28 @@ fn children<'a>(spans: &'a [Span], parent: &Span, name: &str) -> Vec<&'a Span> {
     v
 }
 
+/// A model that is rate limited once (10 ms), then answers.
+struct LimitedOnce(Mutex<bool>);
+
+#[async_trait::async_trait]
+impl ChatModel for LimitedOnce {
+    fn name(&self) -> &str {
+        "flaky:m1"
+    }
+
+    async fn complete(&self, _request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        if std::mem::replace(&mut *self.0.lock().unwrap(), false) {
+            return Err(ModelError::RateLimited {
+                retry_after: Some(Duration::from_millis(10)),
+            });
+        }
+        Ok(ChatResponse {
+            text: "ok".into(),
+            ..Default::default()
+        })
+    }
+}
+
 fn dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("agentvisor-otel-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -184,6 +209,23 @@ fn a_delegating_run_exports_genai_spans_nested_by_run() {
             .unwrap();
         assert_eq!(r.status, RunStatus::Ok, "{r:?}");
         host.shutdown().await;
+
+        // A second trace: a provider retry, on the call's span.
+        let model = Retrying::new(
+            Arc::new(LimitedOnce(Mutex::new(true))),
+            RetryPolicy::default(),
+        );
+        let (host, _store) =
+            support::host_from(support::builder().model("flaky:m1", Arc::new(model))).await;
+        let r = host
+            .execute(
+                support::spec("name: retrier\nmodel: flaky:m1\n"),
+                Invocation::prompt("hi"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+        host.shutdown().await;
     });
     drop(rt);
     // Every span has ended; shutting the pipeline down exports the batch.
@@ -196,6 +238,29 @@ fn a_delegating_run_exports_genai_spans_nested_by_run() {
         "{:?}",
         got.services
     );
+
+    // The retrying run: its own trace, the retry an event of its call.
+    let retrier = one(spans, "invoke_agent retrier");
+    assert!(retrier.parent_span_id.is_empty());
+    assert_eq!(text(retrier, "gen_ai.provider.name"), "flaky");
+    assert_eq!(text(retrier, "gen_ai.request.model"), "m1");
+    let call = one(spans, "chat m1");
+    assert_eq!(call.parent_span_id, retrier.span_id);
+    let retry = call
+        .events
+        .iter()
+        .find(|e| e.name == "model.retry")
+        .unwrap_or_else(|| panic!("no model.retry event: {:#?}", call.events));
+    match attr_in(&retry.attributes, "kind") {
+        Some(Value::StringValue(k)) => assert_eq!(k, "rate_limited"),
+        other => panic!("kind: {other:?}"),
+    }
+    let spans: Vec<Span> = spans
+        .iter()
+        .filter(|s| s.trace_id != retrier.trace_id)
+        .cloned()
+        .collect();
+    let spans = &spans[..];
 
     // One trace, rooted at the parent's run.
     let root = one(spans, "invoke_agent parent");
