@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::output::OutputSchema;
+use crate::ports::checkpoint::EncodedJson;
 use crate::ports::model::{CallOptions, ChatModel};
 use crate::pricing::Price;
 use crate::spec::{AgentSpec, Limits};
@@ -25,6 +26,9 @@ struct AgentInner {
     /// The transcript a run starts from when its input is the manifest's
     /// own prompt: built once, shared until a run's first answer.
     default_transcript: std::sync::OnceLock<Arc<Vec<crate::ports::model::Message>>>,
+    /// The manifest as JSON, encoded once for every durable run's
+    /// checkpoints.
+    encoded_spec: std::sync::OnceLock<EncodedJson>,
     model: Arc<dyn ChatModel>,
     /// The model's price, looked up once; `None` for a model that costs
     /// nothing or that the price table does not know.
@@ -52,6 +56,7 @@ impl Agent {
                 name: Arc::from(spec.name.as_str()),
                 model_name: Arc::from(model.name()),
                 default_transcript: std::sync::OnceLock::new(),
+                encoded_spec: std::sync::OnceLock::new(),
                 tool_names: Arc::from(spec.tools.clone()),
                 price: model.price_id().and_then(crate::pricing::lookup),
                 output: spec.output_schema.clone().map(OutputSchema::new),
@@ -119,6 +124,16 @@ impl Agent {
             .default_transcript
             .get_or_init(|| Arc::new(make()))
             .clone()
+    }
+
+    /// The manifest as JSON, encoded on first use and shared by the
+    /// checkpoints of every durable run of the agent.
+    pub(crate) fn encoded_spec(&self) -> Result<EncodedJson, serde_json::Error> {
+        if let Some(e) = self.inner.encoded_spec.get() {
+            return Ok(e.clone());
+        }
+        let e = EncodedJson::encode(&*self.inner.spec)?;
+        Ok(self.inner.encoded_spec.get_or_init(|| e).clone())
     }
 
     /// The model its runs call.

@@ -59,6 +59,9 @@
 //!   usage counts toward the run's usage, budget and cost.
 //! - A resumed durable run starts counting summary calls from zero (the
 //!   checkpoint does not carry them).
+//!
+//! The file stays whole: when, where and what to cut are one decision over
+//! one transcript, and a third of its length is the tests of that decision.
 
 use crate::ports::model::{Message, Role};
 

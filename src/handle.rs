@@ -16,10 +16,33 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::sync::oneshot;
 
-use crate::ports::run::{unix_ms, Event, KillReason, RunId, RunResult, RunStatus, Usage};
+use crate::ports::event::Event;
+use crate::ports::run::{unix_ms, KillReason, RunId, RunResult, RunStatus, Usage};
 use crate::record::{self, Command, RunShared, SUBSCRIBER_BUFFER};
 
-pub use crate::record::LiveState;
+pub use crate::record::{LiveState, PendingApproval};
+
+/// Why an approval decision was not handed to a run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApprovalError {
+    /// The run waits for no approval (it has none pending, or it ended).
+    #[error("the run awaits no approval")]
+    NotAwaiting,
+    /// The run waits, but not for this call.
+    #[error("the run awaits no approval of call `{0}`")]
+    UnknownCall(String),
+}
+
+impl ApprovalError {
+    /// A stable snake_case kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApprovalError::NotAwaiting => "not_awaiting_approval",
+            ApprovalError::UnknownCall(_) => "unknown_call",
+        }
+    }
+}
 
 /// The caller's handle on a run: await it (or call [`RunHandle::result`]) for
 /// the [`RunResult`]; steer, extend, kill or cancel it meanwhile. Dropping an
@@ -177,6 +200,65 @@ impl RunRef {
         self.shared.live()
     }
 
+    /// The tool calls waiting for an operator's approval (empty unless the
+    /// run is parked on them).
+    pub fn pending_approvals(&self) -> Vec<PendingApproval> {
+        let p = self.shared.partial();
+        if p.finished {
+            Vec::new()
+        } else {
+            p.awaiting.clone()
+        }
+    }
+
+    /// Approves the waiting tool call `call_id` (`None`: every waiting
+    /// call): it runs, and once no call of its turn waits any more the run
+    /// goes on, its deadlines moved by the time it waited. Returns the
+    /// calls the decision covers; [`ApprovalError`] when the run waits for
+    /// none (or not for that call). A decision that reaches the run after
+    /// its calls were decided otherwise (a timeout) does nothing.
+    pub fn approve(&self, call_id: Option<&str>) -> Result<Vec<PendingApproval>, ApprovalError> {
+        self.decide(call_id, true, None)
+    }
+
+    /// Denies the waiting tool call `call_id` (`None`: every waiting
+    /// call): the model reads `denied by operator: REASON` as the call's
+    /// error result. Otherwise as [`approve`](Self::approve).
+    pub fn deny(
+        &self,
+        call_id: Option<&str>,
+        reason: impl Into<String>,
+    ) -> Result<Vec<PendingApproval>, ApprovalError> {
+        self.decide(call_id, false, Some(reason.into()))
+    }
+
+    fn decide(
+        &self,
+        call_id: Option<&str>,
+        approve: bool,
+        reason: Option<String>,
+    ) -> Result<Vec<PendingApproval>, ApprovalError> {
+        let pending = self.pending_approvals();
+        if pending.is_empty() {
+            return Err(ApprovalError::NotAwaiting);
+        }
+        let covered: Vec<PendingApproval> = pending
+            .into_iter()
+            .filter(|p| call_id.is_none_or(|c| *p.call_id == *c))
+            .collect();
+        let Some(first) = covered.first() else {
+            let id: String = call_id.unwrap_or_default().chars().take(128).collect();
+            return Err(ApprovalError::UnknownCall(id));
+        };
+        let call_id = call_id.map(|_| first.call_id.clone());
+        self.shared.command(Command::Decide {
+            call_id,
+            approve,
+            reason,
+        });
+        Ok(covered)
+    }
+
     /// Whether the run has ended (its result may still be on its way to
     /// the audit log).
     pub fn is_finished(&self) -> bool {
@@ -250,6 +332,7 @@ fn lost_result(run_id: RunId) -> RunResult {
         agent: String::new(),
         caller_id: None,
         parent_run_id: None,
+        root_run_id: None,
         status: RunStatus::Error,
         kill_reason: None,
         error_kind: Some("lost".into()),

@@ -21,7 +21,7 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
-use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone};
+use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone, LeaseWatch};
 use crate::actors::audit::spool::SpoolIndex;
 use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
 use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
@@ -33,7 +33,7 @@ use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
 use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, Lease};
+use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, EncodedJson, HostClaim, Lease};
 use crate::ports::critic::CriticPolicy;
 use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
@@ -105,6 +105,8 @@ pub(crate) struct HostInner {
     audit_health: Arc<AuditHealth>,
     /// Exactly-once recovery: this host's lease on its durable runs.
     lease: Lease,
+    /// The lease's owner id, shared by every run's `run.start` record.
+    host_id: Arc<str>,
     checkpointer: Arc<dyn Checkpointer>,
     /// A run was submitted or `recover` ran: from then on `recover` would
     /// take this host's own runs for interrupted ones, so it refuses.
@@ -117,7 +119,7 @@ pub(crate) struct HostInner {
     /// `config.default_caller`, shared by the runs that name no caller.
     default_caller: Arc<str>,
     /// The chat sessions open on this host, and their store.
-    sessions: crate::session::SessionTable,
+    sessions: crate::session::table::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -171,7 +173,7 @@ impl Host {
     }
 
     /// The chat sessions open on this host (see [`crate::session`]).
-    pub(crate) fn session_table(&self) -> &crate::session::SessionTable {
+    pub(crate) fn session_table(&self) -> &crate::session::table::SessionTable {
         &self.inner.sessions
     }
 
@@ -198,10 +200,11 @@ impl Host {
     /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
     ///
     /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
-    /// prepared here too, with the tools of its own manifest that this one
-    /// may use (see [`palette`]). A manifest that names MCP servers needs
-    /// them started: prepare it with [`prepare`](Self::prepare) (or submit
-    /// the manifest).
+    /// prepared here too, with the tools and MCP servers of its own
+    /// manifest that this one has as well (see [`palette`]): a sub-agent
+    /// of a manifest without MCP servers gets none. A manifest that names
+    /// MCP servers needs them started: prepare it with
+    /// [`prepare`](Self::prepare) (or submit the manifest).
     pub fn agent(&self, spec: impl Into<Arc<AgentSpec>>) -> Result<Agent, SubmitError> {
         let spec: Arc<AgentSpec> = spec.into();
         if spec.mcp.as_ref().is_some_and(|m| !m.servers.is_empty()) {
@@ -213,21 +216,25 @@ impl Host {
         self.agent_with(spec, &[])
     }
 
-    /// [`agent`](Self::agent), with the tools of its MCP servers.
+    /// [`agent`](Self::agent), with the tools of its MCP servers (already
+    /// started).
     fn agent_with(
         &self,
         spec: Arc<AgentSpec>,
-        mcp_tools: &[crate::tools::CompiledTool],
+        mcp: &[crate::mcp::ServedTool],
     ) -> Result<Agent, SubmitError> {
-        let tools = self.inner.tools.select_with(&spec.tools, mcp_tools)?;
+        let mcp_tools: Vec<crate::tools::CompiledTool> =
+            mcp.iter().map(|t| t.tool.clone()).collect();
+        let tools = self.inner.tools.select_with(&spec.tools, &mcp_tools)?;
         let model = self.model_for(&spec)?;
         let limits = spec.limits.resolve(&self.inner.config.default_limits);
         let mut palette: Vec<Arc<dyn Tool>> = Vec::with_capacity(spec.sub_agents.len());
         for sub in &spec.sub_agents {
-            // A child may use only tools its parent may use (D3).
-            let mut child = AgentSpec::clone(&sub.spec);
-            child.tools.retain(|t| spec.tools.contains(t));
-            let child = self.agent(child)?;
+            // A child may use only tools its parent may use (D3): its
+            // manifest's tools and MCP servers intersected with its
+            // parent's, the servers the parent's own (already started).
+            let (child, child_mcp) = palette::within_parent(&spec, &sub.spec, mcp);
+            let child = self.agent_with(Arc::new(child), &child_mcp)?;
             palette.push(Arc::new(palette::PaletteTool::new(
                 sub,
                 child,
@@ -252,7 +259,7 @@ impl Host {
         #[cfg(feature = "mcp")]
         let found = self.inner.mcp.tools_for(servers).await;
         #[cfg(not(feature = "mcp"))]
-        let found: Result<Vec<crate::tools::CompiledTool>, _> = {
+        let found: Result<Vec<crate::mcp::ServedTool>, _> = {
             let _ = servers;
             Err(crate::mcp::McpError::Unavailable(
                 "this build has no MCP client (the `mcp` feature)".into(),
@@ -430,6 +437,7 @@ impl Host {
                     max_iterations: live.max_iterations,
                     tokens: live.tokens,
                     tool_calls: live.tool_calls,
+                    awaiting_approval: live.awaiting_approval,
                 }
             })
             .collect();
@@ -455,6 +463,15 @@ impl Host {
         for a in self.inner.shards.actors() {
             let _ = a.cast(CriticMsg::Paused { gap });
         }
+        // As a shard does when it has runs (a host without any learns of a
+        // pause at its next renewal).
+        let _ = self.inner.audit.cast(AuditMsg::Paused { gap });
+    }
+
+    /// This host's id as its leases name it (and its runs' `run.start`
+    /// records: [`RunInfo::host`](crate::ports::audit::RunInfo::host)).
+    pub fn host_id(&self) -> &str {
+        &self.inner.host_id
     }
 
     /// Stops accepting runs, cancels what still runs, waits for every
@@ -550,4 +567,6 @@ pub struct LiveRun {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Tool calls waiting for an operator's approval.
+    pub awaiting_approval: Vec<crate::handle::PendingApproval>,
 }

@@ -89,19 +89,19 @@ pub mod tools;
 #[doc(hidden)]
 pub use actors::critic::Fault;
 pub use agent::Agent;
-pub use handle::{LiveState, RunEvents, RunHandle, RunRef};
+pub use handle::{ApprovalError, LiveState, PendingApproval, RunEvents, RunHandle, RunRef};
 pub use host::{
     AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
     MAX_RESUMES,
 };
-pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult};
+pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
+pub use ports::event::{Event, RunEvent};
 pub use ports::run::{
-    CriticAction, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus,
-    StepRecord, Usage,
+    CriticAction, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
-pub use record::{Ending, SUBSCRIBER_BUFFER};
+pub use record::{Ending, LEASE_LOST, SUBSCRIBER_BUFFER};
 pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use session::{OnBusy, Session, SessionError, SessionOptions, SessionTurn};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

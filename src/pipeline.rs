@@ -46,16 +46,31 @@
 //!   each time, with fresh ids.
 //! - **Dropping the future** of [`Host::run_pipeline`] cancels the phase in
 //!   flight (its run ends `cancelled`).
+//! - **One tree.** Each phase's run (and its sub-agents') is recorded with
+//!   the pipeline's id as its `root_run_id`, so the run index lists a
+//!   pipeline's runs by it (`agentvisor runs list --root ID`, `runs show
+//!   ID --tree`).
+//!
+//! [`Host::start_pipeline`] runs a pipeline as a task of its own and hands
+//! back a [`PipelineRun`]: the events of every phase's run (and of their
+//! sub-agents) as they happen, in order, with no loss (the pipeline waits
+//! for a reader that falls behind: read them, or drop the `PipelineRun`'s
+//! events with [`PipelineRun::ignore_events`]); [`PipelineRun::cancel`]
+//! cancels the phase in flight and runs no more (the pipeline ends
+//! `cancelled`); dropping it cancels too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::agent::Agent;
 use crate::host::{Host, SubmitError};
 use crate::ports::audit::{AuditEntry, AuditStoreError};
+use crate::ports::event::Event;
 use crate::ports::run::{unix_ms, KillReason, RunId, RunResult, RunStatus, Usage};
 use crate::spec::{AgentSpec, Invocation, PhaseSpec};
 
@@ -100,6 +115,76 @@ pub enum PipelineError {
     /// A durable pipeline's phase was tried [`MAX_PHASE_ATTEMPTS`] times.
     #[error("phase `{0}` was tried {MAX_PHASE_ATTEMPTS} times already")]
     Attempts(String),
+    /// A pipeline started with [`Host::start_pipeline`] ended without a
+    /// result (its task panicked, or its runtime shut down).
+    #[error("the pipeline stopped without a result: {0}")]
+    Stopped(String),
+}
+
+/// How many events of a started pipeline wait for its reader, at most (then
+/// the pipeline waits for the reader).
+const PIPELINE_EVENTS: usize = 1024;
+
+/// What a pipeline run by [`Host::start_pipeline`] is told from outside:
+/// where its events go, and whether to stop.
+#[derive(Default)]
+struct Control {
+    events: Option<mpsc::Sender<Event>>,
+    cancel: CancellationToken,
+}
+
+/// A pipeline running as a task of its own ([`Host::start_pipeline`]).
+/// Dropping it cancels the pipeline (the phase in flight ends `cancelled`).
+pub struct PipelineRun {
+    pipeline_id: RunId,
+    events: Option<mpsc::Receiver<Event>>,
+    cancel: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<PipelineResult, PipelineError>>>,
+}
+
+impl PipelineRun {
+    /// The pipeline's id (its phases' runs are recorded under it).
+    pub fn pipeline_id(&self) -> RunId {
+        self.pipeline_id
+    }
+
+    /// The next event of a phase's run (or of one of its sub-agents), in
+    /// order; `None` once the pipeline has ended.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.events.as_mut()?.recv().await
+    }
+
+    /// Stops delivering events (so an unread stream never holds the
+    /// pipeline up).
+    pub fn ignore_events(&mut self) {
+        self.events = None;
+    }
+
+    /// Cancels the phase in flight and runs no more phases: the pipeline
+    /// ends `cancelled`.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Waits for the pipeline's result.
+    pub async fn result(mut self) -> Result<PipelineResult, PipelineError> {
+        self.events = None;
+        let Some(task) = self.task.take() else {
+            return Err(PipelineError::Stopped("its result was taken".into()));
+        };
+        match task.await {
+            Ok(r) => r,
+            Err(e) => Err(PipelineError::Stopped(e.to_string())),
+        }
+    }
+}
+
+impl Drop for PipelineRun {
+    fn drop(&mut self) {
+        if self.task.is_some() {
+            self.cancel.cancel();
+        }
+    }
 }
 
 /// What became of one phase.
@@ -174,18 +259,54 @@ impl Host {
         spec: impl Into<Arc<AgentSpec>>,
         invocation: Invocation,
     ) -> Result<PipelineResult, PipelineError> {
+        self.pipeline(spec.into(), invocation, &Control::default())
+            .await
+    }
+
+    /// Starts a pipeline as a task of its own: its events as they happen,
+    /// a way to cancel it, and its result (see [`PipelineRun`]). Its id is
+    /// the invocation's `run_id`, or a new one.
+    pub fn start_pipeline(
+        &self,
+        spec: impl Into<Arc<AgentSpec>>,
+        mut invocation: Invocation,
+    ) -> PipelineRun {
         let spec: Arc<AgentSpec> = spec.into();
+        let pipeline_id = *invocation.run_id.get_or_insert_with(RunId::new);
+        let (tx, rx) = mpsc::channel(PIPELINE_EVENTS);
+        let control = Control {
+            events: Some(tx),
+            cancel: CancellationToken::new(),
+        };
+        let cancel = control.cancel.clone();
+        let host = self.clone();
+        let task = tokio::spawn(async move { host.pipeline(spec, invocation, &control).await });
+        PipelineRun {
+            pipeline_id,
+            events: Some(rx),
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    async fn pipeline(
+        &self,
+        spec: Arc<AgentSpec>,
+        invocation: Invocation,
+        control: &Control,
+    ) -> Result<PipelineResult, PipelineError> {
         if spec.phases.is_empty() {
             return Err(PipelineError::NoPhases(spec.name.clone()));
         }
         let mut agents = Vec::with_capacity(spec.phases.len());
         for p in &spec.phases {
-            let agent =
-                self.agent(spec.phase_manifest(p))
-                    .map_err(|source| PipelineError::Phase {
-                        phase: p.name.clone(),
-                        source,
-                    })?;
+            let agent = self
+                .prepare(spec.phase_manifest(p))
+                .await
+                .map_err(|source| PipelineError::Phase {
+                    phase: p.name.clone(),
+                    source,
+                })?;
             for input in input_references(&p.prompt) {
                 if !invocation.inputs.contains_key(input) {
                     return Err(PipelineError::MissingInput {
@@ -215,24 +336,38 @@ impl Host {
         };
         let mut outputs: BTreeMap<&str, String> = BTreeMap::new();
         for (index, (phase, agent)) in spec.phases.iter().zip(agents).enumerate() {
+            if out.status == RunStatus::Ok && control.cancel.is_cancelled() {
+                // Cancelled between phases: the rest do not run.
+                out.status = RunStatus::Cancelled;
+                out.failed_phase = Some(phase.name.clone());
+                out.error_kind = Some("cancelled".into());
+                out.error = Some("the pipeline was cancelled".into());
+            }
             if out.status != RunStatus::Ok {
                 out.phases.push(PhaseOutcome::not_run(phase));
                 continue;
             }
             let prompt = fill(&phase.prompt, &invocation, &outputs);
             let (result, resumed) = if durable {
-                self.durable_phase(pipeline_id, index, phase, agent, &invocation, prompt)
-                    .await?
+                self.durable_phase(
+                    pipeline_id,
+                    index,
+                    phase,
+                    agent,
+                    &invocation,
+                    prompt,
+                    control,
+                )
+                .await?
             } else {
-                let inv = phase_invocation(&invocation, RunId::new(), prompt);
+                let inv = phase_invocation(&invocation, pipeline_id, RunId::new(), prompt);
                 (
-                    self.submit(agent, inv)
+                    self.run_phase(agent, inv, control)
                         .await
                         .map_err(|source| PipelineError::Phase {
                             phase: phase.name.clone(),
                             source,
-                        })?
-                        .await,
+                        })?,
                     false,
                 )
             };
@@ -242,7 +377,7 @@ impl Host {
                 let text = result.output.clone().unwrap_or_default();
                 out.output = Some(text.clone());
                 outputs.insert(phase.name.as_str(), text);
-            } else if phase.optional {
+            } else if phase.optional && result.status != RunStatus::Cancelled {
                 outputs.insert(phase.name.as_str(), String::new());
             } else {
                 out.status = result.status;
@@ -268,9 +403,52 @@ impl Host {
         Ok(out)
     }
 
+    /// Runs one phase's run: its events to the pipeline's reader, if it
+    /// has one; cancelled when the pipeline is.
+    async fn run_phase(
+        &self,
+        agent: Agent,
+        inv: Invocation,
+        control: &Control,
+    ) -> Result<RunResult, SubmitError> {
+        let (mut handle, mut events) = match &control.events {
+            Some(_) => {
+                let (h, e) = self.submit_streaming(agent, inv).await?;
+                (h, Some(e))
+            }
+            None => (self.submit(agent, inv).await?, None),
+        };
+        let mut cancelled = false;
+        if let (Some(events), Some(tx)) = (events.as_mut(), &control.events) {
+            // Until the run's stream ends (with the run).
+            loop {
+                tokio::select! {
+                    ev = events.next() => match ev {
+                        // A reader that has gone away is no reason to stop.
+                        Some(ev) => { let _ = tx.send(ev).await; }
+                        None => break,
+                    },
+                    _ = control.cancel.cancelled(), if !cancelled => {
+                        cancelled = true;
+                        handle.cancel();
+                    }
+                }
+            }
+            return Ok(handle.await);
+        }
+        tokio::select! {
+            r = &mut handle => Ok(r),
+            _ = control.cancel.cancelled() => {
+                handle.cancel();
+                Ok(handle.await)
+            }
+        }
+    }
+
     /// Runs (or finds) a durable pipeline's phase: an attempt on record
     /// `ok` is taken as it is, one in flight is waited for, and otherwise
     /// the phase runs with the first attempt id not on record.
+    #[allow(clippy::too_many_arguments)]
     async fn durable_phase(
         &self,
         pipeline: RunId,
@@ -279,6 +457,7 @@ impl Host {
         agent: Agent,
         invocation: &Invocation,
         prompt: String,
+        control: &Control,
     ) -> Result<(RunResult, bool), PipelineError> {
         let store_error = |source| PipelineError::Store {
             phase: phase.name.clone(),
@@ -299,15 +478,14 @@ impl Host {
                 .await
                 .map_err(store_error)?;
             if records.is_empty() {
-                let inv = phase_invocation(invocation, run_id, prompt);
+                let inv = phase_invocation(invocation, pipeline, run_id, prompt);
                 let result = self
-                    .submit(agent, inv)
+                    .run_phase(agent, inv, control)
                     .await
                     .map_err(|source| PipelineError::Phase {
                         phase: phase.name.clone(),
                         source,
-                    })?
-                    .await;
+                    })?;
                 return Ok((result, false));
             }
             let ended_ok = records.iter().rev().find_map(|r| match &r.entry {
@@ -340,10 +518,17 @@ impl PhaseOutcome {
 }
 
 /// A phase's invocation: the pipeline's caller, channel, session, inputs
-/// and limit overrides, with the phase's run id and filled prompt.
-fn phase_invocation(base: &Invocation, run_id: RunId, prompt: String) -> Invocation {
+/// and limit overrides, with the phase's run id and filled prompt, in the
+/// pipeline's tree.
+fn phase_invocation(
+    base: &Invocation,
+    pipeline: RunId,
+    run_id: RunId,
+    prompt: String,
+) -> Invocation {
     Invocation {
         run_id: Some(run_id),
+        root_run_id: Some(pipeline),
         caller_id: base.caller_id.clone(),
         channel_id: base.channel_id.clone(),
         session_id: base.session_id.clone(),

@@ -41,9 +41,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStore};
+use crate::ports::event::{Event, RunEvent};
 use crate::ports::run::{
-    unix_ms, CriticDecision, Event, KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord,
-    Usage,
+    unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 
 mod registry;
@@ -71,6 +71,24 @@ pub(crate) struct Partial {
     pub(crate) steps_taken: usize,
     /// Cost so far in micro-dollars (of the whole usage, priced once).
     pub(crate) cost_micros: u64,
+    /// Tool calls waiting for an operator's decision (the run is parked).
+    pub(crate) awaiting: Vec<PendingApproval>,
+}
+
+/// A tool call waiting for an operator's approval (see the manifest's
+/// `approval:`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PendingApproval {
+    /// The model's call id.
+    pub call_id: Arc<str>,
+    /// The tool.
+    pub tool: Arc<str>,
+    /// Its arguments (secrets redacted, capped).
+    pub arguments: String,
+    /// Unix ms when it began to wait.
+    pub since_ms: u64,
+    /// Unix ms when it is denied if nobody decides.
+    pub until_ms: u64,
 }
 
 /// How a run ends, before it becomes a [`RunResult`].
@@ -118,11 +136,29 @@ impl Ending {
     pub(crate) fn suspended() -> Self {
         Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down")
     }
+
+    /// The ending of a durable run this host lost to another (its lease
+    /// expired while it was paused, and a `recover` elsewhere claimed it).
+    pub(crate) fn fenced() -> Self {
+        Ending::failed(
+            RunStatus::Cancelled,
+            LEASE_LOST,
+            "another host took this run over (this host's lease on it expired, \
+             e.g. while the process was paused): it goes on there, and this host \
+             writes nothing more of it",
+        )
+    }
 }
 
 /// The `error_kind` of runs the host's shutdown cancels; a durable run
 /// ending so is suspended, not finished (see [`RunShared::finish_after`]).
 pub(crate) const SUSPENDED: &str = "shutdown";
+
+/// The `error_kind` of a durable run this host lost to another host (see
+/// [`Ending::fenced`]): its caller gets a `cancelled` result with it, and
+/// nothing of the run is written here — no terminal record, no checkpoint,
+/// none of its records still unsent (the run belongs to the other host).
+pub const LEASE_LOST: &str = "lease_lost";
 
 /// What a run's handle, references and the host ask of the run, through its
 /// shard (see [`Mailbox`]).
@@ -138,9 +174,22 @@ pub(crate) enum Command {
     /// Answer once every record the run made so far is written (the shard
     /// forwards it to the audit actor after the run's current handler).
     Barrier(oneshot::Sender<crate::ports::audit::AuditStats>),
+    /// An operator's decision on the tool calls waiting for approval:
+    /// the one with this call id, or all of them (`None`).
+    Decide {
+        /// The call decided on (`None`: every waiting call).
+        call_id: Option<Arc<str>>,
+        /// Whether the calls run.
+        approve: bool,
+        /// Why (for a denial, what the model reads).
+        reason: Option<String>,
+    },
     /// A child run of this run has been finalized (its terminal record is
     /// with the audit actor). The id is for the logs of a debugging reader.
     ChildEnded(#[allow(dead_code)] RunId),
+    /// Another host took this durable run over: stop it and write nothing
+    /// more of it (see [`Ending::fenced`]).
+    Fence,
 }
 
 /// Where a run's commands go: its critic shard. The shard implements it;
@@ -232,6 +281,10 @@ pub(crate) struct RunShared {
     pub(crate) parent_run_id: Option<RunId>,
     /// The root of the run's delegation tree (itself for a top-level run).
     pub(crate) root_run_id: RunId,
+    /// The root recorded with the run ([`RunResult::root_run_id`]): its
+    /// top run's id for a sub-agent, its pipeline's for a phase and the
+    /// phase's sub-agents; `None` for a run that is its own root.
+    pub(crate) tree_root: Option<RunId>,
     /// How deep in its tree (0 for a top-level run).
     pub(crate) depth: u32,
     /// Its child runs in flight.
@@ -266,6 +319,7 @@ pub(crate) struct RunIdentity {
     pub(crate) caller_id: Option<Arc<str>>,
     pub(crate) parent_run_id: Option<RunId>,
     pub(crate) root_run_id: Option<RunId>,
+    pub(crate) tree_root: Option<RunId>,
     pub(crate) depth: u32,
     pub(crate) max_iterations: u32,
 }
@@ -286,6 +340,7 @@ impl RunShared {
             caller_id: id.caller_id,
             parent_run_id: id.parent_run_id,
             root_run_id: id.root_run_id.unwrap_or(id.run_id),
+            tree_root: id.tree_root,
             depth: id.depth,
             children: Mutex::new(Vec::new()),
             descendants: AtomicU32::new(0),
@@ -359,11 +414,12 @@ impl RunShared {
                 });
             }
         }
-        if self.subscribers.load(Ordering::SeqCst) == 0 {
+        if self.subscribers.load(Ordering::SeqCst) == 0 && self.parent_run_id.is_none() {
             return;
         }
-        self.fan_out(Event {
+        self.publish(Event {
             run_id: self.run_id,
+            parent_run_id: self.parent_run_id,
             seq,
             event: event.clone(),
         });
@@ -372,17 +428,46 @@ impl RunShared {
     /// Sends a streamed text delta (not a record: it carries the `seq` of
     /// the record before it).
     pub(crate) fn emit_delta(&self, event: RunEvent) {
-        if self.subscribers.load(Ordering::SeqCst) == 0 {
+        if self.subscribers.load(Ordering::SeqCst) == 0 && self.parent_run_id.is_none() {
             return;
         }
-        self.fan_out(Event {
+        self.publish(Event {
             run_id: self.run_id,
+            parent_run_id: self.parent_run_id,
             seq: self.last_seq(),
             event,
         });
     }
 
-    fn fan_out(&self, ev: Event) {
+    /// Sends one of the run's own events to its subscribers, then to its
+    /// ancestors' (a sub-agent's events reach every run above it, at once
+    /// and in the order it made them: its `run.end` comes after the rest).
+    fn publish(&self, ev: Event) {
+        if self.subscribers.load(Ordering::SeqCst) > 0 {
+            let resume_from = ev.seq;
+            self.fan_out(ev.clone(), resume_from);
+        }
+        self.relay_up(&ev);
+    }
+
+    /// Sends a descendant's event on to the parent's subscribers, and up.
+    fn relay_up(&self, ev: &Event) {
+        let Some(parent) = self.parent_run_id.and_then(|p| self.host.get(&p)) else {
+            return;
+        };
+        if parent.subscribers.load(Ordering::SeqCst) > 0 {
+            // A subscriber that falls behind on it re-reads the parent's
+            // own records from the parent's next one (the descendant's are
+            // in its own log).
+            let resume_from = parent.seq.load(Ordering::SeqCst);
+            parent.fan_out(ev.clone(), resume_from);
+        }
+        parent.relay_up(ev);
+    }
+
+    /// Sends `ev` to every subscriber; one that is full is dropped, to
+    /// re-read the run's records from `resume_from`.
+    fn fan_out(&self, ev: Event, resume_from: u32) {
         let mut subs = self.fanout.lock().unwrap_or_else(|p| p.into_inner());
         let before = subs.len();
         subs.retain(|s| match s.tx.try_send(ev.clone()) {
@@ -390,7 +475,7 @@ impl RunShared {
             Err(mpsc::error::TrySendError::Full(_)) => {
                 // Dropping the sender ends its channel after what it holds;
                 // the subscriber then re-reads from here.
-                let _ = s.lagged.set(ev.seq);
+                let _ = s.lagged.set(resume_from);
                 false
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -459,14 +544,6 @@ impl RunShared {
         self.descendants.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    /// Sends a child's event to this run's subscribers (live only: the
-    /// child's records are its own).
-    pub(crate) fn forward(&self, ev: &Event) {
-        if self.subscribers.load(Ordering::SeqCst) > 0 {
-            self.fan_out(ev.clone());
-        }
-    }
-
     /// The host's registry (to reach relatives by id).
     pub(crate) fn host(&self) -> &Arc<HostRuns> {
         &self.host
@@ -513,6 +590,11 @@ impl RunShared {
             tokens: p.usage.total(),
             tool_calls: (p.steps.len() + p.steps_taken) as u32,
             finished: p.finished,
+            awaiting_approval: if p.finished {
+                Vec::new()
+            } else {
+                p.awaiting.clone()
+            },
         }
     }
 
@@ -555,6 +637,7 @@ impl RunShared {
                 agent: self.agent.to_string(),
                 caller_id: self.caller_id.as_deref().map(str::to_string),
                 parent_run_id: self.parent_run_id,
+                root_run_id: self.tree_root,
                 status: ending.status,
                 kill_reason: ending.kill_reason,
                 error_kind: ending.error_kind,
@@ -575,7 +658,15 @@ impl RunShared {
             shared: Some(self.clone()),
         };
         let durable = self.is_durable();
-        if durable && result.error_kind.as_deref() == Some(SUSPENDED) {
+        let kind = result.error_kind.as_deref();
+        if durable && matches!(kind, Some(SUSPENDED | LEASE_LOST)) {
+            // Fenced: the run's records here would collide with those the
+            // other host writes for it.
+            let preceding = if kind == Some(LEASE_LOST) {
+                Vec::new()
+            } else {
+                preceding
+            };
             // No terminal record: the stream ends on the live terminal events.
             let seq = self.last_seq();
             for ev in terminal_events(&result) {
@@ -589,17 +680,10 @@ impl RunShared {
             return Finished::Suspended(preceding, self.clone());
         }
         let seq = self.next_seq();
-        let parent = self.parent_run_id.and_then(|p| self.host.get(&p));
         for ev in terminal_events(&result) {
+            // To its ancestors' subscribers too, before the parent can end
+            // (it waits for this child).
             self.emit(seq, &ev);
-            if let Some(p) = &parent {
-                // Before the parent can end (it waits for this child).
-                p.forward(&Event {
-                    run_id: self.run_id,
-                    seq,
-                    event: ev,
-                });
-            }
         }
         self.close_fanout();
         let record = AuditRecord {
@@ -683,4 +767,7 @@ pub struct LiveState {
     pub tool_calls: u32,
     /// Whether the run has ended.
     pub finished: bool,
+    /// Tool calls waiting for an operator's approval (the run is parked
+    /// until they are decided).
+    pub awaiting_approval: Vec<PendingApproval>,
 }

@@ -39,9 +39,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::ports::audit::{AuditEntry, AuditRecord};
-use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
-use crate::ports::run::{RunEvent, RunResult, RunStatus};
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::event::RunEvent;
+use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError, ToolSpec};
+use crate::ports::run::{RunResult, RunStatus};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 use crate::tools::ToolRegistry;
 use crate::Host;

@@ -64,22 +64,22 @@
 //!   prompt's), so `model: scripted` plays its script through the
 //!   conversation instead of answering every prompt with its first entry.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use tokio::sync::{oneshot, watch, OwnedMutexGuard};
 
-use crate::agent::Agent;
 use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::host::{AgentSource, Host, SubmitError};
-use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role};
+use crate::ports::model::{Message, Role};
 use crate::ports::run::{unix_ms, RunId, RunResult, RunStatus};
 use crate::ports::session::{
     SessionMessage, SessionMeta, SessionState, SessionStore, SessionStoreError,
 };
 use crate::spec::{AgentSpec, Invocation};
+
+pub(crate) mod table;
+
+use table::SessionInner;
 
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_LEN: usize = 128;
@@ -201,39 +201,6 @@ pub fn check_session_id(id: &str) -> Result<(), SessionError> {
     Ok(())
 }
 
-/// The sessions open on one host: one shared state per session id, held
-/// only while a handle or a prompt uses it. Owned by the host.
-pub(crate) struct SessionTable {
-    store: Arc<dyn SessionStore>,
-    open: Mutex<HashMap<String, Weak<SessionInner>>>,
-}
-
-impl SessionTable {
-    pub(crate) fn new(store: Arc<dyn SessionStore>) -> Self {
-        SessionTable {
-            store,
-            open: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn live(&self, id: &str) -> Option<Arc<SessionInner>> {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.get(id).and_then(Weak::upgrade)
-    }
-
-    /// Keeps `inner` as the session's shared state, unless another task
-    /// registered one first (then that one wins and is returned).
-    fn register(&self, inner: Arc<SessionInner>) -> Arc<SessionInner> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.retain(|_, w| w.strong_count() > 0);
-        if let Some(existing) = open.get(&inner.id).and_then(Weak::upgrade) {
-            return existing;
-        }
-        open.insert(inner.id.clone(), Arc::downgrade(&inner));
-        inner
-    }
-}
-
 impl Host {
     /// The session store (to list or read sessions).
     pub fn session_store(&self) -> &Arc<dyn SessionStore> {
@@ -270,7 +237,7 @@ impl Host {
                     given: agent.name().to_string(),
                 });
             }
-            return Ok(Session::from_inner(inner, options.on_busy));
+            return Ok(Session::from_inner(self.clone(), inner, options.on_busy));
         }
         let manifest = serde_json::to_value(agent.spec()).unwrap_or(serde_json::Value::Null);
         let meta = match table.store.get(&id).await? {
@@ -317,8 +284,12 @@ impl Host {
                 }
             }
         };
-        let inner = SessionInner::new(self.clone(), table.store.clone(), agent, meta);
-        Ok(Session::from_inner(table.register(inner), options.on_busy))
+        let inner = SessionInner::new(table.store.clone(), agent, meta);
+        Ok(Session::from_inner(
+            self.clone(),
+            table.register(inner),
+            options.on_busy,
+        ))
     }
 
     /// The session with this id: the handle open on this host, else the
@@ -330,7 +301,7 @@ impl Host {
         check_session_id(id)?;
         let table = self.session_table();
         if let Some(inner) = table.live(id) {
-            return Ok(Session::from_inner(inner, OnBusy::default()));
+            return Ok(Session::from_inner(self.clone(), inner, OnBusy::default()));
         }
         let meta = table
             .store
@@ -346,8 +317,9 @@ impl Host {
             id: id.to_string(),
             reason: e.to_string(),
         })?;
-        let inner = SessionInner::new(self.clone(), table.store.clone(), agent, meta);
+        let inner = SessionInner::new(table.store.clone(), agent, meta);
         Ok(Session::from_inner(
+            self.clone(),
             table.register(inner),
             OnBusy::default(),
         ))
@@ -358,6 +330,7 @@ impl Host {
 /// on one host shares its prompt gate and lifecycle (see the module doc).
 #[derive(Clone)]
 pub struct Session {
+    host: Host,
     inner: Arc<SessionInner>,
     on_busy: OnBusy,
 }
@@ -372,75 +345,13 @@ impl std::fmt::Debug for Session {
     }
 }
 
-/// What every handle of one session on one host shares.
-struct SessionInner {
-    id: String,
-    host: Host,
-    store: Arc<dyn SessionStore>,
-    /// The agent, with its model behind [`SessionModel`].
-    agent: Agent,
-    model: Arc<SessionModel>,
-    /// Held by a prompt from its start until its answer is stored: one
-    /// prompt at a time. Holds the caller the session was opened for.
-    gate: Arc<tokio::sync::Mutex<Option<String>>>,
-    state: watch::Sender<SessionState>,
-    /// The prompt's run in flight.
-    current: Mutex<Option<RunRef>>,
-}
-
-impl SessionInner {
-    fn new(host: Host, store: Arc<dyn SessionStore>, agent: Agent, meta: SessionMeta) -> Arc<Self> {
-        let model = Arc::new(SessionModel {
-            inner: agent.model().clone(),
-            offset: AtomicU64::new(meta.model_calls),
-            made: AtomicU64::new(0),
-        });
-        let agent = Agent::new(
-            agent.spec_arc(),
-            model.clone(),
-            agent.tools().clone(),
-            *agent.limits(),
-        );
-        let state = match meta.state {
-            // Its process ended mid-prompt: that answer was never kept.
-            SessionState::Running => SessionState::Idle,
-            s => s,
-        };
-        Arc::new(SessionInner {
-            id: meta.id,
-            host,
-            store,
-            agent,
-            model,
-            gate: Arc::new(tokio::sync::Mutex::new(meta.caller_id)),
-            state: watch::Sender::new(state),
-            current: Mutex::new(None),
-        })
-    }
-
-    fn set_current(&self, run: Option<RunRef>) {
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = run;
-    }
-
-    fn current(&self) -> Option<RunRef> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The metadata on file, which must exist.
-    async fn meta(&self) -> Result<SessionMeta, SessionError> {
-        self.store
-            .get(&self.id)
-            .await?
-            .ok_or_else(|| SessionError::NotFound(self.id.clone()))
-    }
-}
-
 impl Session {
-    fn from_inner(inner: Arc<SessionInner>, on_busy: OnBusy) -> Self {
-        Session { inner, on_busy }
+    fn from_inner(host: Host, inner: Arc<SessionInner>, on_busy: OnBusy) -> Self {
+        Session {
+            host,
+            inner,
+            on_busy,
+        }
     }
 
     /// This handle with another busy rule (other handles keep theirs).
@@ -472,7 +383,12 @@ impl Session {
 
     /// The session's metadata as the store has it.
     pub async fn meta(&self) -> Result<SessionMeta, SessionError> {
-        self.inner.meta().await
+        let inner = &self.inner;
+        inner
+            .store
+            .get(&inner.id)
+            .await?
+            .ok_or_else(|| SessionError::NotFound(inner.id.clone()))
     }
 
     /// The session's history (user and assistant turns, in order).
@@ -523,7 +439,7 @@ impl Session {
     pub async fn close(&self) -> Result<(), SessionError> {
         self.cancel();
         let _gate = self.inner.gate.clone().lock_owned().await;
-        let mut meta = self.inner.meta().await?;
+        let mut meta = self.meta().await?;
         if meta.state != SessionState::Closed {
             meta.state = SessionState::Closed;
             meta.updated_at = unix_ms().max(meta.updated_at);
@@ -549,7 +465,7 @@ impl Session {
         };
         // Read back, not cached: another host on the same store may have
         // added turns (the sequence check catches a race with one).
-        let mut meta = inner.meta().await?;
+        let mut meta = self.meta().await?;
         if meta.state == SessionState::Closed || *inner.state.borrow() == SessionState::Closed {
             inner.state.send_replace(SessionState::Closed);
             return Err(SessionError::Closed(inner.id.clone()));
@@ -577,14 +493,12 @@ impl Session {
         }
         inner.model.begin(meta.model_calls);
         let submitted = if streaming {
-            inner
-                .host
+            self.host
                 .submit_streaming(inner.agent.clone(), inv)
                 .await
                 .map(|(h, e)| (h, Some(e)))
         } else {
-            inner
-                .host
+            self.host
                 .submit(inner.agent.clone(), inv)
                 .await
                 .map(|h| (h, None))
@@ -723,61 +637,6 @@ impl SessionTurn {
             // The runtime dropped the ending task (torn down under it).
             Err(_) => Ok(self.run.result().await),
         }
-    }
-}
-
-/// The session's view of its agent's model: the call index a model sees
-/// continues across the session's prompts (a scripted model plays on
-/// through its script), and the calls a prompt makes are counted.
-/// Everything else is the wrapped model's.
-struct SessionModel {
-    inner: Arc<dyn ChatModel>,
-    /// Calls the session made before the prompt in flight.
-    offset: AtomicU64,
-    /// Calls the prompt in flight made.
-    made: AtomicU64,
-}
-
-impl SessionModel {
-    /// A prompt starts: `calls` were made before it. Prompts run one at a
-    /// time (the session's gate), so no run sees another's numbering.
-    fn begin(&self, calls: u64) {
-        self.offset.store(calls, Ordering::Relaxed);
-        self.made.store(0, Ordering::Relaxed);
-    }
-
-    fn made(&self) -> u64 {
-        self.made.load(Ordering::Relaxed)
-    }
-}
-
-#[async_trait]
-impl ChatModel for SessionModel {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn complete(&self, mut request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        self.made.fetch_add(1, Ordering::Relaxed);
-        let offset = u32::try_from(self.offset.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
-        request.call_index = request.call_index.saturating_add(offset);
-        self.inner.complete(request).await
-    }
-
-    fn admit(&self) -> Result<(), ModelError> {
-        self.inner.admit()
-    }
-
-    fn price_id(&self) -> Option<&str> {
-        self.inner.price_id()
-    }
-
-    fn answers_at_once(&self) -> bool {
-        self.inner.answers_at_once()
-    }
-
-    fn reports_retries(&self) -> bool {
-        self.inner.reports_retries()
     }
 }
 

@@ -9,6 +9,12 @@
 //! Parsing is strict: an unknown key, a bad duration or an empty script entry
 //! is a [`SpecError`] that names the key or value and, where the YAML parser
 //! knows it, the line.
+//!
+//! The manifest and its checks are here; its parts have files of their own:
+//! `limits` (the layers and their ranges), `duration` (how durations are
+//! written), `shape` (the guard before parsing), `script` (the scripted
+//! model's entries), `phases` (pipelines), `palette` (sub-agents) and
+//! `invocation` (a run's request and the inputs it fills in).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,17 +26,27 @@ use serde_json::Value;
 
 pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
-use crate::ports::run::RunId;
 
-mod limits;
+mod approval;
+mod invocation;
 mod palette;
 mod phases;
+mod script;
+mod shape;
 #[cfg(test)]
 mod tests;
 
-pub use limits::*;
+pub use crate::ports::duration::{
+    duration_serde, format_duration, opt_duration_serde, parse_duration, MAX_DURATION,
+};
+pub use crate::ports::limits::*;
+pub use approval::APPROVE_ALL;
+pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
+pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
+use shape::too_large;
+pub use shape::{check_manifest_shape, MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH};
 
 /// A manifest that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -60,328 +76,6 @@ pub enum SpecError {
         /// What is wrong (names the key or value, and the line when known).
         message: String,
     },
-}
-
-/// Parses a duration: `500ms`, `2s`, `1m`, `1h`, `1m30s`, or a bare number of
-/// seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let bad = || format!("bad duration `{s}` (use e.g. 500ms, 2s, 1m, 1h)");
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let scale = match unit {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        let secs = value * scale;
-        if !secs.is_finite() || secs > 1e9 {
-            return Err(bad());
-        }
-        total += Duration::from_secs_f64(secs);
-    }
-    Ok(total)
-}
-
-/// Formats a duration the way manifests write it.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if !ms.is_multiple_of(1000) {
-        format!("{ms}ms")
-    } else if !ms.is_multiple_of(60_000) || ms == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{}m", ms / 60_000)
-    }
-}
-
-/// The longest duration a manifest may write (every limit is bounded by the
-/// 24 h failsafe, so `start + 24 h + extensions` can never overflow).
-pub const MAX_DURATION: Duration = ABSOLUTE_DEADLINE;
-
-/// serde glue for `Duration` fields written as strings.
-pub mod duration_serde {
-    use super::*;
-
-    /// Serializes as `500ms` / `2s` / `1m`.
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format_duration(*d))
-    }
-
-    /// Deserializes from a duration string or a number of seconds; refuses
-    /// a negative, non-finite or longer than [`MAX_DURATION`] value.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        d.deserialize_any(DurationVisitor)
-    }
-
-    struct DurationVisitor;
-
-    impl serde::de::Visitor<'_> for DurationVisitor {
-        type Value = Duration;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(
-                f,
-                "a duration (500ms, 2s, 1m, 1h, or seconds) from 0 to 24h"
-            )
-        }
-
-        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Duration, E> {
-            bounded(
-                Duration::from_secs(n.min(MAX_DURATION.as_secs() + 1)),
-                &n.to_string(),
-            )
-        }
-
-        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Duration, E> {
-            match u64::try_from(n) {
-                Ok(n) => self.visit_u64(n),
-                Err(_) => Err(E::custom(format!(
-                    "duration `{n}` is negative (use 0 to 24h)"
-                ))),
-            }
-        }
-
-        fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<Duration, E> {
-            if !x.is_finite() || x < 0.0 || x > MAX_DURATION.as_secs_f64() {
-                return Err(E::custom(format!(
-                    "duration `{x:?}` is out of range (use 0 to 24h)"
-                )));
-            }
-            Ok(Duration::from_secs_f64(x))
-        }
-
-        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Duration, E> {
-            let d = parse_duration(s).map_err(E::custom)?;
-            bounded(d, s)
-        }
-    }
-
-    fn bounded<E: serde::de::Error>(d: Duration, text: &str) -> Result<Duration, E> {
-        if d > MAX_DURATION {
-            return Err(E::custom(format!(
-                "duration `{text}` is longer than 24h, the longest a run may live"
-            )));
-        }
-        Ok(d)
-    }
-}
-
-/// serde glue for optional durations.
-pub mod opt_duration_serde {
-    use super::*;
-
-    /// Serializes `Some` as a duration string.
-    pub fn serialize<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_str(&format_duration(*d)),
-            None => s.serialize_none(),
-        }
-    }
-
-    /// Deserializes a duration string or a number of seconds.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        super::duration_serde::deserialize(d).map(Some)
-    }
-}
-
-/// The largest manifest accepted, in bytes (checked before parsing).
-pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
-/// The deepest nesting a manifest may have (checked before parsing, so
-/// parse time stays linear in the manifest's size).
-pub const MAX_MANIFEST_DEPTH: usize = 64;
-
-fn too_large() -> String {
-    format!("the manifest is larger than {MAX_MANIFEST_BYTES} bytes (1 MiB), the limit")
-}
-
-/// Refuses a manifest that is too large or nested too deep, without
-/// parsing it: one pass over the text. Block nesting is counted by
-/// indentation (and `- - x` dashes), flow nesting by `[`/`{` outside
-/// quotes; the contents of block scalars (`|`, `>`) are skipped.
-pub fn check_manifest_shape(text: &str) -> Result<(), String> {
-    if text.len() > MAX_MANIFEST_BYTES {
-        return Err(too_large());
-    }
-    let deep = |n: usize| {
-        format!(
-            "the manifest nests deeper than {MAX_MANIFEST_DEPTH} levels at line {}",
-            n + 1
-        )
-    };
-    let mut indents: Vec<usize> = Vec::new();
-    let mut flow = 0usize;
-    let mut block_scalar: Option<usize> = None;
-    for (n, line) in text.lines().enumerate() {
-        let trimmed = line.trim_start_matches([' ', '\t']);
-        let indent = line.len() - trimmed.len();
-        if let Some(owner) = block_scalar {
-            if trimmed.is_empty() || indent > owner {
-                continue;
-            }
-            block_scalar = None;
-        }
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        if flow == 0 {
-            while indents.last().is_some_and(|&i| i >= indent) {
-                indents.pop();
-            }
-            indents.push(indent);
-            let mut rest = trimmed;
-            let mut dashes = 0;
-            while let Some(r) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
-                dashes += 1;
-                rest = r.trim_start();
-            }
-            if indents.len() + dashes > MAX_MANIFEST_DEPTH {
-                return Err(deep(n));
-            }
-        }
-        let mut quote: Option<char> = None;
-        let mut prev = ' ';
-        let mut escaped = false;
-        for c in trimmed.chars() {
-            match quote {
-                Some(q) => {
-                    if q == '"' && c == '\\' && !escaped {
-                        escaped = true;
-                        continue;
-                    }
-                    if c == q && !escaped {
-                        quote = None;
-                    }
-                    escaped = false;
-                }
-                None => match c {
-                    '"' | '\'' if matches!(prev, ' ' | '\t' | ':' | '[' | '{' | ',' | '-') => {
-                        quote = Some(c)
-                    }
-                    '#' if matches!(prev, ' ' | '\t') => break,
-                    '[' | '{' => {
-                        flow += 1;
-                        if indents.len() + flow > MAX_MANIFEST_DEPTH {
-                            return Err(deep(n));
-                        }
-                    }
-                    ']' | '}' => flow = flow.saturating_sub(1),
-                    _ => {}
-                },
-            }
-            prev = c;
-        }
-        let head = trimmed.split(" #").next().unwrap_or("").trim_end();
-        if flow == 0
-            && quote.is_none()
-            && head
-                .rsplit([' ', ':', '-'])
-                .next()
-                .is_some_and(|t| t.starts_with(['|', '>']) && t.len() <= 3)
-        {
-            block_scalar = Some(indent);
-        }
-    }
-    Ok(())
-}
-
-/// Token usage a scripted entry reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScriptUsage {
-    /// Input tokens.
-    #[serde(default)]
-    pub input: u64,
-    /// Output tokens.
-    #[serde(default)]
-    pub output: u64,
-}
-
-/// One call of a parallel tool turn in a script.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScriptToolCall {
-    /// Tool name.
-    pub tool: String,
-    /// Arguments (any JSON; validation happens at call time).
-    #[serde(default)]
-    pub args: Value,
-}
-
-/// A provider failure a script can provoke.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScriptFailure {
-    /// A 429.
-    RateLimited,
-    /// A 5xx.
-    Server,
-    /// A 400.
-    BadRequest,
-    /// A tool call whose arguments are not valid JSON.
-    Malformed,
-}
-
-/// One scripted model response.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScriptEntry {
-    /// Final (or interim) assistant text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    /// A single tool call: the tool's name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
-    /// A single tool call: its arguments.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub args: Option<Value>,
-    /// Parallel tool calls.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<ScriptToolCall>>,
-    /// Delay before the response.
-    #[serde(
-        default,
-        with = "opt_duration_serde",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub latency: Option<Duration>,
-    /// Never answer.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub hang: bool,
-    /// Fail this call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fail: Option<ScriptFailure>,
-    /// Usage to report.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<ScriptUsage>,
-    /// Play this entry N times.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repeat: Option<u32>,
-    /// Play this entry for every call from here on.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub forever: bool,
 }
 
 /// A caller budget a manifest may carry (the CLI's `--budget-tokens` wins).
@@ -420,6 +114,10 @@ pub struct AgentSpec {
     /// Tools the agent may call, by name.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Tools whose calls wait for an operator's approval (`*`: all; see
+    /// `approval_timeout` in `limits`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -582,6 +280,7 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
+            approval: Vec::new(),
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -716,6 +415,7 @@ impl AgentSpec {
             })?;
         }
         self.check_call_options(source)?;
+        self.check_approval(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());
@@ -754,142 +454,4 @@ pub fn line_of(source: &str, needle: &str) -> String {
         })
         .map(|i| format!(" at line {}", i + 1))
         .unwrap_or_default()
-}
-
-/// One request to run an agent.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Invocation {
-    /// The run's id (minted when absent).
-    pub run_id: Option<RunId>,
-    /// Who asks (budgets and caps are per caller).
-    pub caller_id: Option<String>,
-    /// The channel (chat bots).
-    pub channel_id: Option<String>,
-    /// The parent run (sub-agents).
-    pub parent_run_id: Option<RunId>,
-    /// The session whose history the run shares.
-    pub session_id: Option<String>,
-    /// Named inputs: they fill the manifest's `{{inputs.NAME}}`
-    /// placeholders (see [`fill_inputs`]); with neither a prompt here nor
-    /// one in the manifest, the inputs as a JSON object are the prompt.
-    pub inputs: BTreeMap<String, Value>,
-    /// The prompt text.
-    pub prompt: String,
-    /// Files and images that come with the prompt (see [`Attachment`]):
-    /// they reach models that accept them with the first user message.
-    pub attachments: Vec<Attachment>,
-    /// Limit overrides for this run only.
-    pub limits: LimitsSpec,
-    /// Earlier turns the run starts from, between the system prompt and
-    /// the prompt (a chat session's history: see `crate::session`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub history: Vec<crate::ports::model::Message>,
-    /// A deadline the run may not outlive (a sub-agent's parent's): its
-    /// hard deadline is capped at it, and reaching it ends the run
-    /// `killed`/`parent`. In-process only (not serialized).
-    #[serde(skip)]
-    pub deadline: Option<tokio::time::Instant>,
-}
-
-impl Invocation {
-    /// An invocation with just a prompt.
-    pub fn prompt(text: impl Into<String>) -> Self {
-        Invocation {
-            prompt: text.into(),
-            ..Default::default()
-        }
-    }
-
-    /// Sets the caller.
-    pub fn caller(mut self, caller: impl Into<String>) -> Self {
-        self.caller_id = Some(caller.into());
-        self
-    }
-}
-
-/// An input a manifest's template names that the invocation does not bring.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the manifest's `{field}` uses `{{{{inputs.{name}}}}}`, but the invocation has no input `{name}`")]
-pub struct MissingInput {
-    /// The manifest field (`prompt` or `system`).
-    pub field: &'static str,
-    /// The input's name.
-    pub name: String,
-}
-
-/// The opening of a placeholder.
-const PLACEHOLDER: &str = "{{";
-
-/// Fills a manifest text's `{{inputs.NAME}}` placeholders (spaces inside
-/// the braces allowed: `{{ inputs.NAME }}`) with the invocation's inputs: a
-/// string as is, any other JSON value as compact JSON. Other `{{…}}` text
-/// is left alone. A text without placeholders is returned borrowed.
-pub fn fill_inputs<'a>(
-    field: &'static str,
-    text: &'a str,
-    inputs: &BTreeMap<String, Value>,
-) -> Result<std::borrow::Cow<'a, str>, MissingInput> {
-    if !text.contains(PLACEHOLDER) {
-        return Ok(std::borrow::Cow::Borrowed(text));
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(PLACEHOLDER) {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + PLACEHOLDER.len()..];
-        let parsed = after.find("}}").and_then(|end| {
-            let name = after[..end].trim().strip_prefix("inputs.")?;
-            let valid = !name.is_empty()
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-            valid.then_some((name, end))
-        });
-        match parsed {
-            Some((name, end)) => {
-                match inputs.get(name) {
-                    Some(Value::String(v)) => out.push_str(v),
-                    Some(v) => out.push_str(&v.to_string()),
-                    None => {
-                        return Err(MissingInput {
-                            field,
-                            name: name.to_string(),
-                        })
-                    }
-                }
-                rest = &after[end + 2..];
-            }
-            None => {
-                out.push_str(PLACEHOLDER);
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
-    Ok(std::borrow::Cow::Owned(out))
-}
-
-impl AgentSpec {
-    /// Whether the manifest's `prompt` or `system` has a `{{` placeholder
-    /// (runs of it then start from their own transcript).
-    pub fn uses_inputs(&self) -> bool {
-        self.system.contains(PLACEHOLDER)
-            || self
-                .prompt
-                .as_deref()
-                .is_some_and(|p| p.contains(PLACEHOLDER))
-    }
-
-    /// Checks that `inputs` fill every placeholder of the manifest's
-    /// `prompt` and `system` (see [`fill_inputs`]).
-    pub fn check_inputs(&self, inputs: &BTreeMap<String, Value>) -> Result<(), MissingInput> {
-        if !self.uses_inputs() {
-            return Ok(());
-        }
-        fill_inputs("system", &self.system, inputs)?;
-        if let Some(p) = &self.prompt {
-            fill_inputs("prompt", p, inputs)?;
-        }
-        Ok(())
-    }
 }

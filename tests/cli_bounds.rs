@@ -4,23 +4,14 @@
 //! line, a manifest over 1 MiB or nested too deep is refused, numeric flags
 //! out of range name the flag.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod support;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "agentvisor-cli-bounds-{name}-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::process::Output;
+
+use support::scratch::Scratch;
 
 fn agentvisor(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("AGENTVISOR_DB")
+    support::cli::command(args)
         .env("RUST_BACKTRACE", "1")
         .output()
         .expect("the binary runs")
@@ -35,14 +26,14 @@ fn refused(out: &Output, needle: &str) {
 
 #[test]
 fn manifest_limits_out_of_range_exit_2_naming_the_key() {
-    let dir = scratch("limits");
+    let dir = Scratch::new("cli-bounds-limits");
     for (key, value) in [
         ("max_runtime", "18446744073709551615"),
         ("hard_timeout", "1e30"),
         ("stall_timeout", "-3"),
         ("max_iterations", "0"),
     ] {
-        let file = dir.join(format!("{key}.yaml"));
+        let file = dir.path(&format!("{key}.yaml"));
         std::fs::write(
             &file,
             format!("name: b\nscript: [{{text: hi}}]\nlimits:\n  {key}: {value}\n"),
@@ -55,20 +46,19 @@ fn manifest_limits_out_of_range_exit_2_naming_the_key() {
             refused(&out, "line 4");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_huge_or_deeply_nested_manifest_exits_2() {
-    let dir = scratch("shape");
-    let big = dir.join("big.yaml");
+    let dir = Scratch::new("cli-bounds-shape");
+    let big = dir.path("big.yaml");
     let mut text = String::from("name: big\nscript: [{text: hi}]\nsystem: \"");
     text.push_str(&"x".repeat(2 << 20));
     text.push_str("\"\n");
     std::fs::write(&big, text).unwrap();
     let out = agentvisor(&["--db", ":memory:", "run", &big.display().to_string()]);
     refused(&out, "1 MiB");
-    let deep = dir.join("deep.yaml");
+    let deep = dir.path("deep.yaml");
     std::fs::write(
         &deep,
         format!(
@@ -79,7 +69,6 @@ fn a_huge_or_deeply_nested_manifest_exits_2() {
     .unwrap();
     let out = agentvisor(&["--db", ":memory:", "run", &deep.display().to_string()]);
     refused(&out, "64 levels");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -5,58 +5,16 @@
 //! spend less than the limit plus one reply (they spent 108 000 before
 //! admission reserved the first call's tokens).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod support;
 
 use serde_json::Value;
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-cli-budget-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn agentvisor(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("AGENTVISOR_DB")
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok_json(out: &Output) -> Value {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use support::cli::{agentvisor, ok_json};
+use support::scratch::Scratch;
 
 #[test]
 fn budget_set_changes_the_limits_given_and_show_prints_them_with_the_spend() {
     let dir = Scratch::new("set");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let out = agentvisor(&[
         "--db",
         &db,
@@ -143,7 +101,7 @@ fn budget_set_changes_the_limits_given_and_show_prints_them_with_the_spend() {
 #[test]
 fn bad_budget_values_exit_2_naming_the_flag() {
     let dir = Scratch::new("bad");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     for (flag, value) in [
         ("--tokens", "-1"),
         ("--tokens", "99999999999999999999"),
@@ -164,8 +122,8 @@ fn bad_budget_values_exit_2_naming_the_flag() {
 #[test]
 fn a_persistent_token_limit_holds_under_a_concurrent_swarm() {
     let dir = Scratch::new("race");
-    let db = dir.path("a.db");
-    let manifest = dir.path("k.yaml");
+    let db = dir.arg("a.db");
+    let manifest = dir.arg("k.yaml");
     std::fs::write(
         &manifest,
         "name: k\ntools: [echo]\nscript:\n  - { tool: echo, args: { text: a }, usage: { input: 900, output: 100 }, latency: 20ms }\n  - { tool: echo, args: { text: b }, usage: { input: 900, output: 100 }, latency: 20ms }\n  - { text: done, usage: { input: 900, output: 100 }, latency: 20ms }\n",

@@ -3,43 +3,17 @@
 //! `--input -` reads the prompt from stdin, and a caught tool panic is one
 //! warn line on stderr even with `RUST_BACKTRACE=1`.
 
+mod support;
+
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-cli-edges-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::scratch::Scratch;
 
 fn command(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentvisor"));
-    c.args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("AGENTVISOR_DB")
-        .env_remove("AGENTVISOR_LOG")
-        .env("RUST_BACKTRACE", "1");
+    let mut c = support::cli::command(args);
+    c.env_remove("AGENTVISOR_LOG").env("RUST_BACKTRACE", "1");
     c
 }
 
@@ -50,7 +24,7 @@ fn agentvisor(args: &[&str]) -> Output {
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     let dir = Scratch::new("pipe");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let out = agentvisor(&[
         "--db",
         &db,
@@ -90,7 +64,7 @@ fn output_into_a_closed_pipe_ends_quietly() {
 #[test]
 fn input_dash_reads_the_prompt_from_stdin() {
     let dir = Scratch::new("stdin");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let prompt = "a prompt\nfrom stdin, two lines";
     for cmd in ["run", "swarm"] {
         let mut args = vec![
@@ -143,7 +117,7 @@ fn input_dash_reads_the_prompt_from_stdin() {
 #[test]
 fn a_caught_tool_panic_is_one_warn_line_even_with_backtraces_on() {
     let dir = Scratch::new("panic");
-    let manifest = dir.path("panic.yaml");
+    let manifest = dir.arg("panic.yaml");
     std::fs::write(
         &manifest,
         "name: panicky\ntools: [panic]\nscript:\n  - { tool: panic, args: { message: on purpose } }\n  - { text: survived }\n",
@@ -166,8 +140,8 @@ fn a_caught_tool_panic_is_one_warn_line_even_with_backtraces_on() {
 #[test]
 fn inputs_fill_the_manifest_template_and_a_missing_one_exits_2() {
     let dir = Scratch::new("inputs");
-    let db = dir.path("a.db");
-    let manifest = dir.path("weather.yaml");
+    let db = dir.arg("a.db");
+    let manifest = dir.arg("weather.yaml");
     std::fs::write(
         &manifest,
         "name: weather\nprompt: \"Forecast for {{inputs.city}}, {{inputs.days}} days\"\nscript: [{ text: sunny }]\n",

@@ -4,52 +4,14 @@
 //! invocations, and a database that cannot be used is refused with exit 2
 //! and its path, untouched.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
-
-/// A fresh directory under the system temp dir (removed on drop).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-cli-{name}-{}-{}-{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs the built binary from the crate root (so `examples/…` resolve),
-/// without an inherited `AGENTVISOR_DB`.
-fn agentvisor(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("AGENTVISOR_DB")
-        .output()
-        .expect("the binary runs")
-}
+use support::cli::agentvisor;
+use support::scratch::Scratch;
 
 fn db_arg(p: &Path) -> String {
     p.display().to_string()
@@ -315,4 +277,184 @@ fn a_swarm_leaves_one_terminal_record_per_run() {
         "runs", "list", "--db", &db, "--json", "--limit", "1000",
     ]));
     assert_eq!(list.as_array().unwrap().len(), 300);
+}
+
+/// A lead that delegates to `mid` (which delegates to `leaf`) and to
+/// `bad` (which fails), all in `dir`; returns the lead's manifest path.
+fn delegating_manifests(dir: &Scratch) -> String {
+    let write = |file: &str, yaml: String| {
+        std::fs::write(dir.path(file), yaml).unwrap();
+        db_arg(&dir.path(file))
+    };
+    let leaf = write(
+        "leaf.yaml",
+        "name: leaf\nscript:\n  - { text: leaf done, usage: { input: 5, output: 5 } }\n".into(),
+    );
+    let mid = write(
+        "mid.yaml",
+        format!("name: mid\nagents: {{ leaf: {leaf} }}\nscript:\n  - {{ tool: agent__leaf, args: {{ prompt: go }}, usage: {{ input: 10, output: 10 }} }}\n  - {{ text: mid done, usage: {{ input: 10, output: 10 }} }}\n"),
+    );
+    let bad = write(
+        "bad.yaml",
+        "name: bad\ntools: [add]\nlimits: { max_iterations: 1 }\nscript:\n  - { tool: add, args: { a: 1, b: 2 }, usage: { input: 3, output: 3 } }\n  - { text: never }\n".into(),
+    );
+    write(
+        "lead.yaml",
+        format!("name: lead\ntools: [add]\nagents: {{ mid: {mid}, bad: {bad} }}\nscript:\n  - tools:\n      - {{ tool: agent__mid, args: {{ prompt: one }} }}\n      - {{ tool: agent__bad, args: {{ prompt: two }} }}\n    usage: {{ input: 20, output: 20 }}\n  - {{ text: lead done, usage: {{ input: 20, output: 20 }} }}\n"),
+    )
+}
+
+#[test]
+fn runs_show_tree_and_runs_list_root_read_a_delegation_tree_back() {
+    let dir = Scratch::new("tree");
+    let db = db_arg(&dir.path("a.db"));
+    let lead = delegating_manifests(&dir);
+    // Another run, in no tree.
+    assert_eq!(
+        agentvisor(&["run", "examples/agents/hello.yaml", "--db", &db])
+            .status
+            .code(),
+        Some(0)
+    );
+    let run = agentvisor(&["run", &lead, "--db", &db, "--json"]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let lead_id = json(&run)["run_id"].as_str().unwrap().to_string();
+
+    // The tree, nested.
+    let out = agentvisor(&["runs", "show", &lead_id, "--tree", "--json", "--db", &db]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let tree = json(&out);
+    assert_eq!(tree["root_run_id"], lead_id.as_str());
+    let top = &tree["runs"].as_array().unwrap()[..];
+    assert_eq!(top.len(), 1);
+    assert_eq!(top[0]["agent"], "lead");
+    assert_eq!(top[0]["status"], "ok");
+    assert_eq!(top[0]["tokens"], 80);
+    let kids = top[0]["children"].as_array().unwrap();
+    let by = |agent: &str| {
+        kids.iter()
+            .find(|k| k["agent"] == agent)
+            .unwrap_or_else(|| panic!("no {agent} in {kids:?}"))
+    };
+    assert_eq!(by("mid")["status"], "ok");
+    assert_eq!(by("mid")["tokens"], 40);
+    assert_eq!(by("mid")["parent_run_id"], lead_id.as_str());
+    assert_eq!(by("mid")["children"][0]["agent"], "leaf");
+    assert_eq!(by("mid")["children"][0]["tokens"], 10);
+    assert_eq!(by("bad")["status"], "error");
+    assert_eq!(by("bad")["error_kind"], "max_iterations");
+    let mid_id = by("mid")["run_id"].as_str().unwrap().to_string();
+
+    // The human form: one line a run, indented under its parent.
+    let out = agentvisor(&["runs", "show", &lead_id, "--tree", "--db", &db]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert!(lines[0].contains("4 runs, 136 tokens"), "{text}");
+    assert!(
+        lines[1].starts_with(&lead_id) && lines[1].contains(" ok "),
+        "{text}"
+    );
+    assert!(
+        text.contains("error (max_iterations)")
+            && text.contains("└─ ")
+            && text.contains(" tokens "),
+        "{text}"
+    );
+    let leaf_line = lines.iter().find(|l| l.contains(" leaf ")).unwrap();
+    assert!(leaf_line.contains("└─ "), "the leaf is under mid:\n{text}");
+
+    // A run inside the tree: its own part.
+    let out = agentvisor(&["runs", "show", &mid_id, "--tree", "--json", "--db", &db]);
+    let sub = json(&out);
+    assert_eq!(sub["runs"][0]["agent"], "mid");
+    assert_eq!(sub["runs"][0]["children"].as_array().unwrap().len(), 1);
+
+    // The tree's runs as a list: the hello run is not among them.
+    let out = agentvisor(&["runs", "list", "--root", &lead_id, "--json", "--db", &db]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listed = json(&out);
+    let mut agents: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["agent"].as_str().unwrap())
+        .collect();
+    agents.sort_unstable();
+    assert_eq!(agents, ["bad", "lead", "leaf", "mid"]);
+    for r in listed.as_array().unwrap() {
+        if r["agent"] != "lead" {
+            assert_eq!(r["root_run_id"], lead_id.as_str(), "{r}");
+        }
+    }
+    let out = agentvisor(&["runs", "list", "--root", &lead_id, "--db", &db]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
+
+    // Bad input and unknown runs.
+    let out = agentvisor(&["runs", "list", "--root", "nope", "--db", &db]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let unknown = "0123456789abcdef0123456789abcdef";
+    let out = agentvisor(&["runs", "show", unknown, "--tree", "--db", &db]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
+#[test]
+fn run_of_a_pipeline_runs_its_phases_and_runs_show_tree_lists_them() {
+    let dir = Scratch::new("pipeline");
+    let db = db_arg(&dir.path("a.db"));
+    std::fs::write(
+        dir.path("leaf.yaml"),
+        "name: leaf\nscript:\n  - { text: facts, usage: { input: 5, output: 5 } }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path("essay.yaml"),
+        "name: essay\nagents: { leaf: leaf.yaml }\nphases:\n  - name: gather\n    prompt: \"Gather facts on {{prompt}}\"\n    script:\n      - { tool: agent__leaf, args: { prompt: look }, usage: { input: 10, output: 10 } }\n      - { text: gathered, usage: { input: 10, output: 10 } }\n  - name: write\n    prompt: \"Write from {{phases.gather.output}}\"\n    script:\n      - { text: written, usage: { input: 1, output: 1 } }\n",
+    )
+    .unwrap();
+    let essay = db_arg(&dir.path("essay.yaml"));
+    let out = agentvisor(&["run", &essay, "--input", "tides", "--db", &db, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = json(&out);
+    assert_eq!(result["status"], "ok", "{result}");
+    assert_eq!(result["output"], "written");
+    let phases = result["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    let pipeline_id = result["pipeline_id"].as_str().unwrap().to_string();
+
+    let out = agentvisor(&[
+        "runs",
+        "show",
+        &pipeline_id,
+        "--tree",
+        "--json",
+        "--db",
+        &db,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let tree = json(&out);
+    let top = tree["runs"].as_array().unwrap();
+    let agents: Vec<&str> = top.iter().map(|r| r["agent"].as_str().unwrap()).collect();
+    assert_eq!(agents, ["essay.gather", "essay.write"]);
+    assert_eq!(top[0]["children"][0]["agent"], "leaf");
+    assert_eq!(top[0]["run_id"], phases[0]["run_id"]);
+
+    // The human forms: the events of both phases, the phases' lines.
+    let out = agentvisor(&["run", &essay, "--input", "tides", "--db", &db, "--events"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ends = text
+        .lines()
+        .filter(|l| l.contains("\"type\":\"run.end\""))
+        .count();
+    assert_eq!(ends, 3, "two phases and the leaf:\n{text}");
+    assert!(
+        text.contains("phase gather: ok") && text.contains("phase write: ok"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pipeline ") && text.contains("(essay): ok"),
+        "{text}"
+    );
 }

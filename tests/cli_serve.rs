@@ -4,6 +4,8 @@
 //! `agentvisor token new` prints a token and the line that admits it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -51,19 +53,6 @@ fn token_new(caller: &str, admin: bool) -> (String, String) {
     let token = lines.next().unwrap().to_string();
     let line = lines.next().unwrap().to_string();
     (token, line)
-}
-
-fn http_client() -> reqwest::Client {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .unwrap()
 }
 
 async fn call(
@@ -136,7 +125,7 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
         .unwrap_or_else(|| panic!("unexpected first line: {first}"))
         .to_string();
     let s = Serving { child, base };
-    let http = http_client();
+    let http = support::loopback::http_client();
 
     let (code, v) = call(
         &http,

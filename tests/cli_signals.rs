@@ -2,47 +2,31 @@
 //! Signals with the real binary: SIGTERM / SIGHUP / Ctrl-C stop admitting,
 //! give runs in flight `--drain` to finish, then cancel what still runs,
 //! write every record, print the result or summary and exit 143 / 129 /
-//! 130; a second signal ends the drain at once.
+//! 130; a second signal ends the drain at once. And SIGSTOP / SIGCONT (a
+//! paused process): healthy runs are not taken for stalled, a `recover`
+//! beside a live `swarm` ends none of its runs, and a `recover` that took
+//! over the durable runs of a `swarm` paused past its leases runs each
+//! once, the `swarm` writing nothing more of them.
 //!
 //! Each test waits for an explicit line from the child (an event on stdout
-//! for `run`, the "runs in flight" log line on stderr for `swarm`) before
-//! it sends a signal, never for a fixed time. Every wait is bounded (60 s)
-//! so a regression fails the test instead of hanging the suite; the bound
-//! is far above what a healthy child needs (well under a second here).
+//! for `run`, the "runs in flight" log line on stderr for `swarm`) or for
+//! a state of the database (polled) before it sends a signal, never for a
+//! fixed time; the one fixed time is the length of a pause, which is what
+//! the pause test is about. Every wait is bounded (60 s) so a regression
+//! fails the test instead of hanging the suite; the bound is far above
+//! what a healthy child needs (well under a second here).
+
+mod support;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::scratch::Scratch;
 
 const BOUND: Duration = Duration::from_secs(60);
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-cli-signals-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.0.join(file).display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A started child and its output, read line by line on threads.
 struct Running {
@@ -146,7 +130,7 @@ impl Running {
 }
 
 fn manifest(dir: &Scratch, script: &str) -> String {
-    let path = dir.path("m.yaml");
+    let path = dir.arg("m.yaml");
     std::fs::write(
         &path,
         format!("name: sig\nlimits: {{ stall_timeout: 2h, max_runtime: 3h, hard_timeout: 4h }}\nscript:\n{script}"),
@@ -174,6 +158,80 @@ fn runs_on_record(db: &str) -> usize {
     v.as_array().unwrap().len()
 }
 
+/// Polls the database (bounded) until `sql`, a count, reaches `want`.
+fn until_count(db: &str, sql: &str, want: i64) {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let n = count(db, sql);
+        if n >= want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "`{sql}` stays at {n} < {want}");
+        // Polling the file for a state, not waiting for a deadline.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A count from the database (0 while it cannot be read yet).
+fn count(db: &str, sql: &str) -> i64 {
+    let Ok(conn) = rusqlite::Connection::open(db) else {
+        return 0;
+    };
+    let _ = conn.busy_timeout(Duration::from_secs(5));
+    conn.query_row(sql, [], |r| r.get(0)).unwrap_or(0)
+}
+
+/// Runs started and not finished, on record.
+const UNFINISHED: &str = "SELECT COUNT(DISTINCT run_id) FROM audit_segments \
+     WHERE has_start = 1 AND run_id NOT IN (SELECT run_id FROM runs)";
+
+/// `agentvisor recover --json` on `db`: its exit and summary.
+fn recover(db: &str) -> (Option<i32>, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(["--db", db, "recover", "--json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("AGENTVISOR_DB")
+        .env_remove("AGENTVISOR_SPOOL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let summary = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    (
+        out.status.code(),
+        summary,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every run on record has exactly one terminal record: its `runs` row
+/// (one per run id), and one `run.end` among its records.
+fn one_terminal_record_each(db: &str) {
+    let started = count(
+        db,
+        "SELECT COUNT(DISTINCT run_id) FROM audit_log WHERE kind = 'run.start'",
+    );
+    assert!(started > 0);
+    assert_eq!(
+        count(db, "SELECT COUNT(*) FROM runs"),
+        started,
+        "a run unfinished"
+    );
+    assert_eq!(
+        count(
+            db,
+            "SELECT COUNT(*) FROM (SELECT run_id FROM audit_log WHERE kind = 'run.end' \
+             GROUP BY run_id HAVING COUNT(*) <> 1)"
+        ),
+        0,
+        "a run with more than one run.end record"
+    );
+}
+
 fn swarm_args<'a>(db: &'a str, file: &'a str, drain: &'a str) -> Vec<&'a str> {
     vec![
         "--db",
@@ -193,7 +251,7 @@ fn swarm_args<'a>(db: &'a str, file: &'a str, drain: &'a str) -> Vec<&'a str> {
 #[test]
 fn swarm_sigterm_drains_then_cancels_flushes_and_exits_143() {
     let dir = Scratch::new("term");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { text: slow, latency: 1h }\n");
     let child = start(&swarm_args(&db, &file, "200ms"));
     child.await_stderr("runs in flight");
@@ -213,7 +271,7 @@ fn swarm_sigterm_drains_then_cancels_flushes_and_exits_143() {
 #[test]
 fn swarm_sighup_lets_runs_in_flight_finish_within_the_drain_and_exits_129() {
     let dir = Scratch::new("hup");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { text: quick, latency: 300ms }\n");
     let child = start(&swarm_args(&db, &file, "30s"));
     child.await_stderr("runs in flight");
@@ -234,7 +292,7 @@ fn swarm_sighup_lets_runs_in_flight_finish_within_the_drain_and_exits_129() {
 #[test]
 fn swarm_ctrl_c_drains_and_exits_130_and_a_second_signal_ends_at_once() {
     let dir = Scratch::new("int");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { hang: true }\n");
     // A drain of an hour: only the second signal can end it in time.
     let child = start(&swarm_args(&db, &file, "1h"));
@@ -253,7 +311,7 @@ fn swarm_ctrl_c_drains_and_exits_130_and_a_second_signal_ends_at_once() {
 #[test]
 fn run_sigterm_cancels_after_the_drain_prints_the_result_and_exits_143() {
     let dir = Scratch::new("run");
-    let db = dir.path("a.db");
+    let db = dir.arg("a.db");
     let file = manifest(&dir, "  - { hang: true }\n");
     let mut child = start(&[
         "--db", &db, "run", &file, "--events", "--json", "--drain", "100ms",
@@ -265,4 +323,146 @@ fn run_sigterm_cancels_after_the_drain_prints_the_result_and_exits_143() {
     let result: Value = serde_json::from_str(out.last().unwrap()).unwrap();
     assert_eq!(result["status"], "cancelled", "{result}");
     assert_eq!(runs_on_record(&db), 1);
+}
+
+#[test]
+fn a_swarm_paused_past_its_stall_timeout_kills_none_of_its_healthy_runs() {
+    let dir = Scratch::new("pause");
+    let db = dir.arg("a.db");
+    let file = dir.arg("m.yaml");
+    // Each run waits 300 ms for its answer: healthy, well within its stall
+    // timeout of 1 s.
+    std::fs::write(
+        &file,
+        "name: slow\nlimits: { stall_timeout: 1s, max_runtime: 1h, hard_timeout: 2h }\nscript:\n  - { text: fine, latency: 300ms }\n",
+    )
+    .unwrap();
+    let child = start(&swarm_args(&db, &file, "30s"));
+    child.await_stderr("runs in flight");
+    until_count(&db, "SELECT COUNT(*) FROM runs", 20);
+    // Frozen for 3 s (a VM pause, a laptop sleep): three stall timeouts,
+    // past the critic's pause detection (a gap over 1.5 s). The sleep is
+    // the pause itself.
+    child.signal("STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    let before = count(&db, "SELECT COUNT(*) FROM runs");
+    child.signal("CONT");
+    // It goes on: runs finish after the pause, then it drains.
+    until_count(&db, "SELECT COUNT(*) FROM runs", before + 40);
+    child.signal("TERM");
+    let (code, out) = child.finish();
+    assert_eq!(code, Some(143));
+    let s = summary(&out);
+    let runs = s["runs"].as_u64().unwrap();
+    assert_eq!(s["by_status"]["ok"].as_u64(), Some(runs), "{s}");
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM runs WHERE status <> 'ok'"),
+        0,
+        "no run ended killed/stalled"
+    );
+    assert_eq!(runs_on_record(&db) as u64, runs);
+}
+
+#[test]
+fn recover_beside_a_live_swarm_ends_none_of_its_runs() {
+    let dir = Scratch::new("beside");
+    let db = dir.arg("a.db");
+    let file = manifest(&dir, "  - { hang: true }\n");
+    let child = start(&swarm_args(&db, &file, "100ms"));
+    child.await_stderr("runs in flight");
+    // Its 20 runs (the concurrency) are in flight and on record.
+    until_count(&db, UNFINISHED, 20);
+    let (code, s, stderr) = recover(&db);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(s["interrupted"].as_array().map(Vec::len), Some(0), "{s}");
+    assert_eq!(s["leased"].as_array().map(Vec::len), Some(20), "{s}");
+    // The swarm ends its runs itself: cancelled by its drain, on record
+    // once each, none `interrupted`.
+    child.signal("TERM");
+    let (code, out) = child.finish();
+    assert_eq!(code, Some(143));
+    let s = summary(&out);
+    assert_eq!(s["by_status"]["cancelled"].as_u64(), Some(20), "{s}");
+    one_terminal_record_each(&db);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT COUNT(*) FROM runs WHERE error_kind = 'interrupted'"
+        ),
+        0
+    );
+}
+
+#[test]
+fn a_swarm_paused_past_its_leases_loses_its_durable_runs_to_recover_and_writes_nothing_of_them() {
+    let dir = Scratch::new("fenced");
+    let db = dir.arg("a.db");
+    let file = dir.arg("m.yaml");
+    // A step, then an answer a second later.
+    std::fs::write(
+        &file,
+        "name: dur\ndurable: true\ntools: [add]\nlimits: { stall_timeout: 1h, max_runtime: 1h, hard_timeout: 2h }\nscript:\n  - { tool: add, args: { a: 1, b: 2 } }\n  - { text: done, latency: 1s }\n",
+    )
+    .unwrap();
+    let n = 10;
+    let n_s = n.to_string();
+    let child = start(&[
+        "--db",
+        &db,
+        "--lease-ttl",
+        "1s",
+        "swarm",
+        &file,
+        "--runs",
+        &n_s,
+        "--concurrency",
+        &n_s,
+        "--json",
+    ]);
+    child.await_stderr("runs in flight");
+    until_count(
+        &db,
+        "SELECT COUNT(*) FROM checkpoints WHERE iteration = 1",
+        n,
+    );
+    // Paused past its 1 s leases: a `recover` (polled until one claims:
+    // the leases must expire first) resumes its runs and finishes them.
+    child.signal("STOP");
+    let deadline = Instant::now() + BOUND;
+    let mut resumed = 0;
+    while resumed < n {
+        assert!(
+            Instant::now() < deadline,
+            "recover resumed {resumed} of {n}"
+        );
+        let (code, s, stderr) = recover(&db);
+        if code != Some(0) {
+            // The swarm was stopped within one of its (millisecond) writes
+            // and holds the database's lock: let it finish that write.
+            child.signal("CONT");
+            child.signal("STOP");
+            assert!(stderr.contains("lock"), "{stderr}");
+            continue;
+        }
+        resumed += s["resumed"].as_i64().unwrap_or(0);
+        assert_eq!(
+            s["by_status"]["ok"].as_i64().unwrap_or(0),
+            s["resumed"].as_i64().unwrap_or(0),
+            "{s}"
+        );
+        // Polling for the leases to expire, not waiting for a deadline.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // It comes back: its answers are due at once, but the runs are not
+    // its own any more; it writes nothing of them.
+    child.signal("CONT");
+    let (_, out) = child.finish();
+    let s = summary(&out);
+    assert_eq!(s["by_status"]["cancelled"].as_i64(), Some(n), "{s}");
+    one_terminal_record_each(&db);
+    assert_eq!(
+        count(&db, "SELECT COUNT(*) FROM runs WHERE status = 'ok'"),
+        n
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM checkpoints"), 0);
 }

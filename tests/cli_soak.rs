@@ -11,44 +11,13 @@
 //! whatever they are. Exact counts and timings are asserted on paused time
 //! in `soak_engine.rs`.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod support;
+
+use std::process::Output;
 
 use serde_json::Value;
-
-/// A fresh directory under the system temp dir (removed on drop).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-soak-{name}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs the built binary from the crate root (so `examples/…` resolve).
-fn agentvisor(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("AGENTVISOR_DB")
-        .output()
-        .expect("the binary runs")
-}
+use support::cli::agentvisor;
+use support::scratch::Scratch;
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -36,13 +36,8 @@ script:
 "#,
     );
     let t0 = Instant::now();
-    let (handle, events) = host
-        .submit_streaming(spec, Invocation::prompt("x"))
-        .await
-        .unwrap();
-    let run_id = handle.run_id();
-    let events = support::collect(events).await;
-    let r = handle.await;
+    let (r, events) = support::run_to_end(&host, spec, Invocation::prompt("x")).await;
+    let run_id = r.run_id;
     let elapsed = t0.elapsed();
     assert!(
         elapsed >= Duration::from_secs(40) && elapsed < Duration::from_millis(40_100),

@@ -25,13 +25,8 @@ script:
     let model = RecordingModel::new(&spec);
     let (host, store) =
         support::host_from(support::builder().model("recorded", model.clone())).await;
-    let (handle, events) = host
-        .submit_streaming(spec, Invocation::prompt("x"))
-        .await
-        .unwrap();
-    let run_id = handle.run_id();
-    let events = support::collect(events).await;
-    let r = handle.await;
+    let (r, events) = support::run_to_end(&host, spec, Invocation::prompt("x")).await;
+    let run_id = r.run_id;
     assert_eq!(r.status, RunStatus::Killed, "{r:?}");
     assert_eq!(r.kill_reason, Some(KillReason::Runaway));
     assert_eq!(r.error_kind.as_deref(), Some("runaway"));

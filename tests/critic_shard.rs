@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::critic::{RunView, Verdict};
-use agentvisor::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use agentvisor::ports::model::ToolSpec;
+use agentvisor::ports::tool::{Tool, ToolContext, ToolError};
 use agentvisor::{
     CriticPolicy, Decision, Fault, HostConfig, Invocation, KillReason, RunEvent, RunStatus, Trigger,
 };

@@ -6,11 +6,13 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentvisor::mcp::McpConfig;
-use agentvisor::{Host, HostConfig, Invocation, RunEvent, RunResult, RunStatus};
+use agentvisor::ports::audit::RunIndex;
+use agentvisor::{Agent, Host, HostConfig, Invocation, RunEvent, RunHandle, RunResult, RunStatus};
 use support::{collect, kinds, spec};
 
 /// The test server's path: `target/<profile>/examples/mcp_test_server`,
@@ -66,6 +68,46 @@ async fn run(host: &Host, yaml: &str) -> (RunResult, Vec<RunEvent>) {
         .expect("submit");
     let events = collect(events).await;
     (handle.await, events)
+}
+
+/// A manifest whose first call hangs in the test server, which writes to
+/// `marker` when the call is cancelled.
+fn hanging(marker: &Path, extra: &str) -> String {
+    manifest(
+        "",
+        "",
+        &format!(
+            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
+            marker.display().to_string()
+        ),
+        extra,
+    )
+}
+
+/// Waits (5 s at most) until the test server says, through `marker`, that
+/// it heard `notifications/cancelled`.
+async fn hears_cancelled(marker: &Path) {
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(marker).is_ok_and(|t| t.contains("cancelled")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no notifications/cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Submits `n` runs of `agent` at once.
+async fn submit_n(host: &Host, agent: &Agent, n: usize) -> Vec<RunHandle> {
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        handles.push(
+            host.submit(agent, Invocation::default())
+                .await
+                .expect("submit"),
+        );
+    }
+    handles
 }
 
 fn alive(pid: i32) -> bool {
@@ -228,27 +270,12 @@ async fn a_timeout_is_mcp_tool_timeout_and_the_server_hears_cancelled() {
     let dir = std::env::temp_dir().join(format!("mcp-timeout-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
     let host = host_with(McpConfig::default()).await;
-    let yaml = manifest(
-        "",
-        "",
-        &format!(
-            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
-            dir.display().to_string()
-        ),
-        "limits: { tool_timeout: 1s }\n",
-    );
+    let yaml = hanging(&dir, "limits: { tool_timeout: 1s }\n");
     let (r, events) = run(&host, &yaml).await;
     let err = r.steps[0].error.clone().unwrap_or_default();
     assert!(err.starts_with("mcp_tool_timeout"), "{err}");
     assert!(kinds(&events).contains(&"mcp.tool.call.timeout".to_string()));
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&dir).is_ok_and(|t| t.contains("cancelled")) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no notifications/cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hears_cancelled(&dir).await;
     let _ = std::fs::remove_file(&dir);
     host.shutdown().await;
 }
@@ -258,15 +285,7 @@ async fn a_killed_run_sends_cancelled_for_its_call() {
     let dir = std::env::temp_dir().join(format!("mcp-kill-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);
     let host = host_with(McpConfig::default()).await;
-    let yaml = manifest(
-        "",
-        "",
-        &format!(
-            "  - {{ tool: t__hang, args: {{ marker: {:?} }} }}\n  - {{ text: done }}\n",
-            dir.display().to_string()
-        ),
-        "limits: { tool_timeout: 60s, kill_grace: 1s }\n",
-    );
+    let yaml = hanging(&dir, "limits: { tool_timeout: 60s, kill_grace: 1s }\n");
     let (handle, mut events) = host
         .submit_streaming(spec(&yaml), Invocation::default())
         .await
@@ -281,14 +300,7 @@ async fn a_killed_run_sends_cancelled_for_its_call() {
     handle.kill();
     let r = handle.await;
     assert_eq!(r.status, RunStatus::Killed);
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&dir).is_ok_and(|t| t.contains("cancelled")) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "no notifications/cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hears_cancelled(&dir).await;
     let _ = std::fs::remove_file(&dir);
     host.shutdown().await;
 }
@@ -391,14 +403,7 @@ async fn one_server_serves_200_concurrent_runs() {
         "",
     );
     let agent = host.prepare(spec(&yaml)).await.expect("prepare");
-    let mut handles = Vec::new();
-    for _ in 0..200 {
-        handles.push(
-            host.submit(&agent, Invocation::default())
-                .await
-                .expect("submit"),
-        );
-    }
+    let handles = submit_n(&host, &agent, 200).await;
     let mut seen = std::collections::HashSet::new();
     for h in handles {
         let r = h.await;
@@ -553,14 +558,7 @@ async fn scope_run_gives_each_run_its_own_server_stopped_with_it() {
     );
     let agent = host.prepare(spec(&yaml)).await.expect("prepare");
     assert!(agent.tools().contains("t__pid"));
-    let mut handles = Vec::new();
-    for _ in 0..3 {
-        handles.push(
-            host.submit(&agent, Invocation::default())
-                .await
-                .expect("submit"),
-        );
-    }
+    let handles = submit_n(&host, &agent, 3).await;
     let mut seen = std::collections::HashSet::new();
     for h in handles {
         let r = h.await;
@@ -594,4 +592,85 @@ async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
         err.map(|_| ()).map_err(|e| e.kind()),
         Err("mcp_server_start_failed")
     );
+}
+
+/// A sub-agent's MCP servers are its parent's that it names too: the same
+/// process (a `scope: host` server is shared), the tools both `allow`
+/// lists let through, and nothing of a server the parent does not have.
+#[tokio::test]
+async fn a_sub_agent_shares_its_parents_servers_and_gets_no_other() {
+    let d = std::env::temp_dir().join(format!("agentvisor-mcp-palette-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let server = format!("{:?}", server());
+    // The child names `t` (no `allow`: whatever its parent may use of it)
+    // and `u`, which its parent does not have.
+    let child = d.join("helper.yaml");
+    std::fs::write(
+        &child,
+        format!(
+            "name: helper\nmcp:\n  servers:\n    - {{ name: t, command: [{server}] }}\n    - {{ name: u, command: [{server}] }}\nscript:\n  - tools:\n      - {{ tool: t__pid, args: {{}} }}\n      - {{ tool: t__add, args: {{ a: 1, b: 2 }} }}\n      - {{ tool: u__echo, args: {{ text: x }} }}\n  - {{ text: child done }}\n"
+        ),
+    )
+    .unwrap();
+    let parent = d.join("parent.yaml");
+    std::fs::write(
+        &parent,
+        format!(
+            "name: parent\nmcp:\n  servers:\n    - {{ name: t, command: [{server}], allow: [echo, pid] }}\nagents:\n  helper: {}\nscript:\n  - {{ tool: t__pid, args: {{}} }}\n  - {{ tool: agent__helper, args: {{ prompt: go }} }}\n  - {{ text: done }}\n",
+            child.display()
+        ),
+    )
+    .unwrap();
+    let store = Arc::new(agentvisor::stores::MemoryAuditStore::new());
+    let host = Host::builder()
+        .config(config(McpConfig::default()))
+        .audit_store(store.clone())
+        .build()
+        .await
+        .expect("host");
+    let r = host
+        .execute(
+            agentvisor::AgentSpec::from_file(&parent).unwrap(),
+            Invocation::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert!(r.steps[1].ok, "{:?}", r.steps[1]);
+    let parent_pid = pids(&r.steps[0].result);
+    host.shutdown().await;
+    let child_id = store
+        .list_runs(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.agent == "helper")
+        .expect("the child ran")
+        .run_id;
+    let c = store.run_result(child_id).await.unwrap().unwrap();
+    assert_eq!(c.status, RunStatus::Ok, "{c:?}");
+    let step = |tool: &str| {
+        c.steps
+            .iter()
+            .find(|s| &*s.tool == tool)
+            .unwrap_or_else(|| panic!("no {tool} step: {:?}", c.steps))
+    };
+    // The parent's server, the very process.
+    assert!(step("t__pid").ok);
+    assert_eq!(pids(&step("t__pid").result), parent_pid);
+    // `add` is the server's, but the parent's `allow` leaves it out.
+    assert!(!step("t__add").ok);
+    assert!(step("t__add")
+        .error
+        .as_deref()
+        .unwrap_or_default()
+        .contains("unknown"));
+    // `u` is not the parent's: not started, its tools not offered.
+    assert!(!step("u__echo").ok);
+    assert!(step("u__echo")
+        .error
+        .as_deref()
+        .unwrap_or_default()
+        .contains("unknown"));
 }

@@ -313,3 +313,79 @@ async fn a_pipeline_that_cannot_start_runs_nothing() {
         .is_err());
     host.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_started_pipeline_streams_its_phases_and_records_them_under_its_id() {
+    let (host, store) = host().await;
+    let mut run = host.start_pipeline(spec(ESSAY), essay_invocation());
+    let pipeline_id = run.pipeline_id();
+    let mut events = Vec::new();
+    while let Some(ev) = run.next_event().await {
+        events.push(ev);
+    }
+    let r = run.result().await.unwrap();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert_eq!(r.pipeline_id, pipeline_id);
+    // Every phase's events, phase after phase, each run's ending last.
+    let ids: Vec<RunId> = r.phases.iter().map(|p| p.run_id.unwrap()).collect();
+    let mut order: Vec<RunId> = events.iter().map(|e| e.run_id).collect();
+    order.dedup();
+    assert_eq!(order, ids);
+    let ends = events
+        .iter()
+        .filter(|e| matches!(e.event, agentvisor::RunEvent::RunEnd { .. }))
+        .count();
+    assert_eq!(ends, 3);
+    host.shutdown().await;
+    // The run index lists the phases under the pipeline's id.
+    let listed = agentvisor::ports::audit::RunIndex::list_runs(
+        &*store,
+        &agentvisor::ports::audit::RunFilter {
+            root: Some(pipeline_id),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|s| s.root_run_id == Some(pipeline_id)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_started_pipeline_cancels_its_phase_and_runs_no_more() {
+    let (host, _store) = host().await;
+    let yaml = r#"
+name: slow
+phases:
+  - name: first
+    prompt: "go"
+    script: [{ text: "one" }]
+  - name: second
+    prompt: "{{phases.first.output}}"
+    optional: true
+    limits: { stall_timeout: 1h, max_runtime: 1h }
+    script: [{ hang: true }]
+  - name: third
+    prompt: "three"
+    script: [{ text: "three" }]
+"#;
+    let mut run = host.start_pipeline(spec(yaml), Invocation::prompt("x"));
+    // Until the second phase has started its model call.
+    let mut second = None;
+    while let Some(ev) = run.next_event().await {
+        if matches!(ev.event, agentvisor::RunEvent::StepStart { .. }) && second.is_some() {
+            break;
+        }
+        if matches!(ev.event, agentvisor::RunEvent::RunEnd { .. }) {
+            second = Some(());
+        }
+    }
+    run.cancel();
+    let r = run.result().await.unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled, "{r:?}");
+    assert_eq!(r.failed_phase.as_deref(), Some("second"));
+    assert_eq!(r.phases[1].status, Some(RunStatus::Cancelled));
+    // An optional phase that was cancelled still stops the pipeline.
+    assert_eq!(r.phases[2].status, None, "the third did not run");
+    host.shutdown().await;
+}

@@ -8,8 +8,8 @@ mod provider_wire;
 
 use std::sync::{Arc, Mutex};
 
+use agentvisor::ports::model::ToolSpec;
 use agentvisor::ports::model::{ChatModel, ChatRequest, Message, ModelError, Role};
-use agentvisor::ports::tool::ToolSpec;
 use agentvisor::providers::{AnthropicConfig, AnthropicModel, ProviderConfig, Secret, StreamMode};
 use agentvisor::{AgentSpec, Host, Invocation, RunStatus};
 use provider_wire::{named_events, serve, Reply, Wire};

@@ -11,8 +11,8 @@ mod provider_wire;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentvisor::ports::model::ToolSpec;
 use agentvisor::ports::model::{ChatModel, ChatRequest, Message, ModelError, RetrySink, Role};
-use agentvisor::ports::tool::ToolSpec;
 use agentvisor::providers::{
     Breaker, BreakerPolicy, CircuitBreaking, OpenAiConfig, OpenAiModel, ProviderConfig,
     RetryPolicy, Retrying, Secret, StreamMode,

@@ -76,82 +76,52 @@ async fn run_and_replay(
     records
 }
 
-#[tokio::test(start_paused = true)]
-async fn ok_replays_equal() {
-    let yaml = "name: e\ntools: [add]\nscript:\n  - { tool: add, args: { a: 1, b: 2 } }\n  - { text: '3' }\n";
+/// [`run_and_replay`] of `yaml` on a test host, prompted with `x`.
+async fn replays_equal(yaml: &str, status: RunStatus, kind: Option<&str>) {
     run_and_replay(
         support::builder(),
         yaml,
         Invocation::prompt("x"),
-        RunStatus::Ok,
-        None,
+        status,
+        kind,
     )
     .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn ok_replays_equal() {
+    let yaml = "name: e\ntools: [add]\nscript:\n  - { tool: add, args: { a: 1, b: 2 } }\n  - { text: '3' }\n";
+    replays_equal(yaml, RunStatus::Ok, None).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn max_iterations_replays_equal() {
     let yaml = "name: e\ntools: [add]\nlimits: { max_iterations: 3, repeat_limit: 100 }\nscript:\n  - { tool: add, args: { a: 1, b: 2 }, forever: true }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Error,
-        Some("max_iterations"),
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Error, Some("max_iterations")).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn tool_errors_replay_equal() {
     let yaml = "name: e\ntools: [fail]\nlimits: { max_tool_errors: 2 }\nscript:\n  - { tool: fail, args: { reason: a } }\n  - { tool: fail, args: { reason: b } }\n  - { text: never }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Error,
-        Some("tool_errors"),
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Error, Some("tool_errors")).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn tool_timeouts_and_panics_replay_equal() {
     let yaml = "name: e\ntools: [sleep, panic]\nlimits: { tool_timeout: 1s, max_tool_errors: 5 }\nscript:\n  - { tools: [{ tool: sleep, args: { ms: 5000 } }, { tool: panic, args: { message: boom } }] }\n  - { text: done }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Ok,
-        None,
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Ok, None).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_output_schema_repair_turn_replays_equal() {
     let yaml = "name: e\noutput_schema: { type: object, required: [sum] }\nscript:\n  - { text: '{\"total\": 3}' }\n  - { text: \"```json\\n{\\\"sum\\\": 3}\\n```\" }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Ok,
-        None,
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Ok, None).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn invalid_output_replays_equal() {
     let yaml = "name: e\noutput_schema: { type: object, required: [sum] }\nscript:\n  - { text: 'not json' }\n  - { text: '{\"total\": 3}' }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Error,
-        Some("invalid_output"),
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Error, Some("invalid_output")).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -192,40 +162,19 @@ async fn provider_errors_replay_equal() {
 #[tokio::test(start_paused = true)]
 async fn a_deadline_replays_equal() {
     let yaml = "name: e\ntools: [add]\nlimits: { max_runtime: 1s, hard_timeout: 2s, max_extensions: 0, stall_timeout: 1h }\nscript:\n  - { tool: add, args: { a: 1, b: 2 } }\n  - { hang: true }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Timeout,
-        Some("deadline"),
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Timeout, Some("deadline")).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_stall_replays_equal() {
     let yaml = "name: e\ntools: [add]\nlimits: { stall_timeout: 1s }\nscript:\n  - { tool: add, args: { a: 1, b: 2 } }\n  - { hang: true }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Killed,
-        Some("stalled"),
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Killed, Some("stalled")).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_runaway_replays_equal() {
     let yaml = "name: e\ntools: [add]\nlimits: { repeat_limit: 2 }\nscript:\n  - { tool: add, args: { a: 1, b: 2 }, forever: true }\n";
-    run_and_replay(
-        support::builder(),
-        yaml,
-        Invocation::prompt("x"),
-        RunStatus::Killed,
-        Some("runaway"),
-    )
-    .await;
+    replays_equal(yaml, RunStatus::Killed, Some("runaway")).await;
 }
 
 #[tokio::test(start_paused = true)]

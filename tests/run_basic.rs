@@ -208,12 +208,7 @@ async fn events_stream_in_order_and_end_with_the_run() {
 async fn a_failed_run_ends_its_stream_with_an_error_event() {
     let (host, _store) = support::host().await;
     let spec = support::spec("name: e\nscript:\n  - { fail: server }\n");
-    let (handle, events) = host
-        .submit_streaming(spec, Invocation::prompt("x"))
-        .await
-        .unwrap();
-    let events = support::collect(events).await;
-    let r = handle.await;
+    let (r, events) = support::run_to_end(&host, spec, Invocation::prompt("x")).await;
     assert_eq!(r.status, RunStatus::Error);
     match &events[events.len() - 2..] {
         [RunEvent::Error { kind, message }, RunEvent::RunEnd {

@@ -39,13 +39,8 @@ async fn run(
     store: &MemoryAuditStore,
     spec: AgentSpec,
 ) -> (RunResult, Vec<RunEvent>, Vec<RunEvent>) {
-    let (handle, events) = host
-        .submit_streaming(spec, Invocation::prompt("go"))
-        .await
-        .unwrap();
-    let run_id = handle.run_id();
-    let events = support::collect(events).await;
-    let r = handle.await;
+    let (r, events) = support::run_to_end(host, spec, Invocation::prompt("go")).await;
+    let run_id = r.run_id;
     let audited = support::audited_events(&support::records(store, run_id).await);
     (r, events, audited)
 }

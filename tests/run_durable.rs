@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore, RunInfo};
-use agentvisor::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Claim, Lease};
+use agentvisor::ports::checkpoint::{
+    Checkpoint, CheckpointError, Checkpointer, Claim, EncodedJson, HostClaim, Lease, Renewal,
+};
 use agentvisor::ports::model::Role;
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer};
 use agentvisor::{Invocation, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES};
@@ -41,7 +43,11 @@ struct SignallingCheckpointer {
 
 #[async_trait]
 impl Checkpointer for SignallingCheckpointer {
-    async fn save(&self, checkpoints: &[Checkpoint], lease: &Lease) -> Result<(), CheckpointError> {
+    async fn save(
+        &self,
+        checkpoints: &[Checkpoint],
+        lease: &Lease,
+    ) -> Result<Vec<RunId>, CheckpointError> {
         let saved = self.inner.save(checkpoints, lease).await;
         self.saved.notify_waiters();
         saved
@@ -55,8 +61,14 @@ impl Checkpointer for SignallingCheckpointer {
     async fn claim(&self, run_id: RunId, lease: &Lease) -> Result<Claim, CheckpointError> {
         self.inner.claim(run_id, lease).await
     }
-    async fn renew(&self, lease: &Lease) -> Result<(), CheckpointError> {
+    async fn renew(&self, lease: &Lease) -> Result<Renewal, CheckpointError> {
         self.inner.renew(lease).await
+    }
+    async fn held_by(&self, owner: &str) -> Result<Vec<RunId>, CheckpointError> {
+        self.inner.held_by(owner).await
+    }
+    async fn take_over_host(&self, owner: &str, gone: bool) -> Result<HostClaim, CheckpointError> {
+        self.inner.take_over_host(owner, gone).await
     }
     async fn release(&self, owner: &str) -> Result<(), CheckpointError> {
         self.inner.release(owner).await
@@ -115,6 +127,20 @@ impl Stores {
 
     async fn saved(&self) -> Vec<Checkpoint> {
         self.checkpoints.load_all().await.unwrap()
+    }
+
+    /// Saves `checkpoints` as an earlier process did: each run's first
+    /// checkpoint (which creates its row), then the given one.
+    async fn left_by_an_earlier_process(&self, checkpoints: &[Checkpoint]) {
+        let first: Vec<Checkpoint> = checkpoints
+            .iter()
+            .map(|c| checkpoint(c.run_id, 0))
+            .collect();
+        let lease = earlier_process();
+        for batch in [&first[..], checkpoints] {
+            let lost = self.checkpoints.save(batch, &lease).await.unwrap();
+            assert!(lost.is_empty(), "{lost:?}");
+        }
     }
 }
 
@@ -263,6 +289,7 @@ fn started(run_id: RunId, seq: u32) -> AuditRecord {
             prompt: "add then shout".into(),
             tools: Arc::from(vec!["add".to_string()]),
             limits: None,
+            host: None,
         })),
     }
 }
@@ -271,13 +298,15 @@ fn checkpoint(run_id: RunId, resumes: u32) -> Checkpoint {
     let s = spec(SLOW_THIRD);
     Checkpoint {
         run_id,
-        spec: Arc::new(s),
-        invocation: Invocation {
+        agent: "durable".into(),
+        spec: EncodedJson::encode(&s).unwrap(),
+        invocation: EncodedJson::encode(&Invocation {
             run_id: Some(run_id),
             caller_id: Some("alice".into()),
             prompt: "add then shout".into(),
             ..Invocation::default()
-        },
+        })
+        .unwrap(),
         transcript: Arc::new(vec![agentvisor::ports::model::Message::text(
             Role::User,
             "add then shout",
@@ -298,10 +327,8 @@ async fn a_run_interrupted_too_often_ends_crash_loop_once() {
     let looping = RunId::new();
     stores.audit.append(&[started(looping, 0)]).await.unwrap();
     stores
-        .checkpoints
-        .save(&[checkpoint(looping, MAX_RESUMES)], &earlier_process())
-        .await
-        .unwrap();
+        .left_by_an_earlier_process(&[checkpoint(looping, MAX_RESUMES)])
+        .await;
     let (host, model) = stores.host(SLOW_THIRD).await;
     let recovery = host.recover().await.unwrap();
     assert_eq!(recovery.crash_loops, vec![looping]);
@@ -341,13 +368,8 @@ async fn recover_counts_resumes_and_only_clears_runs_already_on_record() {
     assert_eq!(done.status, RunStatus::Ok);
     host.shutdown().await;
     stores
-        .checkpoints
-        .save(
-            &[checkpoint(finished, 0), checkpoint(pending, 1)],
-            &earlier_process(),
-        )
-        .await
-        .unwrap();
+        .left_by_an_earlier_process(&[checkpoint(finished, 0), checkpoint(pending, 1)])
+        .await;
     stores
         .audit
         .append(&[started(pending, 0), started(orphan, 0)])
@@ -398,7 +420,7 @@ struct BrokenCheckpointer;
 
 #[async_trait]
 impl Checkpointer for BrokenCheckpointer {
-    async fn save(&self, _: &[Checkpoint], _: &Lease) -> Result<(), CheckpointError> {
+    async fn save(&self, _: &[Checkpoint], _: &Lease) -> Result<Vec<RunId>, CheckpointError> {
         Err(CheckpointError::Unavailable("disk full".into()))
     }
     async fn clear(&self, _: &[RunId]) -> Result<(), CheckpointError> {
@@ -410,8 +432,14 @@ impl Checkpointer for BrokenCheckpointer {
     async fn claim(&self, _: RunId, _: &Lease) -> Result<Claim, CheckpointError> {
         Ok(Claim::Missing)
     }
-    async fn renew(&self, _: &Lease) -> Result<(), CheckpointError> {
-        Ok(())
+    async fn renew(&self, _: &Lease) -> Result<Renewal, CheckpointError> {
+        Ok(Renewal::default())
+    }
+    async fn held_by(&self, _: &str) -> Result<Vec<RunId>, CheckpointError> {
+        Ok(Vec::new())
+    }
+    async fn take_over_host(&self, _: &str, _: bool) -> Result<HostClaim, CheckpointError> {
+        Ok(HostClaim::TakenOver)
     }
     async fn release(&self, _: &str) -> Result<(), CheckpointError> {
         Ok(())

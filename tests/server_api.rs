@@ -6,178 +6,15 @@
 
 mod support;
 
-/// An HTTP client (rustls on ring handed over ready-made: reqwest is built
-/// without a process-wide crypto provider).
-fn http_client() -> reqwest::Client {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .unwrap()
-}
-
-use std::sync::Arc;
 use std::time::Duration;
 
-use agentvisor::server::auth::{Caller, Role, TokenTable};
-use agentvisor::server::catalog::Catalog;
-use agentvisor::server::{Server, ServerConfig};
-use agentvisor::Host;
+use agentvisor::server::ServerConfig;
 use serde_json::{json, Value};
-
-const QUICK: &str = r#"
-name: quick
-model: scripted
-prompt: add
-tools: [add]
-script:
-  - { tool: add, args: { a: 2, b: 3 } }
-  - { text: "five", usage: { input: 10, output: 2 } }
-"#;
-
-const SLOW: &str = r#"
-name: slow
-model: scripted
-prompt: wait
-tools: [sleep]
-limits: { max_runtime: 120s, stall_timeout: 120s }
-script:
-  - { tool: sleep, args: { ms: 60000 } }
-  - { text: "late" }
-"#;
-
-const ALICE: &str = "av_alice";
-const BOB: &str = "av_bob";
-const ROOT: &str = "av_root";
-
-struct Running {
-    base: String,
-    server: Server,
-    host: Host,
-    http: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
+use support::loopback::{events_of, read_sse, Running, ALICE, BOB, QUICK, ROOT, SLOW};
 
 async fn start(config: ServerConfig, auth: bool) -> Running {
     let (host, store) = support::host().await;
-    let server = Server::new(host.clone(), store, config);
-    let agents = [QUICK, SLOW].map(|y| host.agent(support::spec(y)).unwrap());
-    server.set_catalog(Catalog::from_agents(agents));
-    if auth {
-        server.set_tokens(Some(TokenTable::from_tokens([
-            (ALICE, caller("alice", Role::Caller)),
-            (BOB, caller("bob", Role::Caller)),
-            (ROOT, caller("root", Role::Admin)),
-        ])));
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    tokio::spawn(async move {
-        s.serve(
-            listener,
-            async {
-                let _ = rx.await;
-            },
-            Duration::from_secs(1),
-        )
-        .await
-    });
-    Running {
-        base,
-        server,
-        host,
-        http: http_client(),
-        _stop: tx,
-    }
-}
-
-fn caller(id: &str, role: Role) -> Caller {
-    Caller {
-        id: Arc::from(id),
-        role,
-    }
-}
-
-impl Running {
-    async fn req(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (u16, Value, reqwest::header::HeaderMap) {
-        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut r = self.http.request(m, format!("{}{path}", self.base));
-        if let Some(t) = token {
-            r = r.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            r = r
-                .header("content-type", "application/json")
-                .body(b.to_string());
-        }
-        let resp = r.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-            headers,
-        )
-    }
-}
-
-/// One SSE frame.
-#[derive(Debug, Default, Clone)]
-struct Frame {
-    id: Option<String>,
-    data: String,
-    comment: bool,
-}
-
-/// Reads an event stream until it ends (or `max` frames), keep-alives kept.
-async fn read_sse(resp: reqwest::Response, max: usize) -> Vec<Frame> {
-    let mut resp = resp;
-    let mut buf = String::new();
-    let mut out = Vec::new();
-    while out.len() < max {
-        let chunk = match tokio::time::timeout(Duration::from_secs(30), resp.chunk()).await {
-            Ok(Ok(Some(c))) => c,
-            _ => break,
-        };
-        buf.push_str(std::str::from_utf8(&chunk).unwrap());
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let mut f = Frame::default();
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    f.id = Some(v.trim().to_string());
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    f.data.push_str(v.trim_start());
-                } else if line.starts_with(':') {
-                    f.comment = true;
-                }
-            }
-            out.push(f);
-        }
-    }
-    out
-}
-
-fn events_of(frames: &[Frame]) -> Vec<Value> {
-    frames
-        .iter()
-        .filter(|f| !f.comment)
-        .map(|f| serde_json::from_str(&f.data).unwrap())
-        .collect()
+    support::loopback::start_with(host, store, &[QUICK, SLOW], auth, config).await
 }
 
 #[tokio::test]
@@ -221,9 +58,7 @@ async fn submit_waits_for_the_result_and_the_run_reads_back() {
 #[tokio::test]
 async fn errors_have_one_shape_and_the_right_status() {
     let s = start(ServerConfig::default(), false).await;
-    let (code, v, _) = s
-        .req("POST", "/v1/runs", None, Some(json!({"agent": "nope"})))
-        .await;
+    let (code, v, _) = s.submit("/v1/runs", None, "nope").await;
     assert_eq!(code, 404);
     assert_eq!(v["error"]["kind"], "unknown_agent");
     let (code, v, _) = s
@@ -295,23 +130,9 @@ async fn errors_have_one_shape_and_the_right_status() {
     let (code, v, _) = s.req("GET", "/v1/runs?status=sideways", None, None).await;
     assert_eq!(code, 422, "{v}");
     // A wait longer than any duration is clamped, not a failure.
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=1.8e19",
-            None,
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
+    let (code, v, _) = s.submit("/v1/runs?wait=1.8e19", None, "quick").await;
     assert_eq!(code, 201, "{v}");
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=-1",
-            None,
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
+    let (code, v, _) = s.submit("/v1/runs?wait=-1", None, "quick").await;
     assert_eq!(code, 422, "{v}");
 }
 
@@ -365,14 +186,7 @@ async fn tokens_decide_who_sees_what() {
     assert_eq!(v["error"]["kind"], "unauthorized");
     let (code, _, _) = s.req("GET", "/v1/runs", Some("av_wrong"), None).await;
     assert_eq!(code, 401);
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=5",
-            Some(ALICE),
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
+    let (code, v, _) = s.submit("/v1/runs?wait=5", Some(ALICE), "quick").await;
     assert_eq!(code, 201);
     assert_eq!(v["caller_id"], "alice");
     let id = v["run_id"].as_str().unwrap().to_string();
@@ -439,14 +253,7 @@ async fn tokens_decide_who_sees_what() {
 #[tokio::test]
 async fn a_run_streams_its_events_with_seq_ids_and_resumes_exactly() {
     let s = start(ServerConfig::default(), false).await;
-    let (_, v, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=10",
-            None,
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
+    let (_, v, _) = s.submit("/v1/runs?wait=10", None, "quick").await;
     let id = v["run_id"].as_str().unwrap().to_string();
     let resp = s
         .http
@@ -491,9 +298,7 @@ async fn a_live_run_streams_until_it_is_killed() {
         false,
     )
     .await;
-    let (code, v, _) = s
-        .req("POST", "/v1/runs", None, Some(json!({"agent": "slow"})))
-        .await;
+    let (code, v, _) = s.submit("/v1/runs", None, "slow").await;
     assert_eq!(code, 201);
     assert_eq!(v["status"], "running");
     let id = v["run_id"].as_str().unwrap().to_string();
@@ -539,9 +344,7 @@ async fn a_live_run_streams_until_it_is_killed() {
 #[tokio::test]
 async fn steer_extend_cancel_reach_a_live_run() {
     let s = start(ServerConfig::default(), false).await;
-    let (_, v, _) = s
-        .req("POST", "/v1/runs", None, Some(json!({"agent": "slow"})))
-        .await;
+    let (_, v, _) = s.submit("/v1/runs", None, "slow").await;
     let id = v["run_id"].as_str().unwrap().to_string();
     let (code, v, _) = s
         .req(
@@ -592,19 +395,10 @@ async fn runs_page_newest_first_without_gaps_or_repeats() {
     let s = start(ServerConfig::default(), false).await;
     let mut ids = Vec::new();
     for _ in 0..5 {
-        let (_, v, _) = s
-            .req(
-                "POST",
-                "/v1/runs?wait=5",
-                None,
-                Some(json!({"agent": "quick"})),
-            )
-            .await;
+        let (_, v, _) = s.submit("/v1/runs?wait=5", None, "quick").await;
         ids.push(v["run_id"].as_str().unwrap().to_string());
     }
-    let (_, v, _) = s
-        .req("POST", "/v1/runs", None, Some(json!({"agent": "slow"})))
-        .await;
+    let (_, v, _) = s.submit("/v1/runs", None, "slow").await;
     let live = v["run_id"].as_str().unwrap().to_string();
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
@@ -651,30 +445,9 @@ async fn the_host_feed_tells_runs_started_and_ended() {
     assert_eq!(resp.status(), 200);
     let reader = tokio::spawn(read_sse(resp, 4));
     // The watcher is registered once the response headers are out.
-    let (_, b, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=5",
-            Some(BOB),
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
-    let (_, a, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=5",
-            Some(ALICE),
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
-    let (_, a2, _) = s
-        .req(
-            "POST",
-            "/v1/runs?wait=5",
-            Some(ALICE),
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
+    let (_, b, _) = s.submit("/v1/runs?wait=5", Some(BOB), "quick").await;
+    let (_, a, _) = s.submit("/v1/runs?wait=5", Some(ALICE), "quick").await;
+    let (_, a2, _) = s.submit("/v1/runs?wait=5", Some(ALICE), "quick").await;
     let evs = events_of(&reader.await.unwrap());
     let kinds: Vec<(&str, &str)> = evs
         .iter()
@@ -720,14 +493,7 @@ async fn limits_answer_429_with_retry_after() {
     assert_eq!(v["error"]["kind"], "rate_limited");
     assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
     // Bob has his own bucket. One subscriber per run: the second is refused.
-    let (_, v, _) = s
-        .req(
-            "POST",
-            "/v1/runs",
-            Some(BOB),
-            Some(json!({"agent": "slow"})),
-        )
-        .await;
+    let (_, v, _) = s.submit("/v1/runs", Some(BOB), "slow").await;
     let id = v["run_id"].as_str().unwrap().to_string();
     let first = s
         .http
@@ -755,9 +521,7 @@ async fn draining_refuses_new_runs_and_readiness() {
     let (code, v, _) = s.req("GET", "/readyz", None, None).await;
     assert_eq!(code, 503);
     assert_eq!(v["status"], "draining");
-    let (code, v, h) = s
-        .req("POST", "/v1/runs", None, Some(json!({"agent": "quick"})))
-        .await;
+    let (code, v, h) = s.submit("/v1/runs", None, "quick").await;
     assert_eq!(code, 503);
     assert_eq!(v["error"]["kind"], "shutting_down");
     assert!(h.contains_key("retry-after"));
@@ -799,13 +563,7 @@ async fn the_metrics_scrape_parses_and_counts_runs() {
         200
     );
     for _ in 0..3 {
-        s.req(
-            "POST",
-            "/v1/runs?wait=5",
-            None,
-            Some(json!({"agent": "quick"})),
-        )
-        .await;
+        s.submit("/v1/runs?wait=5", None, "quick").await;
     }
     let text = s
         .http

@@ -2,28 +2,15 @@
 //! chromedriver (Debian's `chromium` and `chromium-driver`, which
 //! `.ci/run` installs) against a server on a loopback socket. The page
 //! loads and goes live, a submitted run appears and ends, the kill button
-//! kills a slow run, and the browser console holds no error. The page's
+//! kills a slow run, a run waiting for approval lists the call on its page
+//! and the approve button lets it finish, and the browser console holds no
+//! error. The page's
 //! screenshot is saved to `docs/dashboard.png`.
 //!
 //! Runs with `cargo test --features peers` (it needs the programs).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
-
-/// An HTTP client (rustls on ring handed over ready-made: reqwest is built
-/// without a process-wide crypto provider).
-fn http_client() -> reqwest::Client {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .unwrap()
-}
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,26 +19,18 @@ use agentvisor::server::auth::{Caller, Role, TokenTable};
 use agentvisor::server::catalog::Catalog;
 use agentvisor::server::{Server, ServerConfig};
 use serde_json::{json, Value};
+use support::loopback::{QUICK, SLOW};
 
-const QUICK: &str = r#"
-name: quick
+const GATED: &str = r#"
+name: gated
 model: scripted
 prompt: add
 tools: [add]
-script:
-  - { tool: add, args: { a: 2, b: 3 } }
-  - { text: "five", usage: { input: 10, output: 2 } }
-"#;
-
-const SLOW: &str = r#"
-name: slow
-model: scripted
-prompt: wait
-tools: [sleep]
+approval: [add]
 limits: { max_runtime: 120s, stall_timeout: 120s }
 script:
-  - { tool: sleep, args: { ms: 60000 } }
-  - { text: "late" }
+  - { tool: add, args: { a: 2, b: 3 } }
+  - { text: "approved" }
 "#;
 
 const TOKEN: &str = "av_browser_test_token";
@@ -151,7 +130,7 @@ async fn start_driver(chromium: &str, chromedriver: &str, profile: &std::path::P
         .stderr(Stdio::null())
         .spawn()
         .expect("chromedriver starts");
-    let http = http_client();
+    let http = support::loopback::http_client();
     let base = format!("http://127.0.0.1:{port}");
     let t0 = Instant::now();
     loop {
@@ -237,7 +216,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
 
     let (host, store) = support::host().await;
     let server = Server::new(host.clone(), store, ServerConfig::default());
-    let agents = [QUICK, SLOW].map(|y| host.agent(support::spec(y)).unwrap());
+    let agents = [QUICK, SLOW, GATED].map(|y| host.agent(support::spec(y)).unwrap());
     server.set_catalog(Catalog::from_agents(agents));
     server.set_tokens(Some(TokenTable::from_tokens([(
         TOKEN,
@@ -246,20 +225,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
             role: Role::Admin,
         },
     )])));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    tokio::spawn(async move {
-        s.serve(
-            listener,
-            async {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(1),
-        )
-        .await
-    });
+    let (base, _stop) = support::loopback::serve(&server).await;
 
     let profile = std::env::temp_dir().join(format!("agentvisor-chromium-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&profile);
@@ -278,7 +244,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     .await;
 
     // A submitted run appears and ends ok.
-    let api = http_client();
+    let api = support::loopback::http_client();
     let submit = |agent: &'static str| {
         let api = api.clone();
         let base = base.clone();
@@ -344,6 +310,30 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
         |v| v.as_str().is_some_and(|s| s.contains("run.end")),
     )
     .await;
+    // A run waiting for approval: its page lists the call; Approve runs it.
+    let gated = submit("gated").await;
+    d.script(&format!("location.hash = '#run/{gated}'; return true"))
+        .await;
+    d.wait_for(
+        "the call waiting for approval",
+        "const b = document.getElementById('b-approve'); return b.disabled ? '' : document.getElementById('r-approvals').textContent",
+        |v| v.as_str().is_some_and(|s| s.contains("add")),
+    )
+    .await;
+    d.script("document.getElementById('b-approve').click(); return true")
+        .await;
+    d.wait_for(
+        "the approved run to end ok",
+        "return document.getElementById('r-status').textContent",
+        |v| v == "ok",
+    )
+    .await;
+    assert_eq!(
+        d.script("return document.getElementById('r-approval').hidden")
+            .await,
+        true,
+        "nothing waits any more"
+    );
     d.script("location.hash = ''; return true").await;
     d.wait_for("the runs table again", &row_status(&quick), |v| v == "ok")
         .await;

@@ -9,8 +9,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use agentvisor::server::auth::{Caller, Role, TokenTable};
 use agentvisor::server::catalog::Catalog;
 use agentvisor::server::{Server, ServerConfig};
@@ -57,20 +55,7 @@ async fn generated_requests_get_no_5xx_and_match_the_schema() {
             role: Role::Admin,
         },
     )])));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let s = server.clone();
-    tokio::spawn(async move {
-        s.serve(
-            listener,
-            async {
-                let _ = stopped.await;
-            },
-            Duration::from_secs(1),
-        )
-        .await
-    });
+    let (base, _stop) = support::loopback::serve(&server).await;
     // A few runs on record, so reads find something.
     for _ in 0..3 {
         host.execute(

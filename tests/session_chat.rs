@@ -30,6 +30,16 @@ async fn chat_host(yaml: &str) -> (agentvisor::Host, Arc<RecordingModel>) {
     (host, model)
 }
 
+/// A host as [`chat_host`] makes it, and a new session of `yaml` on it.
+async fn open_chat(yaml: &str) -> (agentvisor::Host, Arc<RecordingModel>, agentvisor::Session) {
+    let (host, model) = chat_host(yaml).await;
+    let chat = host
+        .open_session(spec(yaml), SessionOptions::default())
+        .await
+        .unwrap();
+    (host, model, chat)
+}
+
 fn roles_and_texts(messages: &[agentvisor::ports::model::Message]) -> Vec<(Role, String)> {
     messages
         .iter()
@@ -39,11 +49,7 @@ fn roles_and_texts(messages: &[agentvisor::ports::model::Message]) -> Vec<(Role,
 
 #[tokio::test(start_paused = true)]
 async fn a_prompt_sees_the_earlier_turns() {
-    let (host, model) = chat_host(CHAT).await;
-    let chat = host
-        .open_session(spec(CHAT), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, model, chat) = open_chat(CHAT).await;
     let first = chat.prompt("My name is Ada.").await.unwrap();
     assert_eq!(first.status, RunStatus::Ok);
     assert_eq!(first.output.as_deref(), Some("Hello Ada."));
@@ -94,11 +100,7 @@ script:
   - { fail: bad_request }
   - { text: "three" }
 "#;
-    let (host, model) = chat_host(yaml).await;
-    let chat = host
-        .open_session(spec(yaml), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, model, chat) = open_chat(yaml).await;
     chat.prompt("a").await.unwrap();
     let failed = chat.prompt("b").await.unwrap();
     assert_eq!(failed.status, RunStatus::Error);
@@ -124,11 +126,7 @@ script:
 
 #[tokio::test(start_paused = true)]
 async fn a_second_prompt_is_refused_while_one_runs() {
-    let (host, _) = chat_host(SLOW).await;
-    let chat = host
-        .open_session(spec(SLOW), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, _, chat) = open_chat(SLOW).await;
     let turn = chat.prompt_streaming("one").await.unwrap();
     // Another handle on the same session, by its id, refusing when busy.
     let other = host
@@ -149,11 +147,7 @@ async fn a_second_prompt_is_refused_while_one_runs() {
 
 #[tokio::test(start_paused = true)]
 async fn a_second_prompt_waits_for_the_first() {
-    let (host, model) = chat_host(SLOW).await;
-    let chat = host
-        .open_session(spec(SLOW), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, model, chat) = open_chat(SLOW).await;
     let first = tokio::spawn({
         let chat = chat.clone();
         async move { chat.prompt("one").await }
@@ -215,11 +209,7 @@ async fn the_lifecycle_can_be_watched() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_prompt_stops_the_answer_not_the_chat() {
-    let (host, _) = chat_host(SLOW).await;
-    let chat = host
-        .open_session(spec(SLOW), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, _, chat) = open_chat(SLOW).await;
     let mut turn = chat.prompt_streaming("one").await.unwrap();
     // Wait until the model call is in flight, then stop the answer.
     while let Some(e) = turn.events().next().await {
@@ -241,11 +231,7 @@ async fn a_cancelled_prompt_stops_the_answer_not_the_chat() {
 
 #[tokio::test(start_paused = true)]
 async fn streaming_prompts_deliver_text_deltas() {
-    let (host, _) = chat_host(CHAT).await;
-    let chat = host
-        .open_session(spec(CHAT), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, _, chat) = open_chat(CHAT).await;
     let mut turn = chat.prompt_streaming("hi").await.unwrap();
     let mut text = String::new();
     let mut ended = false;
@@ -300,11 +286,7 @@ async fn sessions_are_found_by_id_and_keep_their_agent() {
 
 #[tokio::test(start_paused = true)]
 async fn closing_cancels_the_prompt_in_flight() {
-    let (host, _) = chat_host(SLOW).await;
-    let chat = host
-        .open_session(spec(SLOW), SessionOptions::default())
-        .await
-        .unwrap();
+    let (host, _, chat) = open_chat(SLOW).await;
     let turn = chat.prompt_streaming("one").await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     chat.close().await.unwrap();

@@ -5,35 +5,14 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentvisor::ports::model::{Message, Role};
 use agentvisor::ports::session::{SessionMessage, SessionMeta, SessionStoreError};
 use agentvisor::stores::SqliteStore;
 use agentvisor::{RunId, SessionOptions, SessionState, SessionStore};
+use support::scratch::Scratch;
 use support::{builder, spec, RecordingModel};
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-test-{name}-{}-{}",
-            std::process::id(),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 const CHAT: &str = r#"
 name: chat

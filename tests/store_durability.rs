@@ -11,6 +11,8 @@
 //! - a durable run's checkpoint is cleared only once its terminal record
 //!   is in the store, not when it went to the spool.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,35 +20,11 @@ use std::time::Duration;
 
 use agentvisor::ports::audit::{AuditRecord, AuditStats, AuditStore, AuditStoreError};
 use agentvisor::ports::budget::{BudgetLedger, Spend};
-use agentvisor::ports::checkpoint::{Checkpointer, Lease};
+use agentvisor::ports::checkpoint::{Checkpointer, EncodedJson, Lease};
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer, SqliteStore};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId, RunStatus};
 use async_trait::async_trait;
-
-/// A fresh directory under the system temp dir (removed on drop).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-durability-{name}-{}-{}",
-            std::process::id(),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::scratch::Scratch;
 
 fn manifest(file: &str) -> AgentSpec {
     AgentSpec::from_file(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
@@ -194,10 +172,12 @@ async fn hello_records() -> Vec<AuditRecord> {
 fn durable_checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoint {
     agentvisor::ports::checkpoint::Checkpoint {
         run_id,
-        spec: Arc::new(manifest("examples/agents/durable.yaml")),
-        invocation: Invocation::default(),
+        agent: "durable".into(),
+        spec: EncodedJson::encode(&manifest("examples/agents/durable.yaml")).unwrap(),
+        invocation: EncodedJson::encode(&Invocation::default()).unwrap(),
         transcript: Arc::new(Vec::new()),
-        iteration: 1,
+        // A run's first checkpoint (it creates the run's row).
+        iteration: 0,
         steps: Vec::new(),
         usage: Default::default(),
         critic: Vec::new(),

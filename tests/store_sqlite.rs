@@ -5,6 +5,8 @@
 //! schema, corrupt, foreign, unwritable), and the audit actor's spool
 //! taking the records while the store fails and replaying them after.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,33 +22,7 @@ use agentvisor::{
     AgentSpec, Host, HostConfig, Invocation, KillReason, RunEvent, RunId, RunResult, RunStatus,
 };
 use async_trait::async_trait;
-
-/// A fresh directory under the system temp dir (removed by `Scratch::drop`).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentvisor-test-{name}-{}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed),
-            RunId::new()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::scratch::Scratch;
 
 fn hello() -> AgentSpec {
     AgentSpec::from_file(concat!(
@@ -686,25 +662,27 @@ async fn records_of_every_kind_round_trip() {
 
 #[tokio::test]
 async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
-    use agentvisor::ports::checkpoint::{Checkpoint, Checkpointer};
+    use agentvisor::ports::checkpoint::{Checkpoint, Checkpointer, EncodedJson};
     use agentvisor::ports::model::{Message, Role};
     let dir = Scratch::new("checkpoints");
     let path = dir.path("c.db");
-    let spec = Arc::new(hello());
+    let spec = EncodedJson::encode(&hello()).unwrap();
     let at = |run_id: RunId, iteration: u32| Checkpoint {
         run_id,
+        agent: "hello".into(),
         spec: spec.clone(),
-        invocation: Invocation {
+        invocation: EncodedJson::encode(&Invocation {
             run_id: Some(run_id),
             prompt: "go".into(),
             ..Invocation::default()
-        },
+        })
+        .unwrap(),
         transcript: Arc::new(vec![Message::text(Role::User, format!("step {iteration}"))]),
         iteration,
         steps: Vec::new(),
         usage: Default::default(),
         critic: Vec::new(),
-        resumes: 1,
+        resumes: 0,
         started_at: 10,
         saved_at: 20 + u64::from(iteration),
     };
@@ -715,6 +693,9 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
     };
     {
         let store = SqliteStore::open(&path).await.unwrap();
+        // The first save of a run creates its row; later ones replace it.
+        let lost = store.save(&[at(a, 0), at(b, 0)], &lease).await.unwrap();
+        assert!(lost.is_empty(), "{lost:?}");
         store.save(&[at(a, 1), at(b, 1)], &lease).await.unwrap();
         store.save(&[at(a, 2)], &lease).await.unwrap();
         store.clear(&[b]).await.unwrap();
@@ -793,7 +774,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 6] = [
+const MIGRATIONS: [(i64, &str); 8] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -803,6 +784,8 @@ const MIGRATIONS: [(i64, &str); 6] = [
         include_str!("../migrations/0005_partial_status_index.sql"),
     ),
     (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
+    (7, include_str!("../migrations/0007_sessions.sql")),
+    (8, include_str!("../migrations/0008_host_leases.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`
@@ -848,6 +831,7 @@ async fn a_file_of_every_earlier_schema_version_opens_and_reads() {
                 insert_whole_segment(&conn, id, &run);
                 insert_whole_run(&conn, id, res);
             }
+            insert_old_checkpoint(&conn, id);
             conn.close().unwrap();
         }
         let store = SqliteStore::open(&path).await.unwrap();
@@ -869,12 +853,58 @@ async fn a_file_of_every_earlier_schema_version_opens_and_reads() {
         );
         let listed = store.list_runs(&RunFilter::default()).await.unwrap();
         assert_eq!(listed.len(), 1, "version {version}");
+        // A checkpoint as builds before schema version 8 wrote it loads,
+        // and its manifest and invocation decode.
+        {
+            use agentvisor::ports::checkpoint::Checkpointer;
+            let saved = store.load_all().await.unwrap();
+            assert_eq!(saved.len(), 1, "version {version}");
+            assert_eq!(saved[0].run_id, id);
+            assert_eq!(saved[0].spec.decode::<AgentSpec>().unwrap(), hello());
+            let inv: Invocation = saved[0].invocation.decode().unwrap();
+            assert_eq!(inv.prompt, "go");
+        }
         // And it takes new runs.
         let (new_id, new_run) = rekey(&records, |_| {});
         store.append(&new_run).await.unwrap();
         assert_eq!(store.run_records(new_id).await.unwrap(), new_run);
         store.close().await;
     }
+}
+
+/// A durable run's checkpoint as builds before schema version 8 wrote it:
+/// the manifest and the invocation as JSON objects inside `state`, no
+/// agent name beside them.
+fn insert_old_checkpoint(conn: &rusqlite::Connection, id: RunId) {
+    use agentvisor::ports::checkpoint::{Checkpoint, EncodedJson};
+    let now = Checkpoint {
+        run_id: id,
+        agent: "hello".into(),
+        spec: EncodedJson::encode(&hello()).unwrap(),
+        invocation: EncodedJson::encode(&Invocation {
+            run_id: Some(id),
+            prompt: "go".into(),
+            ..Invocation::default()
+        })
+        .unwrap(),
+        transcript: Arc::new(Vec::new()),
+        iteration: 1,
+        steps: Vec::new(),
+        usage: Default::default(),
+        critic: Vec::new(),
+        resumes: 0,
+        started_at: 1,
+        saved_at: 2,
+    };
+    // The manifest and the invocation were nested as the same objects.
+    let mut state = serde_json::to_value(&now).unwrap();
+    state.as_object_mut().unwrap().remove("agent");
+    conn.execute(
+        "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at) \
+         VALUES (?1, 'hello', 1, 0, ?2, 2)",
+        rusqlite::params![id.to_string(), state.to_string()],
+    )
+    .unwrap();
 }
 
 /// A new file with the schema of `version` (migrations 1 to `version`).

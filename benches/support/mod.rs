@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod process;
 pub(crate) mod workload;
 
 use std::str::FromStr;

@@ -145,9 +145,14 @@ impl Account {
         if limit == UNLIMITED {
             return Ok(0);
         }
-        let used = self.used(TOKENS);
-        let mut cur = self.reserved.load(Ordering::Relaxed);
+        // `reserved` is read before `used`, each time round: a call that
+        // settles adds its tokens to `charged` before it releases its
+        // reservation (see `Ticket::charge`), so a reservation seen released
+        // is always seen charged — the two together never under-count, even
+        // while other runs of the tree settle and reserve on other threads.
+        let mut cur = self.reserved.load(Ordering::Acquire);
         loop {
+            let used = self.used(TOKENS);
             if used.saturating_add(cur) >= limit {
                 return Err(Denied::Tokens);
             }
@@ -155,7 +160,7 @@ impl Account {
                 cur,
                 cur.saturating_add(estimate),
                 Ordering::AcqRel,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => return Ok(estimate),
                 Err(now) => cur = now,
@@ -277,6 +282,8 @@ impl Ticket {
         if cost_micros > 0 {
             a.charged[COST].fetch_add(cost_micros, Ordering::Relaxed);
         }
+        // Charged first, released after (with `Release` ordering): whoever
+        // sees the reservation gone sees the tokens spent (`reserve`).
         a.release(std::mem::take(&mut self.held));
         self.estimate = tokens;
         self.unmetered.tokens += tokens;

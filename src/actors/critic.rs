@@ -80,6 +80,10 @@
 //! `handle`; a policy that consults a model runs as a task. Its mailbox is
 //! unbounded: runs are admitted by the host (its run cap and the callers'
 //! accounts), which bounds what the shards hold.
+//!
+//! The shard stays one file, as every actor does (its messages, state and
+//! handlers together): its timers, reviews and decisions all act on the one
+//! timer set and run table it owns.
 
 use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
@@ -96,7 +100,8 @@ use crate::actors::run::{panic_text, spans, RunAddr, RunArgs, RunMsg, RunState, 
 use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
-use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunEvent, RunStatus};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
 
 /// The `error_kind` of a run killed while its streaming model call still
@@ -307,6 +312,9 @@ impl Actor for Critic {
                 for run in st.runs.values_mut() {
                     run.watch.shift(gap, now);
                 }
+                // The host's leases may have expired meanwhile: it checks
+                // them before it writes more of its durable runs.
+                let _ = self.audit.cast(AuditMsg::Paused { gap });
             }
             CriticMsg::Decided {
                 key,
@@ -357,11 +365,25 @@ impl Critic {
             Command::Steer(text) => {
                 self.with_run(myself, st, key, now, |_, run| run.steer(text));
             }
+            Command::Decide {
+                call_id,
+                approve,
+                reason,
+            } => {
+                self.with_run(myself, st, key, now, |_, run| {
+                    run.decide_approval(call_id.as_deref(), approve, reason)
+                });
+            }
             Command::ChildEnded(_) => {
                 self.with_run(myself, st, key, now, |_, run| run.child_ended());
             }
             Command::Beat => {
                 self.with_run(myself, st, key, now, |_, run| run.beat(Beat::Alive));
+            }
+            Command::Fence => {
+                self.with_run(myself, st, key, now, |critic, run| {
+                    critic.stop(run, Ending::fenced(), None);
+                });
             }
             Command::Extend(by) => {
                 self.with_run(myself, st, key, now, |critic, run| {
@@ -484,6 +506,13 @@ impl Critic {
             return;
         }
         if run.done {
+            return;
+        }
+        if let Some((_, until)) = run.watch.parked {
+            // Waiting for an operator: no deadline but the approval's.
+            if now >= until {
+                run.approval_timed_out();
+            }
             return;
         }
         let w = &mut run.watch;

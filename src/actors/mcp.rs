@@ -23,33 +23,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use rmcp::service::Peer;
-use rmcp::RoleClient;
 use tokio::sync::watch;
 
-use crate::mcp::client::{self, Connection, Link};
+use crate::mcp::client::{self, Avail, Connection, Link};
 use crate::mcp::process::ExitCode;
 use crate::mcp::spec::McpServerSpec;
-use crate::mcp::tool::{build_tools, ServerTools};
+use crate::mcp::tool::{build_tools, AskStart, ServerTools};
 use crate::mcp::{McpConfig, McpError};
-use crate::ports::run::RunEvent;
-
-/// Whether calls can reach the server now.
-#[derive(Clone)]
-pub enum Avail {
-    /// Starting or restarting: wait.
-    Starting,
-    /// Up: call through this peer (of connection generation `.1`).
-    Ready(Peer<RoleClient>, u64),
-    /// Down: fail with this error; at `retry_at` a call may ask for a
-    /// start again (`None`: never, the server was stopped).
-    Down {
-        /// What calls fail with.
-        error: McpError,
-        /// When a call may ask again.
-        retry_at: Option<Instant>,
-    },
-}
+use crate::ports::event::RunEvent;
 
 /// What the actor tells those who asked for the server.
 pub(crate) type EnsureReply = RpcReplyPort<Result<ServerTools, McpError>>;
@@ -91,6 +72,15 @@ pub enum McpMsg {
     },
     /// Stop the server (its stop sequence), then answer.
     Stop(RpcReplyPort<()>),
+}
+
+/// What a server's tools call to ask for a start (a cooled-down or failed
+/// server's): an `Ensure` that wants no answer.
+fn ask_start(myself: &ActorRef<McpMsg>) -> AskStart {
+    let me = myself.clone();
+    Arc::new(move || {
+        let _ = me.cast(McpMsg::Ensure(None));
+    })
 }
 
 /// The actor: a server's definition and where it publishes.
@@ -195,7 +185,7 @@ impl Actor for McpServer {
                     build_tools(
                         &self.spec,
                         &self.link,
-                        &myself,
+                        &ask_start(&myself),
                         &self.avail,
                         &self.config,
                         &tools,
@@ -344,7 +334,7 @@ impl McpServer {
             match build_tools(
                 &self.spec,
                 &self.link,
-                myself,
+                &ask_start(myself),
                 &self.avail,
                 &self.config,
                 &conn.tools,

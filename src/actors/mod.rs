@@ -16,5 +16,4 @@ pub mod host;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod run;
-pub mod run_observer;
 pub mod watch;

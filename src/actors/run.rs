@@ -28,7 +28,7 @@
 //! `crate::compaction`).
 //!
 //! A run on a model that streams hands each call an observer
-//! (`crate::actors::run_observer`): streamed chunks are heartbeats, the
+//! (`observer`): streamed chunks are heartbeats, the
 //! call's wait for its first token is bounded by `first_token_timeout`
 //! instead of the stall timeout, streamed text is kept as partial output,
 //! and a provider's fallbacks and estimates become `warning` events.
@@ -39,6 +39,12 @@
 //!
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
 //! partial output, steps and usage are kept on every ending.
+//!
+//! The loop stays in this file (its messages, its state and the step
+//! handlers that read and write that state); what stands apart has a file
+//! of its own under `run/`: a turn's tool calls (`tools`), the summary call
+//! (`summary`), how a run ends (`ending`) and what a model call reports
+//! while it runs (`observer`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -54,28 +60,32 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::audit::{send_finished, AuditMsg};
 use crate::actors::budget::{BudgetMsg, Ticket};
-use crate::actors::run_observer::RunObserver;
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
-use crate::ports::checkpoint::Checkpoint;
+use crate::ports::checkpoint::{Checkpoint, EncodedJson};
+use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
-    ToolCallRequest,
+    ToolCallRequest, ToolSpec,
 };
 use crate::ports::run::{
-    cap_text, unix_ms, KillReason, RunEvent, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
+    cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
-use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents, ToolSpec};
-use crate::record::{Command, Ending, RunShared};
-use crate::spec::{AgentSpec, Invocation, Limits};
+use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
+use crate::record::{Command, Ending, PendingApproval, RunShared};
+use crate::spec::Limits;
 
+mod approval;
 mod ending;
+mod observer;
 pub(crate) mod spans;
 mod summary;
 mod tools;
+
+use observer::RunObserver;
 
 pub use tools::ToolOutcome;
 
@@ -217,11 +227,13 @@ pub struct RunArgs {
     pub(crate) parent_span: spans::Traced,
 }
 
-/// What a durable run's checkpoints carry besides its progress.
+/// What a durable run's checkpoints carry besides its progress: its
+/// manifest and invocation encoded once (a save copies neither).
 pub(crate) struct DurableRun {
-    pub(crate) spec: Arc<AgentSpec>,
+    pub(crate) agent: Arc<str>,
+    pub(crate) spec: EncodedJson,
     /// The invocation, with its run id and resolved prompt.
-    pub(crate) invocation: Invocation,
+    pub(crate) invocation: EncodedJson,
     pub(crate) resumes: u32,
     pub(crate) started_at: u64,
 }
@@ -268,6 +280,8 @@ pub struct RunState {
     observer: Option<Arc<RunObserver>>,
     /// The critic's record of this run (C8: small).
     pub(crate) watch: Watched,
+    /// A turn waiting for an operator's approval (see `approval`).
+    parked: Option<Box<approval::ParkedTurn>>,
     span: tracing::Span,
 }
 
@@ -335,6 +349,7 @@ impl RunState {
             clock_ms: None,
             retry: None,
             observer: None,
+            parked: None,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -521,7 +536,7 @@ impl RunState {
             on_delta,
             // The deadline as this run knows it (the critic may extend it;
             // a retry layer then stops early rather than late).
-            deadline: Some(self.started + self.limits.hard_timeout),
+            deadline: Some(self.watch.hard_deadline),
             on_retry: self.retry_sink(),
             options: self.agent.call_options(),
             observer: self.call_observer(),
@@ -733,7 +748,7 @@ impl RunState {
     }
 
     /// The observer for the model call about to start (see
-    /// `run_observer`): made once, for a model that streams, whose calls
+    /// `observer`): made once, for a model that streams, whose calls
     /// then have a first-token phase. `None` for other models.
     fn call_observer(&mut self) -> Option<Arc<dyn CallObserver>> {
         if self.observer.is_none() {
@@ -764,6 +779,7 @@ impl RunState {
         };
         let checkpoint = Checkpoint {
             run_id: self.shared.run_id,
+            agent: d.agent.clone(),
             spec: d.spec.clone(),
             invocation: d.invocation.clone(),
             transcript: self.transcript.clone(),

@@ -66,6 +66,10 @@ pub struct Watched {
     /// is `first_token_timeout` until it comes (a queueing server is not a
     /// stalled one), and a kill then says `first_token_timeout`.
     pub(crate) awaiting_first: bool,
+    /// Parked on tool calls that wait for an operator's approval: since
+    /// when, and when they are denied if nobody decides. While parked the
+    /// run's only timer is that one: no stall, soft or hard deadline.
+    pub(crate) parked: Option<(Instant, Instant)>,
 }
 
 impl Watched {
@@ -90,6 +94,7 @@ impl Watched {
             repeat_due: false,
             pending: false,
             awaiting_first: false,
+            parked: None,
         }
     }
 
@@ -139,8 +144,34 @@ impl Watched {
     }
 
     pub(crate) fn next_due(&self, limits: &Limits) -> Instant {
+        if let Some((_, until)) = self.parked {
+            return until;
+        }
         let stall = self.last_beat + self.stall_bound(limits);
         self.hard_deadline.min(stall).min(self.next_soft)
+    }
+
+    /// The run waits for an operator until `until`: its clocks stop.
+    pub(crate) fn park(&mut self, now: Instant, until: Instant) {
+        self.parked = Some((now, until));
+    }
+
+    /// The run goes on: its hard deadline (within its 24 h cap and its
+    /// parent's deadline) and its next soft decision move by the time it
+    /// waited, and a fresh stall window opens. Returns how long it waited.
+    pub(crate) fn unpark(&mut self, started: Instant, now: Instant) -> Duration {
+        let Some((since, _)) = self.parked.take() else {
+            return Duration::ZERO;
+        };
+        let waited = now.saturating_duration_since(since);
+        let cap = started + ABSOLUTE_DEADLINE;
+        self.hard_deadline = (self.hard_deadline + waited).min(cap);
+        if let Some(p) = self.parent_deadline {
+            self.hard_deadline = self.hard_deadline.min(p);
+        }
+        self.next_soft = (self.next_soft + waited).min(cap);
+        self.last_beat = now;
+        waited
     }
 
     pub(crate) fn extend(&mut self, started: Instant, by: Duration) {

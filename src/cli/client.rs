@@ -10,7 +10,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Subcommand;
 use serde_json::Value;
 
 use agentvisor::ports::audit::AuditRecord;
@@ -18,46 +17,8 @@ use agentvisor::server::api::{RunList, RunView};
 use agentvisor::RunId;
 
 use super::replay::ReplayArgs;
-use super::runs::{RunsArgs, RunsCommand};
-
-/// Commands to a run on a server.
-#[derive(Subcommand, Debug)]
-pub(crate) enum ControlCommand {
-    /// Kill a run (status `killed`, reason `operator`).
-    Kill {
-        /// The run id.
-        run_id: String,
-    },
-    /// Cancel a run (status `cancelled`).
-    Cancel {
-        /// The run id.
-        run_id: String,
-    },
-    /// Inject a message before the run's next model call.
-    Steer {
-        /// The run id.
-        run_id: String,
-        /// The message.
-        text: String,
-    },
-    /// Push the run's hard deadline back (`30s`, `5m`, or seconds).
-    Extend {
-        /// The run id.
-        run_id: String,
-        /// By how long.
-        by: String,
-    },
-    /// Approve the run's pending tool call.
-    Approve {
-        /// The run id.
-        run_id: String,
-    },
-    /// Deny the run's pending tool call.
-    Deny {
-        /// The run id.
-        run_id: String,
-    },
-}
+use super::runs::{ControlCommand, RunsArgs, RunsCommand};
+use super::tree::{Node, Tree};
 
 /// A client of one server.
 struct Api {
@@ -165,26 +126,47 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
     let api = Api::new(url);
     match a.command {
         RunsCommand::List(l) => {
-            let mut path = format!("/v1/runs?limit={}", l.limit.clamp(1, 500));
-            if let Some(s) = l.status {
-                path.push_str(&format!("&status={s}"));
+            if let Some(root) = &l.root {
+                if let Err(code) = check_id(root) {
+                    return code;
+                }
             }
-            let list: RunList = match api.call(reqwest::Method::GET, &path, None).await {
-                Ok(v) => match serde_json::from_value(v) {
-                    Ok(l) => l,
-                    Err(e) => return super::refuse(format!("unexpected answer: {e}")),
-                },
-                Err(f) => return fail(f),
-            };
-            let runs: Vec<_> = list
-                .runs
-                .into_iter()
-                .filter(|r| {
+            // A page at a time (the server's pages hold at most 500),
+            // each from the cursor the previous one ended at, until
+            // `--limit` runs are listed or the server has no more.
+            let want = l.limit as usize;
+            let mut runs = Vec::new();
+            let mut cursor: Option<String> = None;
+            while runs.len() < want {
+                let mut path = format!("/v1/runs?limit={}", (want - runs.len()).clamp(1, 500));
+                if let Some(s) = l.status {
+                    path.push_str(&format!("&status={s}"));
+                }
+                if let Some(root) = &l.root {
+                    path.push_str(&format!("&root={root}"));
+                }
+                if let Some(c) = &cursor {
+                    path.push_str(&format!("&cursor={c}"));
+                }
+                let page: RunList = match api.call(reqwest::Method::GET, &path, None).await {
+                    Ok(v) => match serde_json::from_value(v) {
+                        Ok(l) => l,
+                        Err(e) => return super::refuse(format!("unexpected answer: {e}")),
+                    },
+                    Err(f) => return fail(f),
+                };
+                runs.extend(page.runs.into_iter().filter(|r| {
                     l.caller
                         .as_deref()
                         .is_none_or(|c| r.caller_id.as_deref() == Some(c))
-                })
-                .collect();
+                }));
+                match page.next_cursor {
+                    // Cursors are hex: safe in a query as they are.
+                    Some(c) if c.bytes().all(|b| b.is_ascii_alphanumeric()) => cursor = Some(c),
+                    _ => break,
+                }
+            }
+            runs.truncate(want);
             if l.json {
                 println!("{}", serde_json::to_string(&runs).unwrap_or_default());
                 return ExitCode::SUCCESS;
@@ -215,6 +197,22 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
                 );
             }
             ExitCode::SUCCESS
+        }
+        RunsCommand::Show(s) if s.tree => {
+            if let Err(code) = check_id(&s.run_id) {
+                return code;
+            }
+            match tree(&api, &s.run_id).await {
+                Ok(t) if t.is_empty() => {
+                    eprintln!("error: no run {} on {url}", s.run_id);
+                    ExitCode::from(1)
+                }
+                Ok(t) => {
+                    super::runs::print_tree(&t, s.json);
+                    ExitCode::SUCCESS
+                }
+                Err(f) => fail(f),
+            }
         }
         RunsCommand::Show(s) => {
             if let Err(code) = check_id(&s.run_id) {
@@ -278,12 +276,92 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
     }
 }
 
+/// The tree under run `id` on the server (`GET /v1/runs?root=`, a page at
+/// a time), each run's tokens from its live state or its result.
+async fn tree(api: &Api, id: &str) -> Result<Tree, Failure> {
+    let unexpected =
+        |e: serde_json::Error| Failure(ExitCode::from(2), format!("unexpected answer: {e}"));
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/runs?root={id}&limit=500");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let page: RunList =
+            serde_json::from_value(api.call(reqwest::Method::GET, &path, None).await?)
+                .map_err(unexpected)?;
+        items.extend(page.runs);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let now = agentvisor::ports::run::unix_ms();
+    let mut nodes = Vec::with_capacity(items.len());
+    for r in items {
+        let (tokens, cost_micros) = match &r.live {
+            Some(live) => (live.tokens, 0),
+            None => {
+                let view: RunView = serde_json::from_value(
+                    api.call(
+                        reqwest::Method::GET,
+                        &format!("/v1/runs/{}", r.run_id),
+                        None,
+                    )
+                    .await?,
+                )
+                .map_err(unexpected)?;
+                match view
+                    .result
+                    .and_then(|v| serde_json::from_value::<agentvisor::RunResult>(v).ok())
+                {
+                    Some(res) => (res.usage.total(), res.cost_micros),
+                    None => (0, 0),
+                }
+            }
+        };
+        let parse = |s: &str| s.parse::<RunId>().ok();
+        let Some(run_id) = parse(&r.run_id) else {
+            continue;
+        };
+        nodes.push(Node {
+            run_id,
+            parent_run_id: r.parent_run_id.as_deref().and_then(parse),
+            agent: r.agent,
+            status: r.status,
+            kill_reason: r.kill_reason,
+            error_kind: r.error_kind,
+            tokens,
+            cost_micros,
+            started_at: r.finished_at.unwrap_or(now).saturating_sub(r.duration_ms),
+            duration_ms: r.duration_ms,
+        });
+    }
+    let id = id
+        .parse::<RunId>()
+        .map_err(|_| Failure(ExitCode::from(2), format!("`{id}` is not a run id")))?;
+    Ok(Tree::new(id, nodes))
+}
+
 async fn control(api: &Api, c: ControlCommand) -> ExitCode {
     let (id, action, body) = match c {
         ControlCommand::Kill { run_id } => (run_id, "kill", None),
         ControlCommand::Cancel { run_id } => (run_id, "cancel", None),
-        ControlCommand::Approve { run_id } => (run_id, "approve", None),
-        ControlCommand::Deny { run_id } => (run_id, "deny", None),
+        ControlCommand::Approve { run_id, call } => (
+            run_id,
+            "approve",
+            Some(serde_json::json!({ "call_id": call })),
+        ),
+        ControlCommand::Deny {
+            run_id,
+            call,
+            reason,
+        } => (
+            run_id,
+            "deny",
+            Some(serde_json::json!({ "call_id": call, "note": reason })),
+        ),
         ControlCommand::Steer { run_id, text } => {
             (run_id, "steer", Some(serde_json::json!({ "text": text })))
         }
@@ -313,8 +391,17 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
         )
         .await
     {
-        Ok(_) => {
+        Ok(v) => {
             println!("{action}: sent to run {id}");
+            // An approval decision names the calls it covers.
+            for c in v["calls"].as_array().into_iter().flatten() {
+                println!(
+                    "  {} {}({})",
+                    c["call_id"].as_str().unwrap_or("?"),
+                    c["tool"].as_str().unwrap_or("?"),
+                    c["arguments"].as_str().unwrap_or("")
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(f) => fail(f),

@@ -38,6 +38,7 @@ mod sessions;
 mod signals;
 mod soak;
 mod swarm;
+mod tree;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -75,6 +76,12 @@ pub(crate) struct Cli {
     /// quick_check`): a damaged file is refused with exit code 2.
     #[arg(long, global = true)]
     check: bool,
+    /// How long this process's leases in the database hold without
+    /// renewal (default 30s; renewed every third of it): a process that
+    /// dies or stops leaves its runs to `recover` elsewhere after this
+    /// long. From 100ms to 24h.
+    #[arg(long, global = true, value_name = "DURATION", value_parser = lease_ttl_flag)]
+    lease_ttl: Option<Duration>,
     #[command(subcommand)]
     command: Command,
 }
@@ -139,6 +146,16 @@ enum Command {
 struct StoreOptions {
     spool: Option<PathBuf>,
     check: bool,
+    lease_ttl: Option<Duration>,
+}
+
+/// `--lease-ttl`: a duration from 100 ms to 24 h.
+fn lease_ttl_flag(s: &str) -> Result<Duration, String> {
+    let d = agentvisor::spec::parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > agentvisor::spec::MAX_DURATION {
+        return Err("use a duration from 100ms to 24h".into());
+    }
+    Ok(d)
 }
 
 static STORE_OPTIONS: std::sync::OnceLock<StoreOptions> = std::sync::OnceLock::new();
@@ -152,6 +169,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
     let _ = STORE_OPTIONS.set(StoreOptions {
         spool: cli.spool.clone(),
         check: cli.check,
+        lease_ttl: cli.lease_ttl,
     });
     let db = Db::from_flag(cli.db);
     match cli.command {
@@ -447,13 +465,28 @@ pub(crate) async fn check_db(store: &SqliteStore) -> Result<(), ExitCode> {
 /// After a host's shutdown: says on stderr how many audit records could not
 /// be written (neither the database nor the spool took them) and where the
 /// spool is, and how many wait in the spool. Returns whether records were
-/// lost (the command then exits non-zero).
+/// lost (the command then exits non-zero): records neither took, or — the
+/// database file having been deleted or replaced while the command ran —
+/// records that did not reach it.
 pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::AuditStats) -> bool {
     let spool = host
         .config()
         .audit_spool
         .as_ref()
         .map_or_else(|| "none".to_string(), |p| p.display().to_string());
+    if stats.store_lost && stats.spooled + stats.unwritten > 0 {
+        eprintln!(
+            "error: the database file was deleted or replaced while this command ran: {} audit record(s) could not be written to it ({} in the spool {spool}{})",
+            stats.spooled + stats.unwritten,
+            stats.spooled,
+            if stats.unwritten > 0 {
+                format!(", {} in neither", stats.unwritten)
+            } else {
+                String::new()
+            }
+        );
+        return true;
+    }
     if stats.spooled > 0 {
         eprintln!(
             "warning: {} audit record(s) are in the spool {spool}, not yet in the database; the next command on this database replays them",
@@ -493,10 +526,12 @@ pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
         spool.push(".spool");
         PathBuf::from(spool)
     });
+    let defaults = HostConfig::default();
     HostConfig {
         audit_batch: 4096,
         audit_max_age: Duration::from_millis(5),
         audit_spool: Some(spool),
-        ..HostConfig::default()
+        lease_ttl: store_options().lease_ttl.unwrap_or(defaults.lease_ttl),
+        ..defaults
     }
 }

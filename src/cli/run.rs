@@ -4,6 +4,12 @@
 //! run `--drain` (default 10 s) to finish, then cancel it, print its result
 //! and exit 143 / 129 (a second signal cancels at once); see `signals`.
 //!
+//! A manifest with `phases:` runs as a pipeline (`agentvisor::pipeline`):
+//! its phases in order, each a run of its own recorded under the
+//! pipeline's id (`agentvisor runs show ID --tree` prints them); `--events`
+//! prints every phase's events, `--json` the pipeline's result; a signal
+//! stops the phase in flight as it would a run, and the rest do not run.
+//!
 //! `--attach PATH` (repeatable) sends a file with the prompt: a PNG, JPEG,
 //! GIF or WebP image as an image, a UTF-8 file as text; at most 5 MiB each
 //! (`ports::model::MAX_ATTACHMENT_BYTES`). A file that cannot be read, is
@@ -15,7 +21,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use agentvisor::spec::Attachment;
-use agentvisor::{Invocation, RunResult, RunStatus};
+use agentvisor::{Host, Invocation, PipelineResult, RunResult, RunStatus};
 
 use super::signals::{Caught, Signals};
 
@@ -98,12 +104,15 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
         Err(code) => return code,
     };
     let inv = Invocation {
-        prompt: a.input.unwrap_or_default(),
+        prompt: a.input.take().unwrap_or_default(),
         inputs,
-        caller_id: Some(a.caller),
+        caller_id: Some(a.caller.clone()),
         attachments,
         ..Default::default()
     };
+    if !agent.spec().phases.is_empty() {
+        return pipeline(host, agent.spec().clone(), inv, &a, &mut signals).await;
+    }
     let mut caught: Option<Caught> = None;
     let result = match host.submit_streaming(&agent, inv).await {
         Ok((mut handle, mut events)) => {
@@ -158,6 +167,121 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// `run` of a pipeline manifest (see the module doc).
+async fn pipeline(
+    host: Host,
+    spec: agentvisor::AgentSpec,
+    inv: Invocation,
+    a: &RunArgs,
+    signals: &mut Signals,
+) -> ExitCode {
+    let mut run = host.start_pipeline(spec, inv);
+    let mut caught: Option<Caught> = None;
+    let mut cancelled = false;
+    let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            ev = run.next_event() => match ev {
+                Some(ev) => {
+                    if a.events {
+                        outln!("{}", serde_json::to_string(&ev).unwrap_or_default());
+                    }
+                }
+                None => break,
+            },
+            s = signals.next() => {
+                if s == Caught::Int || caught.is_some() {
+                    cancelled = true;
+                    run.cancel();
+                } else {
+                    caught = Some(s);
+                    errln!("{}: the phase in flight may finish within {}; then the pipeline is cancelled", s.name(), agentvisor::spec::format_duration(drain));
+                    drain_until = Some(tokio::time::Instant::now() + drain);
+                }
+            }
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() && !cancelled => {
+                cancelled = true;
+                run.cancel();
+            }
+        }
+    }
+    let result = run.result().await;
+    let code = match &result {
+        Ok(r) => {
+            if a.json {
+                outln!("{}", serde_json::to_string(r).unwrap_or_default());
+            } else {
+                print_pipeline(r);
+            }
+            if r.status == RunStatus::Ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => super::refuse(e),
+    };
+    let stats = host.shutdown().await;
+    if super::report_unwritten(&host, &stats) {
+        return ExitCode::from(1);
+    }
+    match caught {
+        Some(s) => ExitCode::from(s.exit_code()),
+        None => code,
+    }
+}
+
+fn print_pipeline(r: &PipelineResult) {
+    let reason = r.kill_reason.map(|k| format!(" ({k})")).unwrap_or_default();
+    outln!(
+        "pipeline {} ({}): {}{reason}",
+        r.pipeline_id,
+        r.agent,
+        r.status
+    );
+    if let (Some(phase), Some(kind)) = (&r.failed_phase, &r.error_kind) {
+        outln!(
+            "error: phase {phase}: {kind}: {}",
+            r.error.as_deref().unwrap_or("")
+        );
+    }
+    for p in &r.phases {
+        let optional = if p.optional { " [optional]" } else { "" };
+        match (p.status, p.run_id) {
+            (Some(status), Some(id)) => {
+                let why = p
+                    .kill_reason
+                    .map(|k| k.to_string())
+                    .or_else(|| p.error_kind.clone())
+                    .filter(|_| status != RunStatus::Ok)
+                    .map(|w| format!(" ({w})"))
+                    .unwrap_or_default();
+                let resumed = if p.resumed {
+                    ", from an earlier run"
+                } else {
+                    ""
+                };
+                outln!(
+                    "  phase {}{optional}: {status}{why}, run {id}, {} tokens{resumed}",
+                    p.name,
+                    p.usage.total()
+                );
+            }
+            _ => outln!("  phase {}{optional}: not run", p.name),
+        }
+    }
+    outln!(
+        "usage: {} input / {} output tokens, {} ms",
+        r.usage.input_tokens,
+        r.usage.output_tokens,
+        r.finished_at.saturating_sub(r.started_at)
+    );
+    if let Some(out) = &r.output {
+        outln!("output: {out}");
     }
 }
 

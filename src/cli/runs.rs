@@ -1,12 +1,22 @@
 //! `agentvisor runs list|show`: the run history in the database.
 //!
-//! - `runs list [--status S] [--caller C] [--limit N] [--json]`: finished
-//!   runs, the most recently finished first; `--json` prints one array of
-//!   summaries (`run_id`, `agent`, `caller_id`, `status`, `kill_reason`,
-//!   `error_kind`, `started_at`, `finished_at`, …).
+//! - `runs list [--status S] [--caller C] [--root ID] [--limit N] [--json]`:
+//!   finished runs, the most recently finished first; `--root ID` only the
+//!   runs of one tree (the run `ID`, its sub-agent runs at any depth; the
+//!   phases of pipeline `ID` and theirs); `--json` prints one array of
+//!   summaries (`run_id`, `agent`, `caller_id`, `parent_run_id`,
+//!   `root_run_id`, `status`, `kill_reason`, `error_kind`, `started_at`,
+//!   `finished_at`).
 //! - `runs show RUN_ID [--json]`: the run's result, then every audit record
 //!   in order (start, steps, tool calls, critic decisions, the terminal
 //!   roll-up); `--json` prints `{"result": …, "records": […]}`.
+//! - `runs show ID --tree [--json]`: the run and its sub-agent runs under
+//!   it (or a pipeline's phases under its id), one line each: id, agent,
+//!   status with its kill reason or error kind, tokens, wall time (see
+//!   `tree`); `--json` prints `{"root_run_id": …, "runs": [{…,
+//!   "children": […]}]}`. Finished runs only (the database has no other).
+//! - `runs kill|steer|extend|cancel|approve|deny RUN_ID`: commands to a
+//!   run in flight; they need `--server` (sent by `super::client`).
 //!
 //! Exit codes: 0 on success; 1 when `show` finds no such run; 2 when the
 //! database is missing or cannot be opened, `--db :memory:` (which keeps no
@@ -23,6 +33,7 @@ use agentvisor::ports::audit::{
 use agentvisor::stores::SqliteStore;
 use agentvisor::{RunId, RunResult, RunStatus};
 
+use super::tree::{Node, Tree};
 use super::Db;
 
 /// Flags of `agentvisor runs`.
@@ -41,7 +52,57 @@ pub(super) enum RunsCommand {
     /// Commands to a run in flight on a server (`--server`): kill, steer,
     /// extend, cancel, approve, deny.
     #[command(flatten)]
-    Control(super::client::ControlCommand),
+    Control(ControlCommand),
+}
+
+/// Commands to a run on a server.
+#[derive(Subcommand, Debug)]
+pub(crate) enum ControlCommand {
+    /// Kill a run (status `killed`, reason `operator`).
+    Kill {
+        /// The run id.
+        run_id: String,
+    },
+    /// Cancel a run (status `cancelled`).
+    Cancel {
+        /// The run id.
+        run_id: String,
+    },
+    /// Inject a message before the run's next model call.
+    Steer {
+        /// The run id.
+        run_id: String,
+        /// The message.
+        text: String,
+    },
+    /// Push the run's hard deadline back (`30s`, `5m`, or seconds).
+    Extend {
+        /// The run id.
+        run_id: String,
+        /// By how long.
+        by: String,
+    },
+    /// Approve the tool calls a run waits to have approved (they run).
+    Approve {
+        /// The run id.
+        run_id: String,
+        /// Only this call (its id, as `runs show` or the run's
+        /// `approval.requested` event gives it); default: every waiting call.
+        #[arg(long, value_name = "CALL_ID")]
+        call: Option<String>,
+    },
+    /// Deny the tool calls a run waits to have approved (the model reads
+    /// the reason as their result).
+    Deny {
+        /// The run id.
+        run_id: String,
+        /// Only this call; default: every waiting call.
+        #[arg(long, value_name = "CALL_ID")]
+        call: Option<String>,
+        /// Why (the model reads it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -52,6 +113,10 @@ pub(super) struct ListArgs {
     /// Only runs of this caller.
     #[arg(long, value_name = "C")]
     pub(super) caller: Option<String>,
+    /// Only the runs of this tree: the run, its sub-agent runs at any
+    /// depth (or a pipeline's phases and theirs).
+    #[arg(long, value_name = "ID")]
+    pub(super) root: Option<String>,
     /// At most this many runs.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub(super) limit: u32,
@@ -64,9 +129,13 @@ pub(super) struct ListArgs {
 pub(super) struct ShowArgs {
     /// The run id (32 hex digits, as `runs list` prints it).
     pub(super) run_id: String,
-    /// Print `{"result": …, "records": […]}`.
+    /// Print `{"result": …, "records": […]}` (with `--tree`, the tree).
     #[arg(long)]
     pub(super) json: bool,
+    /// Print the run's tree instead: the run and its sub-agent runs, each
+    /// with its status, reason, tokens and time.
+    #[arg(long)]
+    pub(super) tree: bool,
 }
 
 #[derive(Serialize)]
@@ -105,11 +174,27 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
     code
 }
 
+/// A run id as the user gave it (32 hex digits), or the refusal.
+pub(super) fn parse_run_id(text: &str) -> Result<RunId, ExitCode> {
+    match text.parse() {
+        Ok(id) if text.len() == 32 => Ok(id),
+        _ => Err(super::refuse(format!(
+            "`{text}` is not a run id (32 hex digits, as `agentvisor runs list` prints them)"
+        ))),
+    }
+}
+
 async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
+    let root = match a.root.as_deref().map(parse_run_id).transpose() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
     let filter = RunFilter {
         status: a.status,
         caller: a.caller,
         limit: Some(a.limit),
+        root,
+        after: None,
     };
     let runs = match store.list_runs(&filter).await {
         Ok(r) => r,
@@ -147,18 +232,26 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
 }
 
 async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
-    let run_id: RunId = match a.run_id.parse() {
-        Ok(id) if a.run_id.len() == 32 => id,
-        _ => {
-            return super::refuse(format!(
-                "`{}` is not a run id (32 hex digits, as `agentvisor runs list` prints them)",
-                a.run_id
-            ))
-        }
+    let run_id = match parse_run_id(&a.run_id) {
+        Ok(id) => id,
+        Err(code) => return code,
     };
     let fail = |e: agentvisor::ports::audit::AuditStoreError| {
         super::refuse(format!("{}: {e}", store.path().display()))
     };
+    if a.tree {
+        return match tree_of(store, run_id).await {
+            Ok(tree) if tree.is_empty() => {
+                errln!("error: no run {run_id} in {}", store.path().display());
+                ExitCode::from(1)
+            }
+            Ok(tree) => {
+                print_tree(&tree, a.json);
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        };
+    }
     let result = match store.run_result(run_id).await {
         Ok(r) => r,
         Err(e) => return fail(e),
@@ -199,6 +292,56 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// The tree `run_id` is the top of (or, for a pipeline's id, its phases'),
+/// from the run index: the tree's runs, then each one's result for its
+/// tokens.
+async fn tree_of(
+    store: &SqliteStore,
+    run_id: RunId,
+) -> Result<Tree, agentvisor::ports::audit::AuditStoreError> {
+    // The whole tree it is in, then its own part of it.
+    let root = store
+        .run_result(run_id)
+        .await?
+        .and_then(|r| r.root_run_id)
+        .unwrap_or(run_id);
+    let filter = RunFilter {
+        root: Some(root),
+        ..RunFilter::default()
+    };
+    let mut nodes = Vec::new();
+    for s in store.list_runs(&filter).await? {
+        let (tokens, cost_micros) = match store.run_result(s.run_id).await? {
+            Some(r) => (r.usage.total(), r.cost_micros),
+            None => (0, 0),
+        };
+        nodes.push(Node {
+            run_id: s.run_id,
+            parent_run_id: s.parent_run_id,
+            agent: s.agent.clone(),
+            status: s.status.to_string(),
+            kill_reason: s.kill_reason.map(|k| k.to_string()),
+            error_kind: s.error_kind.clone(),
+            tokens,
+            cost_micros,
+            started_at: s.started_at,
+            duration_ms: s.duration_ms(),
+        });
+    }
+    Ok(Tree::new(run_id, nodes))
+}
+
+/// Prints a tree (see `tree`).
+pub(super) fn print_tree(tree: &Tree, json: bool) {
+    if json {
+        outln!("{}", tree.json());
+        return;
+    }
+    for line in tree.lines() {
+        outln!("{line}");
+    }
 }
 
 fn status_text(r: &RunSummary) -> String {

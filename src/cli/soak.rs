@@ -182,6 +182,10 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
     } else {
         print_report(&report);
     }
+    // Records the database and the spool did not take: lost, and said so.
+    if super::report_unwritten(&host, &report.summary.audit) {
+        code = ExitCode::from(1);
+    }
     code
 }
 

@@ -176,6 +176,12 @@ impl Host {
             inv.caller_id = p.caller_id.as_deref().map(str::to_string);
         }
         let caller = self.caller_arc(inv.caller_id.as_deref());
+        // The tree it is recorded in: its parent's (the parent's top run,
+        // or the pipeline the parent is a phase of), else the invocation's.
+        inv.root_run_id = parent
+            .as_ref()
+            .map(|p| p.tree_root.unwrap_or(p.root_run_id))
+            .or(inv.root_run_id);
         // Runs go round the shards; a run's key is unique on its host.
         let key = h.next_key.fetch_add(1, Ordering::Relaxed);
         let shard = h.shards.route(key);
@@ -186,6 +192,7 @@ impl Host {
                 caller_id: Some(caller.clone()),
                 parent_run_id: inv.parent_run_id,
                 root_run_id: parent.as_ref().map(|p| p.root_run_id),
+                tree_root: inv.root_run_id,
                 depth: parent.as_ref().map_or(0, |p| p.depth + 1),
                 max_iterations: limits.max_iterations,
             },
@@ -312,14 +319,36 @@ impl Host {
         };
         let mut first_checkpoint = None;
         let durable = if durable {
+            // The manifest (once per agent) and the invocation (once per
+            // run) are encoded here; a resumed run keeps its checkpoint's.
+            let encoded = match &resumed {
+                Some(c) => Ok((c.spec.clone(), c.invocation.clone())),
+                None => agent.encoded_spec().and_then(|spec| {
+                    let inv = Invocation {
+                        run_id: Some(run_id),
+                        caller_id: Some(caller.to_string()),
+                        prompt: prompt.to_string(),
+                        ..inv.clone()
+                    };
+                    Ok((spec, EncodedJson::encode(&inv)?))
+                }),
+            };
+            let (spec, invocation) = match encoded {
+                Ok(e) => e,
+                Err(e) => {
+                    let ending = Ending::failed(
+                        RunStatus::Rejected,
+                        "checkpoint_unavailable",
+                        format!("the run's manifest or invocation does not encode: {e}"),
+                    );
+                    send_finished(&h.audit, shared.finish_after(ending, Vec::new()));
+                    return Err((handle, events));
+                }
+            };
             let d = Arc::new(DurableRun {
-                spec: agent.spec_arc(),
-                invocation: Invocation {
-                    run_id: Some(run_id),
-                    caller_id: Some(caller.to_string()),
-                    prompt: prompt.to_string(),
-                    ..inv.clone()
-                },
+                agent: agent.name_arc(),
+                spec,
+                invocation,
                 resumes: resumed.as_ref().map_or(0, |c| c.resumes),
                 started_at: resumed.as_ref().map_or_else(unix_ms, |c| c.started_at),
             });
@@ -327,6 +356,7 @@ impl Host {
                 Some(c) => Checkpoint::clone(c),
                 None => Checkpoint {
                     run_id,
+                    agent: d.agent.clone(),
                     spec: d.spec.clone(),
                     invocation: d.invocation.clone(),
                     transcript: transcript.clone(),
@@ -353,6 +383,7 @@ impl Host {
             prompt: cap_text(&prompt, 2048),
             tools: agent.tool_names(),
             limits: Some(limits.to_spec()),
+            host: Some(h.host_id.clone()),
         });
         Ok(Opening {
             args: Box::new(RunArgs {

@@ -165,11 +165,22 @@ impl HostBuilder {
         // Durability: the audit actor reports whether records can be
         // written; admission reads it (see `open`).
         let audit_health = Arc::new(AuditHealth::default());
-        // Exactly-once recovery: this host's lease on its durable runs.
+        // Exactly-once recovery: this host's lease on its durable runs, and
+        // its host lease, taken now (one write per host, none per run):
+        // from here on a `recover` elsewhere leaves this host's runs alone.
         let lease = Lease {
             owner: lease_owner(),
             ttl: c.lease_ttl,
         };
+        let lease_watch = Arc::new(LeaseWatch::default());
+        let taken = unix_ms();
+        match tokio::time::timeout(c.admission_timeout, checkpointer.renew(&lease)).await {
+            Ok(Ok(_)) => lease_watch.renewed(taken, lease.ttl),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot take this host's lease yet; retrying")
+            }
+            Err(_) => tracing::warn!("taking this host's lease timed out; retrying"),
+        }
         let audit_actor = Audit {
             store: audit_store.clone(),
             max_batch: c.audit_batch,
@@ -178,6 +189,8 @@ impl HostBuilder {
             checkpointer: checkpointer.clone(),
             health: audit_health.clone(),
             lease: lease.clone(),
+            lease_watch,
+            live: live.clone(),
         };
         let (audit, _) = Actor::spawn_linked(None, audit_actor, (), root.get_cell())
             .await
@@ -213,6 +226,7 @@ impl HostBuilder {
                 budget,
                 audit_store,
                 audit_health,
+                host_id: Arc::from(lease.owner.as_str()),
                 lease,
                 checkpointer,
                 booted: AtomicBool::new(false),
@@ -221,7 +235,7 @@ impl HostBuilder {
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
                 default_caller,
-                sessions: crate::session::SessionTable::new(
+                sessions: crate::session::table::SessionTable::new(
                     self.sessions
                         .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
                 ),

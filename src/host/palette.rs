@@ -16,13 +16,21 @@
 //!   `killed`/`parent` first (see `RunState::finish`); a call dropped on
 //!   its tool timeout kills its child the same way.
 //! - A child's tools are its manifest's intersected with its parent's,
-//!   plus its own palette; depth, children at once and descendants per
+//!   plus its own palette; so are its MCP servers ([`within_parent`]): a
+//!   server its parent does not have is not started for it and its tools
+//!   are not offered; one its parent has (the same server: name, command
+//!   or URL, environment, headers, scope) is the parent's, already
+//!   started — a `scope: host` server is the very process the parent
+//!   calls, a `scope: run` server is started for the child's run as for
+//!   any run — and of its tools the child sees those both manifests'
+//!   `allow` lets through. Depth, children at once and descendants per
 //!   root are capped by the host (`HostConfig`), and a call past a cap is
 //!   an error result.
 //! - The child spends its parent's caller's budget (the same account,
 //!   reserve-and-settle), so a tree cannot spend more than its root.
 //! - The child's events reach the parent's subscribers too (tagged with
-//!   the child's `run_id`), live.
+//!   the child's `run_id` and `parent_run_id`), live and in the order the
+//!   child made them.
 
 use std::sync::Weak;
 
@@ -32,12 +40,51 @@ use serde_json::{json, Value};
 use super::{Host, HostInner};
 use crate::agent::Agent;
 use crate::handle::RunRef;
+use crate::mcp::ServedTool;
+use crate::ports::model::ToolSpec;
 use crate::ports::run::{KillReason, RunStatus};
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
-use crate::spec::{Invocation, SubAgent};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
+use crate::spec::{AgentSpec, Invocation, SubAgent};
 
 /// The prefix of a palette tool's name.
 pub const AGENT_TOOL_PREFIX: &str = "agent__";
+
+/// A sub-agent's manifest as its parent lets it run, and the MCP tools it
+/// gets: its `tools` are those its parent has too; its MCP servers are
+/// those its parent has too (the same server, `allow` aside), and its MCP
+/// tools are the parent's tools of those servers that its own `allow`
+/// lets through (`parent_mcp`: the parent's, already started).
+pub(super) fn within_parent(
+    parent: &AgentSpec,
+    child: &AgentSpec,
+    parent_mcp: &[ServedTool],
+) -> (AgentSpec, Vec<ServedTool>) {
+    let mut spec = child.clone();
+    spec.tools.retain(|t| parent.tools.contains(t));
+    let parents_servers = parent.mcp.as_ref().map_or(&[][..], |m| &m.servers[..]);
+    let mut tools = Vec::new();
+    if let Some(mcp) = spec.mcp.as_mut() {
+        mcp.servers.retain(|own| {
+            let shared = parents_servers.iter().any(|p| p.same_server(own));
+            if !shared {
+                tracing::debug!(server = %own.name, agent = %child.name, "a sub-agent's mcp server that its parent does not have is left out");
+            }
+            shared
+        });
+        for own in &mcp.servers {
+            tools.extend(
+                parent_mcp
+                    .iter()
+                    .filter(|t| *t.server == *own.name && own.allows(&t.remote))
+                    .cloned(),
+            );
+        }
+        if mcp.servers.is_empty() {
+            spec.mcp = None;
+        }
+    }
+    (spec, tools)
+}
 
 /// One sub-agent as a tool.
 pub(super) struct PaletteTool {
@@ -116,33 +163,21 @@ impl Tool for PaletteTool {
                 .unwrap_or_default()
                 .to_string();
         }
-        let parent = host.inner.live.get(&ctx.run_id);
         let (handle, mut events) = host
             .submit_streaming(&self.child, inv)
             .await
             .map_err(|e| ToolError::Failed(format!("the sub-agent could not start: {e}")))?;
         let mut guard = KillOnDrop(Some(handle.run_ref()));
         let child = handle.run_ref();
-        // Until the child's stream ends (it ends with the child): each event
-        // is a sign of life of this call, and news for the parent's
-        // subscribers.
+        // Until the child's stream ends (it ends with the child): each of
+        // its events (and its own sub-agents') is a sign of life of this
+        // call. The parent's subscribers get them from the child itself
+        // (`RunShared::publish`), in order.
         let mut cancelled = false;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
-                    Some(ev) => {
-                        ctx.beat();
-                        // The child's terminal events reach the parent from
-                        // the child's own end (before the parent can end).
-                        let terminal = matches!(
-                            ev.event,
-                            crate::ports::run::RunEvent::RunEnd { .. }
-                                | crate::ports::run::RunEvent::Error { .. }
-                        );
-                        if let (Some(p), false) = (&parent, terminal) {
-                            p.forward(&ev);
-                        }
-                    }
+                    Some(_) => ctx.beat(),
                     None => break,
                 },
                 _ = ctx.cancelled(), if !cancelled => {

@@ -1,6 +1,8 @@
 //! Recovery at boot ([`Host::recover`]): durable runs an earlier process
 //! left unfinished are claimed under a lease and resumed from their
-//! checkpoints; the rest end with one terminal record each.
+//! checkpoints (whose manifest and invocation are decoded here: the port
+//! keeps them as JSON); the unfinished runs of hosts that are gone end
+//! with one terminal record each; the runs of live hosts are left to them.
 
 #[allow(unused_imports)]
 use super::*;
@@ -21,9 +23,11 @@ pub struct Recovery {
     pub crash_loops: Vec<RunId>,
     /// Runs ended `error`/`unrecoverable` (their manifest no longer prepares).
     pub unrecoverable: Vec<RunId>,
-    /// Runs that were not durable, ended `error`/`interrupted`.
+    /// Runs that were not durable, ended `error`/`interrupted` (their
+    /// host is gone).
     pub interrupted: Vec<RunId>,
-    /// Durable runs another live host holds (its lease is live): left to it.
+    /// Runs another live host runs, left to it: durable runs whose lease it
+    /// holds, and unfinished runs of a host whose host lease is live.
     pub leased: Vec<RunId>,
 }
 
@@ -65,7 +69,11 @@ impl Host {
     /// - a run whose manifest no longer prepares on this host (an unknown
     ///   model or tool) ends `error`/`unrecoverable`;
     /// - a run on record with neither a terminal record nor a checkpoint (it
-    ///   was not durable) ends `error`/`interrupted`.
+    ///   was not durable) ends `error`/`interrupted` — once its host is
+    ///   taken over ([`Checkpointer::take_over_host`]): a run whose host's
+    ///   lease is live (a host still running it) is left to that host and
+    ///   listed in [`Recovery::leased`], and so is a durable run another
+    ///   live host holds.
     ///
     /// Each of these gets exactly one terminal record. Call it once, at
     /// boot, before any run is submitted (afterwards it refuses with
@@ -127,27 +135,40 @@ impl Host {
                 .last()
                 .map_or(0, |r| r.seq + 1)
                 .max(spooled.next_seq.get(&c.run_id).copied().unwrap_or(0));
+            // The manifest and invocation, as the run was accepted with them.
+            let decoded = c.spec.decode::<AgentSpec>().and_then(|spec| {
+                let inv = c.invocation.decode::<Invocation>()?;
+                Ok((spec, inv))
+            });
+            let (spec, inv) = match decoded {
+                Ok(d) => d,
+                Err(e) => {
+                    let error = format!("its saved manifest or invocation does not decode: {e}");
+                    self.end_unresumed(&c, None, next_seq, "unrecoverable", error);
+                    out.unrecoverable.push(c.run_id);
+                    continue;
+                }
+            };
             if c.resumes >= MAX_RESUMES {
                 let error = format!(
                     "resumed {} times and interrupted again; not resumed",
                     c.resumes
                 );
-                self.end_unresumed(&c, next_seq, "crash_loop", error);
+                self.end_unresumed(&c, Some((&spec, &inv)), next_seq, "crash_loop", error);
                 out.crash_loops.push(c.run_id);
                 continue;
             }
-            let agent = match self.prepare(c.spec.clone()).await {
+            let agent = match self.prepare(spec.clone()).await {
                 Ok(a) => a,
                 Err(e) => {
                     let error = format!("its manifest does not prepare on this host: {e}");
-                    self.end_unresumed(&c, next_seq, "unrecoverable", error);
+                    self.end_unresumed(&c, Some((&spec, &inv)), next_seq, "unrecoverable", error);
                     out.unrecoverable.push(c.run_id);
                     continue;
                 }
             };
             c.resumes += 1;
             c.saved_at = unix_ms();
-            let inv = c.invocation.clone();
             let (handle, _) = self
                 .start(agent, inv, false, Some((Box::new(c), next_seq)))
                 .await_started()
@@ -157,6 +178,9 @@ impl Host {
         if !cleared.is_empty() {
             h.checkpointer.clear(&cleared).await?;
         }
+        // Whether each host of an unfinished run is gone (taken over now)
+        // or live, asked once per host.
+        let mut hosts: std::collections::HashMap<Arc<str>, bool> = Default::default();
         for run_id in h.audit_store.unfinished_runs().await? {
             if checkpointed.contains(&run_id) {
                 continue;
@@ -171,12 +195,30 @@ impl Host {
             let AuditEntry::RunStarted(info) = &first.entry else {
                 continue;
             };
+            // A run of a live host is its host's to finish. (A run
+            // recorded without a host is taken for one whose host is gone.)
+            if let Some(host) = &info.host {
+                let gone = match hosts.get(host) {
+                    Some(gone) => *gone,
+                    None => {
+                        let known_gone = owner_is_gone(host);
+                        let claim = h.checkpointer.take_over_host(host, known_gone).await?;
+                        let gone = claim == HostClaim::TakenOver;
+                        hosts.insert(host.clone(), gone);
+                        gone
+                    }
+                };
+                if !gone {
+                    out.leased.push(run_id);
+                    continue;
+                }
+            }
             let iterations = records
                 .iter()
                 .filter(|r| {
                     matches!(
                         r.entry,
-                        AuditEntry::Event(crate::ports::run::RunEvent::StepStart { .. })
+                        AuditEntry::Event(crate::ports::event::RunEvent::StepStart { .. })
                     )
                 })
                 .count() as u32;
@@ -186,6 +228,7 @@ impl Host {
                 agent: info.agent.to_string(),
                 caller_id: info.caller_id.as_deref().map(str::to_string),
                 parent_run_id: info.parent_run_id,
+                root_run_id: None,
                 status: RunStatus::Error,
                 kill_reason: None,
                 error_kind: Some("interrupted".into()),
@@ -237,14 +280,28 @@ impl Host {
     }
 
     /// Ends a checkpointed run without running it: its terminal record
-    /// (built from the checkpoint) is written and its checkpoint cleared.
-    fn end_unresumed(&self, c: &Checkpoint, seq: u32, kind: &str, error: String) {
+    /// (built from the checkpoint and, when they decode, its manifest and
+    /// invocation) is written and its checkpoint cleared.
+    fn end_unresumed(
+        &self,
+        c: &Checkpoint,
+        decoded: Option<(&AgentSpec, &Invocation)>,
+        seq: u32,
+        kind: &str,
+        error: String,
+    ) {
         let now = unix_ms();
+        let agent = match decoded {
+            Some((spec, _)) => spec.name.clone(),
+            None => c.agent.to_string(),
+        };
+        let inv = decoded.map(|(_, inv)| inv);
         let result = Arc::new(RunResult {
             run_id: c.run_id,
-            agent: c.spec.name.clone(),
-            caller_id: c.invocation.caller_id.clone(),
-            parent_run_id: c.invocation.parent_run_id,
+            agent,
+            caller_id: inv.and_then(|i| i.caller_id.clone()),
+            parent_run_id: inv.and_then(|i| i.parent_run_id),
+            root_run_id: inv.and_then(|i| i.root_run_id),
             status: RunStatus::Error,
             kill_reason: None,
             error_kind: Some(kind.to_string()),

@@ -2,13 +2,15 @@
 //! `initialize` handshake and the tool list, under the start timeout; and
 //! the client side's handler, which turns a server's progress into the
 //! calling run's heartbeats and its `tools/list_changed` into a refresh.
+//! What a server's tools share with its connection ([`Link`]) and read of
+//! it ([`Avail`], published by the server's actor) lives here too.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::service::{NotificationContext, Peer, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use super::process::{self, ExitCode, ServerProcess};
@@ -27,7 +29,7 @@ pub(crate) struct Link {
     pub(crate) on_list_changed: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Server events no call was in flight to carry: the next call's run
     /// records them (a few at most).
-    pub(crate) pending: Mutex<Vec<crate::ports::run::RunEvent>>,
+    pub(crate) pending: Mutex<Vec<crate::ports::event::RunEvent>>,
 }
 
 impl Link {
@@ -39,6 +41,23 @@ impl Link {
             pending: Mutex::new(Vec::new()),
         })
     }
+}
+
+/// Whether calls can reach the server now.
+#[derive(Clone)]
+pub(crate) enum Avail {
+    /// Starting or restarting: wait.
+    Starting,
+    /// Up: call through this peer (of connection generation `.1`).
+    Ready(Peer<RoleClient>, u64),
+    /// Down: fail with this error; at `retry_at` a call may ask for a
+    /// start again (`None`: never, the server was stopped).
+    Down {
+        /// What calls fail with.
+        error: McpError,
+        /// When a call may ask again.
+        retry_at: Option<Instant>,
+    },
 }
 
 /// The client side of a connection.

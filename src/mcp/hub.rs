@@ -10,12 +10,12 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::client::Link;
+use super::client::{Avail, Link};
 use super::per_run::{self, RunScopedTool, RunServers};
 use super::spec::{McpScope, McpServerSpec};
 use super::tool::event_sink;
-use super::{McpConfig, McpError};
-use crate::actors::mcp::{Avail, McpMsg, McpServer};
+use super::{McpConfig, McpError, ServedTool};
+use crate::actors::mcp::{McpMsg, McpServer};
 use crate::ports::run::RunId;
 use crate::record::RunShared;
 use crate::tools::CompiledTool;
@@ -25,7 +25,7 @@ pub(crate) struct McpHub {
     config: McpConfig,
     servers: Mutex<HashMap<McpServerSpec, ActorRef<McpMsg>>>,
     /// The tools of each `scope: run` server, as discovered once.
-    templates: Mutex<HashMap<McpServerSpec, Vec<CompiledTool>>>,
+    templates: Mutex<HashMap<McpServerSpec, Vec<ServedTool>>>,
     runs: Arc<RunServers>,
 }
 
@@ -50,13 +50,14 @@ impl McpHub {
 
     /// The tools of `scope: run` server `spec`: discovered by starting it
     /// once (then stopping it), each routing a run's calls to its own server.
-    async fn run_scoped(&self, spec: &McpServerSpec) -> Result<Vec<CompiledTool>, McpError> {
+    async fn run_scoped(&self, spec: &McpServerSpec) -> Result<Vec<ServedTool>, McpError> {
         if let Some(t) = lock(&self.templates).get(spec) {
             return Ok(t.clone());
         }
         let (actor, listed) = per_run::start(spec, &self.config).await?;
         per_run::stop_all(vec![actor], &self.config).await;
         let server = Arc::new(spec.clone());
+        let name: Arc<str> = Arc::from(spec.name.as_str());
         let mut tools = Vec::with_capacity(listed.len());
         for t in listed.iter() {
             let tool = RunScopedTool {
@@ -70,7 +71,11 @@ impl McpHub {
                     server: spec.name.clone(),
                     message: e.to_string(),
                 })?;
-            tools.push(compiled);
+            tools.push(ServedTool {
+                server: name.clone(),
+                remote: t.remote.clone(),
+                tool: compiled,
+            });
         }
         lock(&self.templates).insert(spec.clone(), tools.clone());
         Ok(tools)
@@ -81,7 +86,7 @@ impl McpHub {
     pub(crate) async fn tools_for(
         &self,
         servers: &[McpServerSpec],
-    ) -> Result<Vec<CompiledTool>, McpError> {
+    ) -> Result<Vec<ServedTool>, McpError> {
         let mut out = Vec::new();
         for spec in servers {
             if spec.scope == McpScope::Run {
@@ -90,7 +95,12 @@ impl McpHub {
             }
             let actor = self.server(spec).await?;
             let tools = per_run::ensure(&actor, spec, &self.config).await?;
-            out.extend(tools.iter().map(|t| t.tool.clone()));
+            let name: Arc<str> = Arc::from(spec.name.as_str());
+            out.extend(tools.iter().map(|t| ServedTool {
+                server: name.clone(),
+                remote: t.remote.clone(),
+                tool: t.tool.clone(),
+            }));
         }
         Ok(out)
     }
@@ -180,9 +190,9 @@ pub async fn list_tools(
         match hub.tools_for(std::slice::from_ref(spec)).await {
             Ok(tools) => out.extend(tools.iter().map(|t| ListedTool {
                 server: spec.name.clone(),
-                name: t.spec().name.clone(),
-                description: t.spec().description.clone(),
-                parameters: t.spec().parameters.clone(),
+                name: t.tool.spec().name.clone(),
+                description: t.tool.spec().description.clone(),
+                parameters: t.tool.spec().parameters.clone(),
             })),
             Err(e) => {
                 result = Err(e);

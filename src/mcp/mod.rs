@@ -49,7 +49,23 @@ pub(crate) mod tool;
 #[cfg(feature = "mcp")]
 pub use hub::{list_tools, ListedTool};
 
+use std::sync::Arc;
 use std::time::Duration;
+
+/// One MCP tool as a prepared agent holds it: which server it comes from
+/// (by the server's manifest name), its own name there, and the tool its
+/// runs call. A sub-agent's MCP tools are picked from its parent's by the
+/// first two (see `host::palette`).
+#[derive(Clone)]
+#[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+pub(crate) struct ServedTool {
+    /// The server's manifest name.
+    pub(crate) server: Arc<str>,
+    /// The tool's name on the server (before `<server>__` naming).
+    pub(crate) remote: Arc<str>,
+    /// The tool runs call.
+    pub(crate) tool: crate::tools::CompiledTool,
+}
 
 /// How a host runs its MCP servers. Every field has a default (the values
 /// in the module docs); tests shorten them.

@@ -17,13 +17,14 @@ use ractor::{Actor, ActorRef};
 use serde_json::Value;
 use tokio::sync::{watch, OnceCell};
 
-use super::client::Link;
+use super::client::{Avail, Link};
 use super::spec::McpServerSpec;
 use super::tool::{event_sink, ServerTools};
 use super::{McpConfig, McpError};
-use crate::actors::mcp::{Avail, McpMsg, McpServer};
+use crate::actors::mcp::{McpMsg, McpServer};
+use crate::ports::model::ToolSpec;
 use crate::ports::run::RunId;
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 
 type Started = Result<(ActorRef<McpMsg>, ServerTools), McpError>;
 

@@ -172,6 +172,36 @@ impl McpServerSpec {
     pub fn is_stdio(&self) -> bool {
         !self.command.is_empty()
     }
+
+    /// Whether `other` is the same server: the same name, reached the same
+    /// way (command or URL, environment, headers) and shared the same way
+    /// (`scope`). Only `allow` may differ: it chooses among the server's
+    /// tools, it does not make another server.
+    pub fn same_server(&self, other: &McpServerSpec) -> bool {
+        // Destructured whole: a field added here must be placed on one side.
+        let McpServerSpec {
+            name,
+            command,
+            url,
+            env,
+            headers,
+            scope,
+            allow: _,
+        } = self;
+        *name == other.name
+            && *command == other.command
+            && *url == other.url
+            && *env == other.env
+            && *headers == other.headers
+            && *scope == other.scope
+    }
+
+    /// Whether `allow` lets the model see the server's tool `remote`.
+    pub fn allows(&self, remote: &str) -> bool {
+        self.allow
+            .as_ref()
+            .is_none_or(|a| a.iter().any(|n| n == remote))
+    }
 }
 
 fn is_secret_name(s: &str) -> bool {

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use ractor::ActorRef;
 use rmcp::model::{
     CallToolRequestParams, CancelledNotification, CancelledNotificationParam, ClientRequest,
     ProgressToken, Request, RequestId, ServerResult,
@@ -21,13 +20,13 @@ use rmcp::RoleClient;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::client::Link;
+use super::client::{Avail, Link};
 use super::names::{is_callable, model_names};
 use super::spec::McpServerSpec;
 use super::{result, McpConfig, McpError};
-use crate::actors::mcp::{Avail, McpMsg};
-use crate::ports::run::RunEvent;
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::event::RunEvent;
+use crate::ports::model::ToolSpec;
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::tools::CompiledTool;
 
 /// One tool of a server: its own name there, and the tool a run calls.
@@ -40,6 +39,10 @@ pub(crate) struct ServerTool {
 /// A server's tools, compiled, in the server's order (after `allow`).
 pub(crate) type ServerTools = Arc<[ServerTool]>;
 
+/// How a tool asks its server's actor to start the server again (a
+/// cooled-down or failed server, once its `retry_at` has come).
+pub(crate) type AskStart = Arc<dyn Fn() + Send + Sync>;
+
 /// Server events waiting for a run to carry them, at most.
 const PENDING_EVENTS: usize = 16;
 
@@ -48,7 +51,7 @@ pub(crate) struct ServerShared {
     pub(crate) name: String,
     link: Arc<Link>,
     avail: watch::Receiver<Avail>,
-    actor: ActorRef<McpMsg>,
+    ask_start: AskStart,
     next_call: AtomicU64,
 }
 
@@ -77,7 +80,7 @@ pub(crate) fn event_sink(link: Arc<Link>) -> Arc<dyn Fn(RunEvent) + Send + Sync>
 pub(crate) fn build_tools(
     spec: &McpServerSpec,
     link: &Arc<Link>,
-    actor: &ActorRef<McpMsg>,
+    ask_start: &AskStart,
     avail: &watch::Sender<Avail>,
     _config: &McpConfig,
     listed: &[rmcp::model::Tool],
@@ -113,7 +116,7 @@ pub(crate) fn build_tools(
         name: spec.name.clone(),
         link: link.clone(),
         avail: avail.subscribe(),
-        actor: actor.clone(),
+        ask_start: ask_start.clone(),
         next_call: AtomicU64::new(0),
     });
     let mut out = Vec::with_capacity(chosen.len());
@@ -291,7 +294,7 @@ impl McpTool {
                 Avail::Down { error, retry_at } => match retry_at {
                     Some(at) if Instant::now() >= at && !asked => {
                         asked = true;
-                        let _ = self.server.actor.cast(McpMsg::Ensure(None));
+                        (self.server.ask_start)();
                     }
                     _ => return Err(error),
                 },

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+use super::event::RunEvent;
+use super::run::{KillReason, RunId, RunResult, RunStatus};
 
 /// Who and what a run is, recorded at its start.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,7 +39,12 @@ pub struct RunInfo {
     pub tools: std::sync::Arc<[String]>,
     /// The run's resolved limits (for replay).
     #[serde(default)]
-    pub limits: Option<crate::spec::LimitsSpec>,
+    pub limits: Option<super::limits::LimitsSpec>,
+    /// The host that runs it (its lease owner id, `HOSTNAME/PID/NONCE`):
+    /// `recover` leaves the unfinished runs of a host whose lease is live
+    /// to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<std::sync::Arc<str>>,
 }
 
 /// What an audit record says.
@@ -94,6 +100,12 @@ pub struct AuditStats {
     /// them.
     #[serde(default)]
     pub spooled: u64,
+    /// The store lost what it writes to (a database file deleted or
+    /// replaced while it was open): what it refused since — what went to
+    /// the spool or is counted in `unwritten` — never reaches it. The CLI
+    /// says so and exits non-zero.
+    #[serde(default)]
+    pub store_lost: bool,
 }
 
 /// An audit store failure.
@@ -167,6 +179,59 @@ pub struct RunFilter {
     pub caller: Option<String>,
     /// At most this many (`None`: all).
     pub limit: Option<u32>,
+    /// Only the runs of this tree: the run itself and every run whose
+    /// [`RunSummary::root_run_id`] it is (its sub-agents at any depth; a
+    /// pipeline's phases and theirs).
+    pub root: Option<RunId>,
+    /// Only runs listed after this one: the next page after a page whose
+    /// last run this is (keyset paging; see [`RunCursor`]).
+    pub after: Option<RunCursor>,
+}
+
+/// Where a page of [`RunIndex::list_runs`] ended: the last run's end time
+/// and id, the listing's sort key. The next page is the runs after it in
+/// that order, so page N costs what page 1 does, and runs that end while a
+/// reader pages (they sort first) neither shift nor repeat what it reads:
+/// every run on file when paging began is listed exactly once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RunCursor {
+    /// Unix ms the run ended.
+    pub finished_at: u64,
+    /// The run.
+    pub run_id: RunId,
+}
+
+impl RunCursor {
+    /// The cursor after `run`.
+    pub fn after(run: &RunSummary) -> Self {
+        RunCursor {
+            finished_at: run.finished_at,
+            run_id: run.run_id,
+        }
+    }
+
+    /// Whether `run` comes after this cursor in the listing's order (the
+    /// most recently finished first; ties: the larger run id first).
+    pub fn precedes(&self, run: &RunSummary) -> bool {
+        (run.finished_at, run.run_id) < (self.finished_at, self.run_id)
+    }
+
+    /// The cursor as an opaque token: 48 hex digits (end time, then id).
+    pub fn encode(&self) -> String {
+        format!("{:016x}{}", self.finished_at, self.run_id)
+    }
+
+    /// Reads a token [`encode`](Self::encode) made; `None` for anything else.
+    pub fn decode(token: &str) -> Option<Self> {
+        if token.len() != 48 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let (at, id) = token.split_at(16);
+        Some(RunCursor {
+            finished_at: u64::from_str_radix(at, 16).ok()?,
+            run_id: id.parse().ok()?,
+        })
+    }
 }
 
 /// One finished run, as the run index lists it.
@@ -180,6 +245,10 @@ pub struct RunSummary {
     pub caller_id: Option<String>,
     /// The parent run, for a sub-agent run.
     pub parent_run_id: Option<RunId>,
+    /// The tree it belongs to when it is not its own root (see
+    /// [`RunResult::root_run_id`]).
+    #[serde(default)]
+    pub root_run_id: Option<RunId>,
     /// How it ended.
     pub status: RunStatus,
     /// Why it was killed, when it was.
@@ -200,6 +269,7 @@ impl RunSummary {
             agent: result.agent.clone(),
             caller_id: result.caller_id.clone(),
             parent_run_id: result.parent_run_id,
+            root_run_id: result.root_run_id,
             status: result.status,
             kill_reason: result.kill_reason,
             error_kind: result.error_kind.clone(),
@@ -215,11 +285,15 @@ impl RunSummary {
 
     /// Whether this run passes `filter` (its limit aside).
     pub fn matches(&self, filter: &RunFilter) -> bool {
-        filter.status.is_none_or(|s| s == self.status)
+        filter.after.is_none_or(|c| c.precedes(self))
+            && filter.status.is_none_or(|s| s == self.status)
             && filter
                 .caller
                 .as_deref()
                 .is_none_or(|c| self.caller_id.as_deref() == Some(c))
+            && filter
+                .root
+                .is_none_or(|r| self.run_id == r || self.root_run_id == Some(r))
     }
 }
 
@@ -229,7 +303,9 @@ impl RunSummary {
 #[async_trait]
 pub trait RunIndex: Send + Sync + 'static {
     /// Finished runs that pass `filter`, the most recently finished first
-    /// (ties: the larger run id first).
+    /// (ties: the larger run id first). A battery keeps a page after a
+    /// cursor (`filter.after`) as cheap as the first: it seeks to the
+    /// cursor in an index on the sort key, it does not skip rows.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, AuditStoreError>;
 
     /// A run's terminal result, `None` when no terminal record is on file.

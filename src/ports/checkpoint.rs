@@ -7,6 +7,10 @@
 //! shuts down or the process dies. A resumed run repeats at most the step
 //! it was in.
 //!
+//! A checkpoint carries the run's manifest and invocation as JSON encoded
+//! once per run ([`EncodedJson`]): this port knows nothing of their shape,
+//! a save copies and re-encodes neither, and `recover` decodes them.
+//!
 //! # Leases
 //!
 //! A host holds a lease on each durable run it runs: an owner id and an
@@ -18,25 +22,100 @@
 //! are Unix milliseconds of the callers' clocks, so hosts sharing a store
 //! need clocks that agree to well within the lease's length. Nothing here
 //! assumes SQLite: a claim is one conditional update of one row.
+//!
+//! **Fencing.** Only a run's first save (when it is accepted) creates its
+//! row; every later save updates the row only while its owner still holds
+//! it. A host whose lease expired while it was paused, and whose run a
+//! `recover` elsewhere claimed (and perhaps finished and cleared), finds
+//! that run in the answer of its next save or renewal: it stops the run
+//! without writing anything more of it.
+//!
+//! **Host leases.** Every host also holds a lease of its own, renewed with
+//! its run leases (and taken when it starts), so that `recover` can tell
+//! the runs of a live host (left alone) from those of a host that is gone
+//! (ended `interrupted`) even for runs that are not durable and have no
+//! checkpoint: each run's `run.start` record names its host
+//! ([`RunInfo::host`](super::audit::RunInfo::host)). `recover` takes over a
+//! gone host ([`Checkpointer::take_over_host`]) before it ends its runs;
+//! should that host come back (it was only paused), its next renewal says
+//! so ([`Renewal::taken_over`]).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 use super::model::Message;
 use super::run::{CriticDecision, RunId, StepRecord, Usage};
-use crate::spec::{AgentSpec, Invocation};
+
+/// A JSON value encoded once and kept as its text: cloned by a reference
+/// count, written as it is (no re-encoding) wherever the value holding it
+/// is serialized, decoded only by whoever knows its type.
+#[derive(Clone)]
+pub struct EncodedJson(Arc<RawValue>);
+
+impl EncodedJson {
+    /// Encodes `value`.
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        serde_json::value::to_raw_value(value).map(|raw| EncodedJson(Arc::from(raw)))
+    }
+
+    /// Takes JSON text as it is (checked to be one JSON value).
+    pub fn from_text(json: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(json).map(|raw| EncodedJson(Arc::from(raw)))
+    }
+
+    /// The JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Decodes it as a `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+}
+
+impl PartialEq for EncodedJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl std::fmt::Debug for EncodedJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+impl Serialize for EncodedJson {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for EncodedJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(d).map(|raw| EncodedJson(Arc::from(raw)))
+    }
+}
 
 /// A durable run's saved state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// The run.
     pub run_id: RunId,
-    /// The manifest it runs (shared with the run: a save copies no manifest).
-    pub spec: Arc<AgentSpec>,
-    /// How it was invoked (caller, session, limits override, …).
-    pub invocation: Invocation,
+    /// Its agent's name (empty in checkpoints written before it was kept
+    /// here: the manifest says it too).
+    #[serde(default)]
+    pub agent: Arc<str>,
+    /// The manifest it runs, encoded once per run (shared by its saves).
+    pub spec: EncodedJson,
+    /// How it was invoked (caller, session, limits override, …), encoded
+    /// once per run.
+    pub invocation: EncodedJson,
     /// The transcript up to the last completed step (shared with the run
     /// until its next message).
     pub transcript: Arc<Vec<Message>>,
@@ -55,6 +134,15 @@ pub struct Checkpoint {
     /// Unix ms of this save.
     #[serde(default)]
     pub saved_at: u64,
+}
+
+impl Checkpoint {
+    /// Whether this is the run's first checkpoint (saved when it is
+    /// accepted: no step taken, never resumed), the one save that may
+    /// create the run's row (see [`Checkpointer::save`]).
+    pub fn is_first(&self) -> bool {
+        self.iteration == 0 && self.resumes == 0
+    }
 }
 
 /// A checkpointer failure.
@@ -98,13 +186,47 @@ pub enum Claim {
     Missing,
 }
 
+/// What [`Checkpointer::renew`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Renewal {
+    /// Run leases the owner holds (all renewed).
+    pub runs: u64,
+    /// The owner's host lease had been taken over since it last renewed it
+    /// ([`Checkpointer::take_over_host`]: it had expired, the host was
+    /// paused or cut off): runs it had in flight may have been ended
+    /// elsewhere. It holds its host lease again from now.
+    pub taken_over: bool,
+}
+
+/// What [`Checkpointer::take_over_host`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostClaim {
+    /// The host's lease is live: it runs its runs.
+    Live {
+        /// Unix ms its lease expires (unless renewed).
+        until_ms: u64,
+    },
+    /// The host is gone (its lease expired, it was released, it never held
+    /// one, or the caller knows it is gone): its unfinished runs are the
+    /// caller's to end.
+    TakenOver,
+}
+
 /// Saves and loads checkpoints. Object-safe; `Arc<dyn Checkpointer>`.
 #[async_trait]
 pub trait Checkpointer: Send + Sync + 'static {
     /// Saves (replaces) checkpoints, one transaction for the batch, under
-    /// `lease` (taken for runs without a live lease of another owner; a
-    /// save of a run another owner holds is not written).
-    async fn save(&self, checkpoints: &[Checkpoint], lease: &Lease) -> Result<(), CheckpointError>;
+    /// `lease`. A run's first checkpoint ([`Checkpoint::is_first`]) creates
+    /// its row (or takes one without a live lease of another owner); any
+    /// other save is written only if `lease.owner` holds the run's row.
+    /// Answers the runs that were not written: another owner claimed them,
+    /// or their row is gone (finished and cleared elsewhere) — the caller
+    /// lost them and must not go on with them (fencing).
+    async fn save(
+        &self,
+        checkpoints: &[Checkpoint],
+        lease: &Lease,
+    ) -> Result<Vec<RunId>, CheckpointError>;
 
     /// Removes the checkpoints of these runs.
     async fn clear(&self, runs: &[RunId]) -> Result<(), CheckpointError>;
@@ -116,9 +238,23 @@ pub trait Checkpointer: Send + Sync + 'static {
     /// lease expired, or `lease.owner` holds it already.
     async fn claim(&self, run_id: RunId, lease: &Lease) -> Result<Claim, CheckpointError>;
 
-    /// Extends every lease `lease.owner` holds by `lease.ttl` from now.
-    async fn renew(&self, lease: &Lease) -> Result<(), CheckpointError>;
+    /// Extends `lease.owner`'s host lease (taking it when it holds none)
+    /// and every run lease it holds by `lease.ttl` from now, in one
+    /// transaction. The answer counts the run leases it holds: fewer than
+    /// the owner thinks it holds means some were claimed elsewhere (see
+    /// [`Checkpointer::held_by`]).
+    async fn renew(&self, lease: &Lease) -> Result<Renewal, CheckpointError>;
 
-    /// Gives up every lease `owner` holds (its runs can be claimed at once).
+    /// The runs whose lease `owner` holds.
+    async fn held_by(&self, owner: &str) -> Result<Vec<RunId>, CheckpointError>;
+
+    /// Takes over the host `owner`, atomically, before ending its unfinished
+    /// runs: when its host lease expired, it holds none, or `gone` (the
+    /// caller knows the owner is gone, e.g. a process of its machine that
+    /// no longer runs). A host whose lease is live is left alone.
+    async fn take_over_host(&self, owner: &str, gone: bool) -> Result<HostClaim, CheckpointError>;
+
+    /// Gives up every lease `owner` holds, its host lease included (its
+    /// runs can be claimed at once).
     async fn release(&self, owner: &str) -> Result<(), CheckpointError>;
 }

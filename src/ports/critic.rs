@@ -49,7 +49,7 @@ pub struct RunView {
     /// Whether a runaway steer was already sent.
     pub runaway_steered: bool,
     /// The run's limits.
-    pub limits: crate::spec::Limits,
+    pub limits: super::limits::Limits,
 }
 
 /// A decision.

@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::run::Usage;
-use super::tool::ToolSpec;
 
 /// Who said a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +33,17 @@ pub enum Role {
     Assistant,
     /// A tool result.
     Tool,
+}
+
+/// What a model is told about a tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Unique name (`add`, `server__tool`, `agent__name`).
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
 }
 
 /// A tool call the model asked for. `arguments` is the raw JSON text the

@@ -1,27 +1,19 @@
 //! The `Tool` port: a named function with a JSON Schema for its arguments.
 //! The registry in `crate::tools` validates arguments against the schema
-//! before `call` ever runs, so a tool sees only an object that passed.
+//! before `call` ever runs, so a tool sees only an object that passed. What
+//! the model is told about a tool, its [`ToolSpec`], is model vocabulary and
+//! lives with the `ChatModel` port.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use tokio_util::sync::CancellationToken;
 
-use super::run::{RunEvent, RunId};
-
-/// What a model is told about a tool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ToolSpec {
-    /// Unique name (`add`, `server__tool`, `agent__name`).
-    pub name: String,
-    /// What it does, for the model.
-    pub description: String,
-    /// JSON Schema of the arguments object.
-    pub parameters: Value,
-}
+use super::event::RunEvent;
+use super::model::ToolSpec;
+use super::run::RunId;
 
 /// Where a tool call's events go (the run's stream and audit log): set by
 /// the run for calls that run in a task.

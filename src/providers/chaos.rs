@@ -271,7 +271,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::ports::tool::ToolSpec;
+    use crate::ports::model::ToolSpec;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -29,6 +29,10 @@
 //!   dropping the call abandons it, and paused-time tests drive both.
 //!
 //! This module knows nothing about actors, retries or budgets.
+//!
+//! The file stays whole: it is one model (the player and what it computes
+//! up front), and half of its length is the tests that pin each key's
+//! behaviour.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -398,7 +402,7 @@ mod tests {
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
     use crate::ports::model::Role;
-    use crate::ports::tool::ToolSpec;
+    use crate::ports::model::ToolSpec;
     use crate::spec::{ScriptToolCall, ScriptUsage};
 
     fn request(call_index: u32) -> ChatRequest {

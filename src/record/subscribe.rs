@@ -106,6 +106,7 @@ async fn next_event(st: &mut SubState) -> Option<Event> {
                         st.cursor = st.cursor.min(resume_from);
                         return Some(Event {
                             run_id: st.shared.run_id,
+                            parent_run_id: st.shared.parent_run_id,
                             seq: resume_from,
                             event: RunEvent::Lagged { resume_from },
                         });
@@ -132,7 +133,12 @@ pub(crate) async fn stored_events(
         return Ok(None);
     }
     let mut out = Vec::new();
+    let mut parent_run_id = None;
     for r in records {
+        if let AuditEntry::RunStarted(info) = &r.entry {
+            parent_run_id = info.parent_run_id;
+            continue;
+        }
         if r.seq < from_seq {
             continue;
         }
@@ -143,6 +149,7 @@ pub(crate) async fn stored_events(
         };
         out.extend(events.into_iter().map(|event| Event {
             run_id,
+            parent_run_id,
             seq: r.seq,
             event,
         }));
@@ -191,6 +198,7 @@ async fn catch_up(st: &mut SubState, head: u32, ended: bool) {
         for event in events {
             st.backlog.push_back(Event {
                 run_id: shared.run_id,
+                parent_run_id: shared.parent_run_id,
                 seq: r.seq,
                 event,
             });
@@ -204,6 +212,7 @@ async fn catch_up(st: &mut SubState, head: u32, ended: bool) {
             for event in terminal_events(&res) {
                 st.backlog.push_back(Event {
                     run_id: shared.run_id,
+                    parent_run_id: shared.parent_run_id,
                     seq,
                     event,
                 });

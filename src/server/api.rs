@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::handle::LiveState;
+use crate::handle::{LiveState, PendingApproval};
 use crate::host::LiveRun;
 use crate::ports::audit::RunSummary;
 use crate::RunResult;
@@ -65,6 +65,37 @@ pub struct LiveView {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Tool calls waiting for an operator's approval (`approve` / `deny`):
+    /// the run is parked, its deadlines paused, until they are decided.
+    #[serde(default)]
+    pub awaiting_approval: Vec<PendingView>,
+}
+
+/// A tool call waiting for an operator's approval.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PendingView {
+    /// The model's call id (what `call_id` of `approve` / `deny` names).
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// Its arguments as the model sent them (secrets redacted).
+    pub arguments: String,
+    /// Unix ms when it began to wait.
+    pub since_ms: u64,
+    /// Unix ms when it is denied if nobody decides.
+    pub until_ms: u64,
+}
+
+impl From<&PendingApproval> for PendingView {
+    fn from(p: &PendingApproval) -> Self {
+        PendingView {
+            call_id: p.call_id.to_string(),
+            tool: p.tool.to_string(),
+            arguments: p.arguments.clone(),
+            since_ms: p.since_ms,
+            until_ms: p.until_ms,
+        }
+    }
 }
 
 impl From<LiveState> for LiveView {
@@ -75,6 +106,7 @@ impl From<LiveState> for LiveView {
             elapsed_ms: l.elapsed_ms,
             tokens: l.tokens,
             tool_calls: l.tool_calls,
+            awaiting_approval: l.awaiting_approval.iter().map(PendingView::from).collect(),
         }
     }
 }
@@ -207,6 +239,7 @@ impl RunItem {
                 elapsed_ms: r.age_ms,
                 tokens: r.tokens,
                 tool_calls: r.tool_calls,
+                awaiting_approval: r.awaiting_approval.iter().map(PendingView::from).collect(),
             }),
         }
     }
@@ -267,9 +300,25 @@ pub struct KillBody {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalBody {
-    /// Why (recorded with the decision).
+    /// The waiting call decided on (default: every call the run waits
+    /// for).
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// Why (recorded with the decision; for a denial, what the model
+    /// reads).
     #[serde(default)]
     pub note: Option<String>,
+}
+
+/// A decision was handed to the run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalDecision {
+    /// The run.
+    pub run_id: String,
+    /// `approve` or `deny`.
+    pub action: String,
+    /// The calls the decision covers.
+    pub calls: Vec<PendingView>,
 }
 
 /// A command was handed to the run.
@@ -310,4 +359,112 @@ pub struct Health {
     pub active_runs: u64,
     /// Agents loaded.
     pub agents: u64,
+}
+
+/// What a message does while another message of its session runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyMode {
+    /// Refused at once: 409 `session_busy` (the default).
+    #[default]
+    Refuse,
+    /// Waits for the other to end, then runs (messages run in the order
+    /// they came).
+    Wait,
+}
+
+/// `POST /v1/sessions`: a chat session with an agent the server knows.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// The agent's name (one of `GET /v1/agents`).
+    pub agent: String,
+    /// The session's id (1 to 128 ASCII letters, digits, `-`, `_`, `.`,
+    /// `:`); default: a new one. The id of one of your sessions reopens it.
+    #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    pub id: Option<String>,
+    /// What a message does while another runs (default `refuse`).
+    #[serde(default)]
+    pub on_busy: Option<BusyMode>,
+}
+
+/// `POST /v1/sessions/{id}/messages`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageBody {
+    /// The user's message.
+    #[schema(min_length = 1)]
+    pub text: String,
+}
+
+/// Where a session is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Opened; no message has run yet.
+    Created,
+    /// A message's run is in flight.
+    Running,
+    /// Waiting for the next message.
+    Idle,
+    /// Closed: it takes no more messages; its history stays readable.
+    Closed,
+}
+
+impl From<crate::ports::session::SessionState> for SessionStatus {
+    fn from(s: crate::ports::session::SessionState) -> Self {
+        use crate::ports::session::SessionState as S;
+        match s {
+            S::Created => SessionStatus::Created,
+            S::Running => SessionStatus::Running,
+            S::Idle => SessionStatus::Idle,
+            S::Closed => SessionStatus::Closed,
+        }
+    }
+}
+
+/// One message of a session's history.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionMessageView {
+    /// Its place in the history (0, 1, 2, …).
+    pub seq: u32,
+    /// `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// The run that answered it.
+    pub run_id: Option<String>,
+    /// Unix ms when it was kept.
+    pub at_ms: u64,
+}
+
+/// A session: its state and its history.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionView {
+    /// The session's id.
+    pub session_id: String,
+    /// Its agent.
+    pub agent: String,
+    /// Who created it (who may use it).
+    pub caller_id: Option<String>,
+    /// Where it is in its lifecycle.
+    pub state: SessionStatus,
+    /// What a message does while another runs.
+    pub on_busy: BusyMode,
+    /// Unix ms when it was created.
+    pub created_at: u64,
+    /// Unix ms of its last change.
+    pub updated_at: u64,
+    /// Messages answered.
+    pub prompts: u32,
+    /// Tokens its runs used, all messages together.
+    pub tokens: u64,
+    /// The last message's run.
+    pub last_run_id: Option<String>,
+    /// The run of the message in flight.
+    pub current_run_id: Option<String>,
+    /// The history: every answered message and its answer, in order (a
+    /// message whose run did not end `ok` is not kept).
+    pub messages: Vec<SessionMessageView>,
 }

@@ -19,7 +19,9 @@ pub struct ErrorDetail {
     /// Stable snake_case kind: `unauthorized`, `not_found`, `unknown_agent`,
     /// `invalid_body`, `payload_too_large`, `rate_limited`, `too_many_subscribers`,
     /// `caller_concurrency`, `budget_exceeded`, `forbidden`, `run_finished`,
-    /// `not_awaiting_approval`, `shutting_down`, `store_unavailable`, …
+    /// `not_awaiting_approval`, `unknown_call`, `session_busy`,
+    /// `session_closed`, `session_exists`, `shutting_down`,
+    /// `store_unavailable`, …
     pub kind: String,
     /// What happened (never a secret).
     pub message: String,

@@ -10,14 +10,16 @@
 //! | `GET /v1/runs/{id}/events` | its events as Server-Sent Events (`id:` = `seq`, `Last-Event-ID` resumes) |
 //! | `GET /v1/events` | the host-wide feed (runs started and ended, critic decisions) |
 //! | `POST /v1/runs/{id}/steer\|extend\|kill\|cancel` | commands (202) |
-//! | `POST /v1/runs/{id}/approve\|deny` | 409: this host has no approval gates yet |
+//! | `POST /v1/runs/{id}/approve\|deny` | decide on the tool calls a run waits to have approved (200; 409 when it waits for none) |
+//! | `POST /v1/sessions` | create (201) or reopen (200) a chat session with an agent |
+//! | `GET /v1/sessions/{id}` | its state and history |
+//! | `POST /v1/sessions/{id}/messages` | send a message; its run's events come back as SSE |
+//! | `POST /v1/sessions/{id}/close`, `DELETE /v1/sessions/{id}` | close it (history kept); remove it |
 //! | `GET /v1/agents` | the agents loaded from `--agents DIR` |
 //! | `GET /healthz`, `GET /readyz` | liveness; readiness (503 while draining) |
 //! | `GET /openapi.json` | the OpenAPI 3 document, derived from the handlers' types |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /` | the dashboard |
-//!
-//! Sessions are not served: the kernel has none yet.
 //!
 //! # Guarantees and limits
 //! - Errors are `{"error": {"kind", "message"}}` ([`error`]).
@@ -43,6 +45,7 @@ mod limits;
 pub mod metrics;
 mod openapi;
 mod runs;
+mod sessions;
 mod streams;
 
 use std::future::Future;
@@ -115,6 +118,8 @@ pub(crate) struct AppState {
     pub(crate) rate: RateLimiter,
     pub(crate) streams: StreamCaps,
     pub(crate) idempotency: IdempotencyKeys,
+    /// The sessions whose messages wait for each other (`on_busy: wait`).
+    pub(crate) sessions: sessions::BusyModes,
     draining: AtomicBool,
     /// Cancelled when the server closes: host-wide feeds end.
     pub(crate) closing: CancellationToken,
@@ -157,6 +162,7 @@ impl Server {
                 rate: RateLimiter::new(config.rate_per_sec, config.rate_burst),
                 streams: StreamCaps::new(config.max_subscribers),
                 idempotency: IdempotencyKeys::new(config.idempotency_keys),
+                sessions: Default::default(),
                 config,
                 catalog: RwLock::new(Arc::new(Catalog::default())),
                 tokens: RwLock::new(None),
@@ -216,6 +222,13 @@ impl Server {
             .route("/v1/runs/{id}/cancel", post(runs::cancel))
             .route("/v1/runs/{id}/approve", post(runs::approve))
             .route("/v1/runs/{id}/deny", post(runs::deny))
+            .route("/v1/sessions", post(sessions::create))
+            .route(
+                "/v1/sessions/{id}",
+                get(sessions::get_session).delete(sessions::remove),
+            )
+            .route("/v1/sessions/{id}/messages", post(sessions::send_message))
+            .route("/v1/sessions/{id}/close", post(sessions::close))
             .route("/v1/events", get(streams::host_events))
             .route("/v1/agents", get(runs::agents))
             .route_layer(middleware::from_fn_with_state(st.clone(), authenticate));

@@ -26,6 +26,11 @@ use super::error;
         super::runs::cancel,
         super::runs::approve,
         super::runs::deny,
+        super::sessions::create,
+        super::sessions::get_session,
+        super::sessions::send_message,
+        super::sessions::close,
+        super::sessions::remove,
         super::runs::agents,
         super::healthz,
         super::readyz,
@@ -33,7 +38,10 @@ use super::error;
     components(schemas(
         api::SubmitRun, api::RunView, api::LiveView, api::RunList, api::RunItem,
         api::SteerBody, api::ExtendBody, api::KillBody, api::ApprovalBody, api::Accepted,
+        api::ApprovalDecision, api::PendingView,
         api::AgentView, api::AgentList, api::Health, error::ErrorBody, error::ErrorDetail,
+        api::CreateSession, api::MessageBody, api::BusyMode, api::SessionStatus,
+        api::SessionView, api::SessionMessageView,
     )),
     modifiers(&Bearer),
 )]

@@ -2,6 +2,10 @@
 //!
 //! A caller sees and controls only its own runs: another caller's run
 //! answers 404, as an unknown id does. Admins see every run.
+//!
+//! The routes of one resource share its lookups (`find`, the caller's
+//! ownership check) and stay in one file; listing and the control commands
+//! are the parts to give files of their own when they grow.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,16 +17,18 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::api::{
-    Accepted, AgentList, AgentView, ApprovalBody, ExtendBody, KillBody, ListQuery, RunItem,
-    RunList, RunView, SteerBody, SubmitRun, WaitQuery,
+    Accepted, AgentList, AgentView, ApprovalBody, ApprovalDecision, ExtendBody, KillBody,
+    ListQuery, PendingView, RunItem, RunList, RunView, SteerBody, SubmitRun, WaitQuery,
 };
 use super::auth::Caller;
 use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
-use crate::ports::audit::{AuditEntry, RunFilter, RunSummary};
+use crate::host::LiveStatus;
+use crate::ports::audit::{AuditEntry, RunCursor, RunFilter, RunSummary};
 use crate::{
-    Agent, AgentSpec, Invocation, KillReason, RunEvent, RunId, RunRef, RunResult, RunStatus,
+    Agent, AgentSpec, ApprovalError, Invocation, KillReason, PendingApproval, RunEvent, RunId,
+    RunRef, RunResult, RunStatus,
 };
 
 /// The longest `?wait=` honoured.
@@ -328,27 +334,65 @@ pub(crate) async fn get_run(
     Ok(Json(view(found, wait).await))
 }
 
-/// A cursor: where a page ended.
-enum Cursor {
-    /// After this live run (live runs are ordered by id, newest first).
-    Live(RunId),
-    /// After this ended run (ordered by end time, then id, newest first).
-    Ended(u64, RunId),
+/// A cursor: where a page ended, and when the listing began.
+///
+/// A listing is live runs (newest first, by id), then ended runs (the most
+/// recently ended first, a keyset page of the run index at a time). `since`
+/// is the time the first page was read: in the ended section a run that
+/// ended after it and sorts at or before `boundary` (the last live run
+/// listed) was listed live already, or started after the listing began,
+/// and is skipped. So a run that ends while a client pages is listed once,
+/// and runs started meanwhile are not listed; as opaque hex text (`l…`,
+/// `e…`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cursor {
+    /// Unix ms when the listing began.
+    since: u64,
+    /// The last live run listed (`RunId(0)`: none).
+    boundary: RunId,
+    /// In the ended section: after this run.
+    ended: Option<RunCursor>,
 }
 
 impl Cursor {
-    fn parse(s: &str) -> Option<Cursor> {
-        let (kind, rest) = s.split_once(':')?;
-        match kind {
-            "l" => Some(Cursor::Live(parse_id(rest).ok()?)),
-            "e" => {
-                let (at, id) = rest.split_once(':')?;
-                Some(Cursor::Ended(at.parse().ok()?, parse_id(id).ok()?))
-            }
-            _ => None,
+    fn encode(&self) -> String {
+        match self.ended {
+            None => format!("l{:016x}{}", self.since, self.boundary),
+            Some(e) => format!("e{:016x}{}{}", self.since, self.boundary, e.encode()),
         }
     }
+
+    fn parse(s: &str) -> Option<Cursor> {
+        let hex = |t: &str| t.bytes().all(|b| b.is_ascii_hexdigit());
+        let kind = s.get(..1)?;
+        let since = s.get(1..17).filter(|t| hex(t))?;
+        let since = u64::from_str_radix(since, 16).ok()?;
+        let boundary = s.get(17..49).filter(|t| hex(t))?.parse().ok()?;
+        let rest = s.get(49..)?;
+        let ended = match (kind, rest.is_empty()) {
+            ("l", true) => None,
+            ("e", false) => Some(RunCursor::decode(rest)?),
+            _ => return None,
+        };
+        Some(Cursor {
+            since,
+            boundary,
+            ended,
+        })
+    }
+
+    /// Whether an ended run belongs to a listing that began at `since`
+    /// and listed live runs down to `boundary`.
+    fn keeps_ended(&self, r: &RunSummary) -> bool {
+        r.finished_at <= self.since || r.run_id < self.boundary
+    }
 }
+
+/// Ended runs fetched from the index at a time, at least.
+const FETCH: u32 = 64;
+
+/// How long a listing waits for a run's terminal record being written.
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// Runs, newest first, a page at a time.
 #[utoipa::path(
@@ -390,17 +434,18 @@ pub(crate) async fn list_runs(
         None | Some("") => None,
         Some(r) => Some(parse_id(r).map_err(|_| bad("root", "not a run id"))?),
     };
-    let cursor = match q.cursor.as_deref() {
+    let given = match q.cursor.as_deref() {
         None | Some("") => None,
         Some(c) => {
             Some(Cursor::parse(c).ok_or_else(|| bad("cursor", "not a cursor this server gave"))?)
         }
     };
+    let first_page = given.is_none();
     let mine = |owner: Option<&str>| caller.may_see(owner);
     let agent_ok = |a: &str| q.agent.as_deref().is_none_or(|want| want == a);
     let limit = limit as usize;
     let mut out: Vec<RunItem> = Vec::new();
-    let mut next: Option<String> = None;
+    let mut more = false;
 
     // Parents of every run we know of, for `root`.
     let mut parents: HashMap<RunId, Option<RunId>> = HashMap::new();
@@ -408,10 +453,40 @@ pub(crate) async fn list_runs(
     for r in &live {
         parents.insert(r.run_id, r.parent_run_id);
     }
+    // Runs that have ended but whose terminal record is still being
+    // written: waited for (briefly), so the ended section lists them.
+    let mut settled = HashSet::new();
+    if want_ended {
+        let finishing = live
+            .iter()
+            .filter(|r| r.status == LiveStatus::Finishing)
+            .filter_map(|r| st.host.run(&r.run_id))
+            .map(|run| async move {
+                tokio::time::timeout(SETTLE, run.shared_result())
+                    .await
+                    .ok()
+                    .map(|r| r.run_id)
+            });
+        settled.extend(
+            futures_util::future::join_all(finishing)
+                .await
+                .into_iter()
+                .flatten(),
+        );
+    }
+    let mut cursor = given.unwrap_or(Cursor {
+        // Read after the live runs are: a run that had ended by then
+        // (gone, or finishing and not listed live) ended before it.
+        since: crate::ports::run::unix_ms(),
+        boundary: RunId(0),
+        ended: None,
+    });
     let ended_filter = RunFilter {
         status,
         caller: (!caller.is_admin()).then(|| caller.id.to_string()),
         limit: None,
+        root: None,
+        after: None,
     };
     let all_ended = if root.is_some() && want_ended {
         let all = st
@@ -443,80 +518,87 @@ pub(crate) async fn list_runs(
     };
 
     let mut seen = HashSet::new();
-    if want_live && !matches!(cursor, Some(Cursor::Ended(..))) {
+    if want_live && cursor.ended.is_none() {
         for r in &live {
-            if let Some(Cursor::Live(after)) = cursor {
-                if r.run_id >= after {
-                    continue;
-                }
+            // Later pages: after the last one listed, and none started
+            // since the listing began (ids grow with time).
+            if !first_page && r.run_id >= cursor.boundary {
+                continue;
+            }
+            if settled.contains(&r.run_id) {
+                // Ended and on record: listed as ended.
+                continue;
             }
             if !mine(r.caller_id.as_deref()) || !agent_ok(&r.agent) || !in_tree(r.run_id) {
                 continue;
             }
             if out.len() == limit {
-                next = out.last().map(|l| format!("l:{}", l.run_id));
+                more = true;
                 break;
             }
             seen.insert(r.run_id);
+            cursor.boundary = r.run_id;
             out.push(RunItem::live(r));
         }
     }
-    if next.is_none() && want_ended {
-        let after = match cursor {
-            Some(Cursor::Ended(at, id)) => Some((at, id)),
-            _ => None,
-        };
+    if !more && want_ended {
+        let c = cursor;
         let keep = |r: &RunSummary| {
             mine(r.caller_id.as_deref())
                 && agent_ok(&r.agent)
                 && in_tree(r.run_id)
                 && !seen.contains(&r.run_id)
-                && after.is_none_or(|(at, id)| (r.finished_at, r.run_id) < (at, id))
+                && c.keeps_ended(r)
         };
         let need = limit + 1 - out.len();
         let ended: Vec<RunSummary> = match &all_ended {
-            Some(all) => all.iter().filter(|r| keep(r)).take(need).cloned().collect(),
+            Some(all) => all
+                .iter()
+                .filter(|r| c.ended.is_none_or(|e| e.precedes(r)) && keep(r))
+                .take(need)
+                .cloned()
+                .collect(),
             None => {
-                // The index has no cursor: ask for more until the page is
-                // full or the index has no more.
-                let mut ask = (need as u32).saturating_mul(2).max(16);
+                // Keyset pages of the index from the cursor on, until
+                // this page is full or the index has no more; each
+                // fetch starts where the last ended.
+                let mut kept = Vec::with_capacity(need);
+                let mut after = c.ended;
                 loop {
+                    let ask = (need as u32).max(FETCH);
                     let f = RunFilter {
                         limit: Some(ask),
+                        after,
                         ..ended_filter.clone()
                     };
                     let got = st.index.list_runs(&f).await.map_err(ApiError::store)?;
                     let short = got.len() < ask as usize;
-                    let kept: Vec<RunSummary> =
-                        got.into_iter().filter(|r| keep(r)).take(need).collect();
+                    after = got.last().map(RunCursor::after).or(after);
+                    kept.extend(got.into_iter().filter(|r| keep(r)));
                     if kept.len() >= need || short {
-                        break kept;
+                        break;
                     }
-                    ask = ask.saturating_mul(4);
                 }
+                kept.truncate(need);
+                kept
             }
         };
         for r in ended {
             if out.len() == limit {
-                next = out
-                    .last()
-                    .and_then(|l| l.finished_at.map(|at| format!("e:{at}:{}", l.run_id)));
+                more = true;
                 break;
             }
+            cursor.ended = Some(RunCursor::after(&r));
             out.push(RunItem::ended(&r));
         }
     }
     // A full page of live runs may be followed by ended ones.
-    if next.is_none()
-        && out.len() == limit
-        && want_ended
-        && out.last().is_some_and(|l| l.live.is_some())
-    {
-        next = out.last().map(|l| format!("l:{}", l.run_id));
+    if !more && out.len() == limit && want_ended && cursor.ended.is_none() {
+        more = true;
     }
     Ok(Json(RunList {
         runs: out,
-        next_cursor: next,
+        next_cursor: more.then(|| cursor.encode()),
     }))
 }
 
@@ -630,47 +712,75 @@ pub(crate) async fn cancel(
     Ok(accepted(&run, "cancel"))
 }
 
-/// Approve the run's pending tool call. This host has no approval gates:
-/// no run ever waits for one, so the answer is 409 for a run the caller
-/// may see.
+/// Why a decision did not reach the run.
+fn approval_error(id: &str, e: ApprovalError) -> ApiError {
+    let message = match &e {
+        ApprovalError::NotAwaiting => format!("run `{id}` awaits no approval"),
+        other => format!("run `{id}`: {other}"),
+    };
+    ApiError::new(StatusCode::CONFLICT, e.kind(), message)
+}
+
+fn decided(run: &RunRef, action: &str, calls: Vec<PendingApproval>) -> Json<ApprovalDecision> {
+    Json(ApprovalDecision {
+        run_id: run.run_id().to_string(),
+        action: action.to_string(),
+        calls: calls.iter().map(PendingView::from).collect(),
+    })
+}
+
+/// Approve the tool calls the run waits for (or the one `call_id` names):
+/// they run, and the run goes on once none waits.
 #[utoipa::path(
     post, path = "/v1/runs/{id}/approve", tag = "control",
     params(("id" = String, Path, description = "The run's id")), request_body(content = Option<ApprovalBody>),
-    responses((status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, description = "The run awaits no approval", body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses(
+        (status = 200, description = "The calls approved", body = ApprovalDecision),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run has ended, awaits no approval (`not_awaiting_approval`), or not of that call (`unknown_call`)", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
     security(("bearer" = []))
 )]
 pub(crate) async fn approve(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    _body: super::body::OptionalJson<ApprovalBody>,
-) -> Result<StatusCode, ApiError> {
-    not_awaiting(&st, &caller, &id).await
+    body: super::body::OptionalJson<ApprovalBody>,
+) -> Result<Json<ApprovalDecision>, ApiError> {
+    let body = body.0.unwrap_or_default();
+    let run = live_run(&st, &caller, &id).await?;
+    let calls = run
+        .approve(body.call_id.as_deref())
+        .map_err(|e| approval_error(&id, e))?;
+    Ok(decided(&run, "approve", calls))
 }
 
-/// Deny the run's pending tool call (see `approve`).
+/// Deny the tool calls the run waits for (or the one `call_id` names):
+/// the model reads `denied by operator: NOTE` as their result.
 #[utoipa::path(
     post, path = "/v1/runs/{id}/deny", tag = "control",
     params(("id" = String, Path, description = "The run's id")), request_body(content = Option<ApprovalBody>),
-    responses((status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, description = "The run awaits no approval", body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses(
+        (status = 200, description = "The calls denied", body = ApprovalDecision),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run has ended, awaits no approval (`not_awaiting_approval`), or not of that call (`unknown_call`)", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ),
     security(("bearer" = []))
 )]
 pub(crate) async fn deny(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    _body: super::body::OptionalJson<ApprovalBody>,
-) -> Result<StatusCode, ApiError> {
-    not_awaiting(&st, &caller, &id).await
-}
-
-async fn not_awaiting(st: &AppState, caller: &Caller, id: &str) -> Result<StatusCode, ApiError> {
-    find(st, caller, id).await?;
-    Err(ApiError::new(
-        StatusCode::CONFLICT,
-        "not_awaiting_approval",
-        format!("run `{id}` awaits no approval (this host has no approval gates)"),
-    ))
+    body: super::body::OptionalJson<ApprovalBody>,
+) -> Result<Json<ApprovalDecision>, ApiError> {
+    let body = body.0.unwrap_or_default();
+    let run = live_run(&st, &caller, &id).await?;
+    let calls = run
+        .deny(body.call_id.as_deref(), body.note.unwrap_or_default())
+        .map_err(|e| approval_error(&id, e))?;
+    Ok(decided(&run, "deny", calls))
 }
 
 /// The agents this server runs.

@@ -32,7 +32,7 @@ use super::AppState;
 use crate::{Event, HostEvent, RunEvent};
 
 /// The SSE frame of one run event.
-fn frame(ev: &Event) -> SseEvent {
+pub(crate) fn frame(ev: &Event) -> SseEvent {
     let data = serde_json::to_string(ev).unwrap_or_default();
     let f = SseEvent::default().data(data);
     match ev.event {
@@ -107,7 +107,7 @@ pub(crate) async fn run_events(
     Ok(sse(s, st.config.keep_alive))
 }
 
-fn sse<S>(s: S, every: std::time::Duration) -> Response
+pub(crate) fn sse<S>(s: S, every: std::time::Duration) -> Response
 where
     S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
 {

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -28,13 +29,44 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::ports::audit::AuditStats;
 use crate::{Agent, Host, Invocation, Limits, RunResult, RunStatus};
 
+use super::figures::{mib, round3};
 use super::histogram::{percentile_us, LatencyHistogram, BUCKETS};
-use super::report::{mib, round3, Sample};
 use super::sampler::{cpu_seconds, open_fds, peak_rss_bytes, rss_bytes};
 
 /// Actors a host runs besides its runs and critic shards: the root, audit
 /// and budget.
 const FIXED_ACTORS: usize = 3;
+
+/// One second of the soak.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Sample {
+    /// Seconds since the first run started.
+    pub t_s: f64,
+    /// `run` while runs are started, `drain` after.
+    pub phase: &'static str,
+    /// Runs completed in this interval.
+    pub completed: u64,
+    /// Runs completed per second in this interval.
+    pub runs_per_sec: f64,
+    /// Median latency (submit to result) of the runs completed in it.
+    pub p50_ms: f64,
+    /// Their 99th percentile.
+    pub p99_ms: f64,
+    /// RSS at the sample.
+    pub rss_bytes: u64,
+    /// The same in MiB.
+    pub rss_mib: f64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// Runs alive.
+    pub live_runs: usize,
+    /// Actors alive: runs alive, the root, audit, budget and the shards.
+    pub live_actors: usize,
+    /// CPU time over wall time in this interval (100 = one core).
+    pub cpu_pct: f64,
+    /// Statuses so far (cumulative).
+    pub statuses: BTreeMap<String, u64>,
+}
 
 /// What to soak.
 #[derive(Clone, Debug, PartialEq, Eq)]

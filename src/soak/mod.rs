@@ -22,6 +22,7 @@
 //!   to judge says so), statuses against the faults injected, one terminal
 //!   record per run.
 //! - [`report`]: settings, series, summary and verdict, as serialized.
+//! - [`figures`]: how every figure of a report is written.
 //!
 //! # Samples (one a second)
 //! Runs completed in that second (runs/s) and their latency p50/p99 (submit
@@ -52,12 +53,14 @@
 //! [`Host::live_runs`]: crate::Host::live_runs
 
 pub mod driver;
+pub mod figures;
 pub mod histogram;
 pub mod report;
 pub mod sampler;
 pub mod verdict;
 
-pub use driver::{drain_limit, status_key, Soak, SoakPlan, Soaked, Stopper};
+pub use driver::{drain_limit, status_key, Sample, Soak, SoakPlan, Soaked, Stopper};
+pub use figures::{mib, round3};
 pub use histogram::{nearest_rank, percentile_us, LatencyHistogram};
-pub use report::{mib, round3, Report, Sample, Settings, Summary};
+pub use report::{Report, Settings, Summary};
 pub use verdict::{RssOutcome, RssVerdict, StatusVerdict, TerminalVerdict, Verdict};

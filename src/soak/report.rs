@@ -11,19 +11,10 @@ use serde::Serialize;
 use crate::ports::audit::AuditStats;
 use crate::providers::chaos::ChaosCounts;
 
-use super::driver::Soaked;
+use super::driver::{Sample, Soaked};
+use super::figures::{mib, round3};
 use super::histogram::percentile_us;
 use super::verdict::{explain_statuses, rss_verdict, TerminalVerdict, Verdict};
-
-/// Rounds to three decimals: every figure in a soak or swarm report.
-pub fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-/// Bytes in MiB.
-pub fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
 
 /// What the soak was asked to do.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -50,37 +41,6 @@ pub struct Settings {
     pub db: String,
     /// The host's critic shards.
     pub critic_shards: usize,
-}
-
-/// One second of the soak.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Sample {
-    /// Seconds since the first run started.
-    pub t_s: f64,
-    /// `run` while runs are started, `drain` after.
-    pub phase: &'static str,
-    /// Runs completed in this interval.
-    pub completed: u64,
-    /// Runs completed per second in this interval.
-    pub runs_per_sec: f64,
-    /// Median latency (submit to result) of the runs completed in it.
-    pub p50_ms: f64,
-    /// Their 99th percentile.
-    pub p99_ms: f64,
-    /// RSS at the sample.
-    pub rss_bytes: u64,
-    /// The same in MiB.
-    pub rss_mib: f64,
-    /// Open file descriptors.
-    pub open_fds: u64,
-    /// Runs alive.
-    pub live_runs: usize,
-    /// Actors alive: runs alive, the root, audit, budget and the shards.
-    pub live_actors: usize,
-    /// CPU time over wall time in this interval (100 = one core).
-    pub cpu_pct: f64,
-    /// Statuses so far (cumulative).
-    pub statuses: BTreeMap<String, u64>,
 }
 
 /// The whole soak, summed up.

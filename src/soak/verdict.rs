@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use crate::providers::chaos::ChaosCounts;
 
-use super::report::{mib, round3};
+use super::figures::{mib, round3};
 
 /// The RSS slope a soak may show after warm-up, in % per minute.
 pub const RSS_SLOPE_LIMIT_PCT_PER_MIN: f64 = 1.0;

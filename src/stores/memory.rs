@@ -342,7 +342,7 @@ impl BudgetLedger for MemoryBudgetLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::run::RunEvent;
+    use crate::ports::event::RunEvent;
 
     fn rec(run: RunId, seq: u32) -> AuditRecord {
         AuditRecord {

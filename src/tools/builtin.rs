@@ -15,7 +15,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Number, Value};
 
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::model::ToolSpec;
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 
 /// Every built-in tool, ready to register.
 pub fn builtins() -> Vec<Arc<dyn Tool>> {

@@ -11,6 +11,10 @@
 //! [`PreparedCall::execute`] runs the tool under a timeout, turns a panic
 //! into [`ToolError::Panicked`] and caps what comes back, so whatever a tool
 //! does, the caller gets a bounded `Result<String, ToolError>`.
+//!
+//! The file stays whole: registering, selecting and calling share the one
+//! compiled entry (tool and validator) the registry makes, and almost half
+//! of its length is tests.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,9 +28,9 @@ use serde_json::Value;
 
 use super::builtin::builtins;
 use super::validate::{compile_schema, validate_arguments, MAX_ERROR_BYTES};
-use crate::ports::model::ToolCallRequest;
+use crate::ports::model::{ToolCallRequest, ToolSpec};
 use crate::ports::run::cap_text;
-use crate::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use crate::ports::tool::{Tool, ToolContext, ToolError};
 
 /// The longest tool name accepted, as providers allow.
 const MAX_NAME_BYTES: usize = 64;

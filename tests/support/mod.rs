@@ -4,18 +4,30 @@
 //! calls or hang until dropped).
 //!
 //! Every test binary includes this module with `mod support;` and uses only
-//! part of it, hence `dead_code` is allowed here.
+//! part of it, hence `dead_code` is allowed here. Scratch directories are in
+//! [`scratch`], running the binary in [`cli`]; a server on a loopback
+//! socket (`loopback`) needs the `cli` feature.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, missing_docs)]
+
+pub(crate) mod cli;
+#[cfg(feature = "cli")]
+pub(crate) mod loopback;
+pub(crate) mod scratch;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore};
-use agentvisor::ports::model::{ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role};
-use agentvisor::ports::tool::{Tool, ToolContext, ToolError, ToolSpec};
+use agentvisor::ports::model::{
+    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolSpec,
+};
+use agentvisor::ports::tool::{Tool, ToolContext, ToolError};
 use agentvisor::providers::ScriptedModel;
 use agentvisor::stores::MemoryAuditStore;
-use agentvisor::{AgentSpec, Host, HostBuilder, HostConfig, RunEvent, RunEvents, RunId};
+use agentvisor::{
+    AgentSource, AgentSpec, Host, HostBuilder, HostConfig, Invocation, RunEvent, RunEvents, RunId,
+    RunResult,
+};
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
@@ -51,6 +63,18 @@ pub(crate) fn spec(yaml: &str) -> AgentSpec {
         Ok(s) => s,
         Err(e) => panic!("test manifest does not parse: {e}\n{yaml}"),
     }
+}
+
+/// Submits `agent` with `inv`, reads the run's events until the stream
+/// ends and waits for its result.
+pub(crate) async fn run_to_end(
+    host: &Host,
+    agent: impl Into<AgentSource>,
+    inv: Invocation,
+) -> (RunResult, Vec<RunEvent>) {
+    let (handle, events) = host.submit_streaming(agent, inv).await.unwrap();
+    let events = collect(events).await;
+    (handle.await, events)
 }
 
 /// Reads events until the stream ends (the run ended).

@@ -19,9 +19,18 @@
 //! - **A save that waits is answered.** A run being admitted (its first
 //!   checkpoint) gets `Ok` once the save is written, or the error.
 //! - **Leases.** Every save holds the run under the host's lease (see
-//!   [`Lease`]); while it has saved any, the task renews the host's
-//!   leases every third of their length, so a live host's runs are never
-//!   claimed by a `recover` elsewhere.
+//!   [`Lease`]); the task renews the host's lease and its run leases every
+//!   third of their length, so a live host's runs are never claimed, nor
+//!   its runs in flight ended, by a `recover` elsewhere.
+//! - **Fencing.** A save that finds its run held by another owner (or its
+//!   row gone: finished there), and a renewal that holds fewer runs than
+//!   this host saved, mean a `recover` elsewhere took those runs over
+//!   while this host's lease had expired (it was paused): each is stopped
+//!   here without a terminal record or another checkpoint (a warning, and
+//!   a `cancelled`/[`LEASE_LOST`] result for its caller). After a pause,
+//!   and whenever the last renewal is older than two thirds of the lease,
+//!   the audit writer asks for a renewal before it writes a batch, and
+//!   drops the records of the runs found lost ([`LeaseWatch`]).
 //! - **Failures are retried**, every [`RETRY_EVERY`] and with the next
 //!   job, until the work is done or the host stops. Lost on a crash:
 //!   saves and clears not yet written (a resumed run repeats at most the
@@ -30,14 +39,16 @@
 //!
 //! Rate: a save per step of a durable run; a clear per finished durable run.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Lease};
-use crate::ports::run::RunId;
+use crate::ports::run::{unix_ms, RunId};
+use crate::record::{Command, HostRuns, LEASE_LOST};
 
 /// How soon failed checkpoint work is tried again.
 pub(super) const RETRY_EVERY: Duration = Duration::from_millis(500);
@@ -53,6 +64,77 @@ pub(super) enum CheckpointJob {
     Clear(Vec<RunId>),
     /// Write what is pending, then answer.
     Flush(oneshot::Sender<()>),
+    /// Renew now (the process was paused, or the audit writer is about to
+    /// write past the last renewal's safe window); answers once done.
+    Renew(Option<oneshot::Sender<()>>),
+}
+
+/// What the host knows of its leases, read by the audit writer before each
+/// batch (atomics: one check per batch) and written by the checkpoint task.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseWatch {
+    /// Unix ms until which the last renewal keeps every lease of the host
+    /// (less a third of the lease for safety); 0 before the first one and
+    /// after a pause.
+    safe_until_ms: AtomicU64,
+    /// Unix ms before which no renewal is asked for again (one failed).
+    retry_after_ms: AtomicU64,
+    /// Durable runs the host holds (saved, not cleared).
+    held: AtomicU64,
+    /// Some run was fenced: the writer drops its records.
+    any_fenced: AtomicBool,
+    /// The runs fenced (rare; kept for the host's life).
+    fenced: Mutex<HashSet<RunId>>,
+}
+
+impl LeaseWatch {
+    /// Whether the host's leases may have expired (and it holds durable
+    /// runs): the writer asks for a renewal before it writes.
+    pub(crate) fn stale(&self) -> bool {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let now = unix_ms();
+        now >= self.safe_until_ms.load(Ordering::Relaxed)
+            && now >= self.retry_after_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether some run of the host was fenced.
+    pub(crate) fn any_fenced(&self) -> bool {
+        self.any_fenced.load(Ordering::Relaxed)
+    }
+
+    /// The runs fenced so far.
+    pub(crate) fn fenced_runs(&self) -> HashSet<RunId> {
+        self.fenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A renewal at `started_ms` held for `ttl`.
+    pub(crate) fn renewed(&self, started_ms: u64, ttl: Duration) {
+        let ttl = ttl.as_millis() as u64;
+        self.safe_until_ms
+            .store(started_ms + ttl - ttl / 3, Ordering::Relaxed);
+    }
+
+    /// The process was not scheduled for a while: nothing is known.
+    fn paused(&self) {
+        self.safe_until_ms.store(0, Ordering::Relaxed);
+        self.retry_after_ms.store(0, Ordering::Relaxed);
+    }
+
+    fn fence(&self, runs: &[RunId]) {
+        if runs.is_empty() {
+            return;
+        }
+        self.fenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(runs.iter().copied());
+        self.any_fenced.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The handle the audit actor and its writer send work through.
@@ -62,23 +144,44 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
-    /// Starts the task.
+    /// Starts the task (the host took its lease as it was built: the
+    /// first renewal is a third of the lease later).
     pub(super) fn start(
         checkpointer: Arc<dyn Checkpointer>,
         lease: Lease,
+        watch: Arc<LeaseWatch>,
+        live: Arc<HostRuns>,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let renew_every = (lease.ttl / 3).max(Duration::from_millis(10));
         let task = Saver {
             checkpointer,
-            renew_every: (lease.ttl / 3).max(Duration::from_millis(10)),
+            renew_every,
             lease,
-            renew_at: None,
+            renew_at: tokio::time::Instant::now() + renew_every,
             rx,
             unsaved: HashMap::new(),
             acks: Vec::new(),
             uncleared: Vec::new(),
+            held: HashSet::new(),
+            watch,
+            live,
         };
         (Checkpoints { tx }, tokio::spawn(task.run()))
+    }
+
+    /// Renews the leases now; resolves once done (or the task is gone).
+    pub(super) async fn renew_now(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(CheckpointJob::Renew(Some(tx))).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// The process was paused: renew (and find lost runs) at once.
+    pub(super) fn paused(&self, watch: &LeaseWatch) {
+        watch.paused();
+        let _ = self.tx.send(CheckpointJob::Renew(None));
     }
 
     /// Queues a save (answered on `ack` once written, if given).
@@ -114,8 +217,8 @@ struct Saver {
     /// The host's lease.
     lease: Lease,
     renew_every: Duration,
-    /// When to renew the host's leases next (`None`: it holds none yet).
-    renew_at: Option<tokio::time::Instant>,
+    /// When to renew the host's leases next.
+    renew_at: tokio::time::Instant,
     rx: mpsc::UnboundedReceiver<CheckpointJob>,
     /// The latest unsaved checkpoint per run.
     unsaved: HashMap<RunId, Box<Checkpoint>>,
@@ -123,6 +226,12 @@ struct Saver {
     acks: Vec<SaveAck>,
     /// Runs whose checkpoints are to be deleted.
     uncleared: Vec<RunId>,
+    /// Runs saved under the host's lease and not cleared: those it holds.
+    held: HashSet<RunId>,
+    /// Shared with the audit writer.
+    watch: Arc<LeaseWatch>,
+    /// The host's runs in flight (a fenced one is stopped).
+    live: Arc<HostRuns>,
 }
 
 impl Saver {
@@ -130,22 +239,18 @@ impl Saver {
         loop {
             let pending = !(self.unsaved.is_empty() && self.uncleared.is_empty());
             let retry_at = pending.then(|| tokio::time::Instant::now() + RETRY_EVERY);
-            let wake = match (retry_at, self.renew_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let job = match wake {
-                Some(at) => match tokio::time::timeout_at(at, self.rx.recv()).await {
-                    Ok(job) => job,
-                    Err(_) => {
+            let wake = retry_at.map_or(self.renew_at, |a| a.min(self.renew_at));
+            let job = match tokio::time::timeout_at(wake, self.rx.recv()).await {
+                Ok(job) => job,
+                Err(_) => {
+                    if tokio::time::Instant::now() >= self.renew_at {
                         self.renew().await;
-                        if pending {
-                            self.write().await;
-                        }
-                        continue;
                     }
-                },
-                None => self.rx.recv().await,
+                    if pending {
+                        self.write().await;
+                    }
+                    continue;
+                }
             };
             let Some(job) = job else {
                 // The audit actor stopped: a last try, then end.
@@ -153,10 +258,17 @@ impl Saver {
                 return;
             };
             let mut flushes = Vec::new();
-            self.take(job, &mut flushes);
+            let mut renew = None;
+            self.take(job, &mut flushes, &mut renew);
             // Everything else queued meanwhile joins this write.
             while let Ok(job) = self.rx.try_recv() {
-                self.take(job, &mut flushes);
+                self.take(job, &mut flushes, &mut renew);
+            }
+            if let Some(waiting) = renew {
+                self.renew().await;
+                for w in waiting.into_iter().flatten() {
+                    let _ = w.send(());
+                }
             }
             self.write().await;
             for f in flushes {
@@ -165,8 +277,14 @@ impl Saver {
         }
     }
 
-    fn take(&mut self, job: CheckpointJob, flushes: &mut Vec<oneshot::Sender<()>>) {
+    fn take(
+        &mut self,
+        job: CheckpointJob,
+        flushes: &mut Vec<oneshot::Sender<()>>,
+        renew: &mut Option<Vec<Option<oneshot::Sender<()>>>>,
+    ) {
         match job {
+            CheckpointJob::Renew(w) => renew.get_or_insert_with(Vec::new).push(w),
             CheckpointJob::Save(c, ack) => {
                 self.unsaved.insert(c.run_id, c);
                 self.acks.extend(ack);
@@ -181,16 +299,68 @@ impl Saver {
         }
     }
 
-    /// Renews the host's leases when it is time.
+    /// Renews the host's leases, and stops the runs it finds it lost.
     async fn renew(&mut self) {
-        let Some(at) = self.renew_at else { return };
-        if tokio::time::Instant::now() < at {
+        let started = unix_ms();
+        match self.checkpointer.renew(&self.lease).await {
+            Ok(renewal) => {
+                self.watch.renewed(started, self.lease.ttl);
+                if renewal.taken_over {
+                    tracing::warn!(
+                        owner = %self.lease.owner,
+                        "this host's lease had expired (the process was paused or cut off) and a `recover` elsewhere took the host over: runs in flight here that are not durable may have been ended `interrupted` there (the first terminal record of a run is the one kept)"
+                    );
+                }
+                if renewal.runs < self.held.len() as u64 {
+                    match self.checkpointer.held_by(&self.lease.owner).await {
+                        Ok(still) => {
+                            let still: HashSet<RunId> = still.into_iter().collect();
+                            let lost: Vec<RunId> = self
+                                .held
+                                .iter()
+                                .filter(|r| !still.contains(r))
+                                .copied()
+                                .collect();
+                            self.lost(lost);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot read which durable runs this host still holds")
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                self.watch
+                    .retry_after_ms
+                    .store(started + RETRY_EVERY.as_millis() as u64, Ordering::Relaxed);
+                tracing::warn!(error = %e, "cannot renew this host's leases; retrying");
+            }
+        }
+        self.renew_at = tokio::time::Instant::now() + self.renew_every;
+    }
+
+    /// Runs another host took over: stopped here, nothing more of them
+    /// written (their records dropped by the audit writer).
+    fn lost(&mut self, runs: Vec<RunId>) {
+        if runs.is_empty() {
             return;
         }
-        if let Err(e) = self.checkpointer.renew(&self.lease).await {
-            tracing::warn!(error = %e, "cannot renew the leases on durable runs; retrying");
+        tracing::warn!(
+            runs = runs.len(),
+            owner = %self.lease.owner,
+            "durable runs of this host were taken over by another host while this host's lease had expired (the process was paused or cut off): they are stopped here, without a terminal record ({LEASE_LOST})"
+        );
+        self.watch.fence(&runs);
+        for run in &runs {
+            self.held.remove(run);
+            self.unsaved.remove(run);
+            if let Some(shared) = self.live.get(run) {
+                shared.command(Command::Fence);
+            }
         }
-        self.renew_at = Some(tokio::time::Instant::now() + self.renew_every);
+        self.watch
+            .held
+            .store(self.held.len() as u64, Ordering::Relaxed);
     }
 
     /// Saves what is unsaved (answering who waits), then clears. What
@@ -203,14 +373,16 @@ impl Saver {
                 .map(|c| Checkpoint::clone(c))
                 .collect();
             match self.checkpointer.save(&batch, &self.lease).await {
-                Ok(()) => {
-                    if self.renew_at.is_none() {
-                        self.renew_at = Some(tokio::time::Instant::now() + self.renew_every);
-                    }
+                Ok(lost) => {
                     self.unsaved.clear();
+                    self.held.extend(batch.iter().map(|c| c.run_id));
                     for ack in self.acks.drain(..) {
                         let _ = ack.send(Ok(()));
                     }
+                    self.lost(lost);
+                    self.watch
+                        .held
+                        .store(self.held.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, runs = batch.len(), "cannot save checkpoints; retrying");
@@ -223,7 +395,14 @@ impl Saver {
         }
         if !self.uncleared.is_empty() {
             match self.checkpointer.clear(&self.uncleared).await {
-                Ok(()) => self.uncleared.clear(),
+                Ok(()) => {
+                    for run in self.uncleared.drain(..) {
+                        self.held.remove(&run);
+                    }
+                    self.watch
+                        .held
+                        .store(self.held.len() as u64, Ordering::Relaxed);
+                }
                 Err(e) => {
                     tracing::error!(error = %e, runs = self.uncleared.len(), "cannot clear checkpoints; retrying")
                 }
@@ -233,11 +412,16 @@ impl Saver {
 }
 
 /// A lease owner id for this host: `HOSTNAME/PID/NONCE`, unique per host
-/// and process (the nonce tells two hosts of one process apart).
+/// and process: the nonce is the process's random salt (so a later process
+/// that gets the same pid is another owner) and a count of the process's
+/// hosts. Short: every run's `run.start` record names it.
 pub(crate) fn lease_owner() -> String {
-    // A whole run id: its leading digits are a time, its rest random.
-    let nonce = crate::ports::run::RunId::new();
-    format!("{}/{}/{nonce}", hostname(), std::process::id())
+    static HOSTS: AtomicU64 = AtomicU64::new(0);
+    // A run id's digits 12 to 19 are its process's random salt.
+    let id = RunId::new().to_hex();
+    let salt = std::str::from_utf8(&id[12..20]).unwrap_or("0");
+    let n = HOSTS.fetch_add(1, Ordering::Relaxed);
+    format!("{}/{}/{salt}{n}", hostname(), std::process::id())
 }
 
 /// Whether the owner of a lease is provably gone: a process of this

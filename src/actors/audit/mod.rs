@@ -38,6 +38,11 @@
 //! - **Checkpoints.** A durable run's checkpoint is cleared only once its
 //!   terminal record is in the store (not while it is in the spool or in
 //!   memory).
+//! - **Fencing.** Records of a durable run another host took over (see
+//!   `checkpoints`) are dropped, its terminal record too: its caller gets a
+//!   `cancelled`/[`LEASE_LOST`](crate::record::LEASE_LOST) result. While
+//!   the host's leases may have expired (after a pause, or when the last
+//!   renewal is old), a batch waits for a renewal first.
 //! - **Drain.** `Drain` writes everything buffered (replaying the whole
 //!   spool, ignoring the backoff) and the pending checkpoint work before
 //!   it answers; so does stopping the actor gracefully. Lost on a crash:
@@ -78,8 +83,8 @@ use tokio::task::JoinHandle;
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore};
 use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Lease};
 use crate::ports::run::{RunId, RunResult};
-use crate::record::{Delivery, Finished, Terminal};
-use checkpoints::Checkpoints;
+use crate::record::{Delivery, Finished, HostRuns, Terminal};
+use checkpoints::{Checkpoints, LeaseWatch};
 
 /// Records held in memory at most while the store fails and no spool takes them.
 pub const HELD_MAX: usize = 100_000;
@@ -134,6 +139,13 @@ pub enum AuditMsg {
     Demand,
     /// Write the buffer and answer with the store's counts (shutdown).
     Drain(RpcReplyPort<AuditStats>),
+    /// The process was not scheduled for `gap` (a critic shard noticed):
+    /// the host's leases may have expired, so they are renewed (and lost
+    /// runs found) before anything more is written.
+    Paused {
+        /// How long.
+        gap: Duration,
+    },
 }
 
 /// Hands what finalizing a run produced to the audit actor: the terminal
@@ -234,6 +246,10 @@ pub struct Audit {
     pub(crate) health: Arc<AuditHealth>,
     /// The host's lease on the durable runs it runs.
     pub(crate) lease: Lease,
+    /// What the host knows of its leases (shared with the host).
+    pub(crate) lease_watch: Arc<LeaseWatch>,
+    /// The host's runs in flight (runs another host took over are stopped).
+    pub(crate) live: Arc<HostRuns>,
 }
 
 type Waiter = (Delivery, Arc<RunResult>);
@@ -287,8 +303,12 @@ impl Actor for Audit {
     ) -> Result<AuditState, ActorProcessingErr> {
         let (tx, rx) = mpsc::channel(WRITER_QUEUE);
         let demand = Arc::new(Demand::default());
-        let (checkpoints, checkpoints_task) =
-            Checkpoints::start(self.checkpointer.clone(), self.lease.clone());
+        let (checkpoints, checkpoints_task) = Checkpoints::start(
+            self.checkpointer.clone(),
+            self.lease.clone(),
+            self.lease_watch.clone(),
+            self.live.clone(),
+        );
         let writer =
             writer::Writer::new(self, rx, demand.clone(), myself, checkpoints.clone()).await;
         Ok(AuditState {
@@ -329,6 +349,14 @@ impl Actor for Audit {
             }
             AuditMsg::Checkpoint { checkpoint, saved } => {
                 st.checkpoints.save(checkpoint, saved);
+                return Ok(());
+            }
+            AuditMsg::Paused { gap } => {
+                tracing::debug!(
+                    gap_ms = gap.as_millis() as u64,
+                    "paused: renewing the host's leases"
+                );
+                st.checkpoints.paused(&self.lease_watch);
                 return Ok(());
             }
             AuditMsg::Flush => {

@@ -176,7 +176,8 @@ pub(crate) fn scan(path: &Path) -> std::io::Result<SpoolIndex> {
 mod tests {
     use super::*;
     use crate::ports::audit::AuditEntry;
-    use crate::ports::run::{RunEvent, RunId};
+    use crate::ports::event::RunEvent;
+    use crate::ports::run::RunId;
 
     #[tokio::test]
     async fn spool_lines_round_trip_from_an_offset() {

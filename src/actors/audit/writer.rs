@@ -23,14 +23,15 @@ use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::checkpoints::Checkpoints;
+use super::checkpoints::{Checkpoints, LeaseWatch};
 use super::spool;
 use super::{
     deliver, Audit, AuditHealth, AuditMsg, Demand, Job, Waiter, BACKOFF_MAX, BACKOFF_MIN,
     COALESCE_BATCHES, HELD_MAX, REPLAY_CHUNKS_PER_WRITE,
 };
 use crate::ports::audit::{AuditRecord, AuditStore, AuditStoreError};
-use crate::ports::run::RunId;
+use crate::ports::run::{RunId, RunResult, RunStatus};
+use crate::record::{Ending, LEASE_LOST};
 
 /// The writer task: owns the store side — appends, the spool, the outage
 /// backoff, the records held in memory.
@@ -56,6 +57,8 @@ pub(super) struct Writer {
     dropped: u64,
     /// Where checkpoint clears go.
     checkpoints: Checkpoints,
+    /// What the host knows of its leases (fencing).
+    lease_watch: Arc<LeaseWatch>,
     /// Reported to the host (see [`AuditHealth`]).
     health: Arc<AuditHealth>,
     /// Durable runs whose terminal record is not in the store yet (held,
@@ -127,6 +130,7 @@ impl Writer {
             spool_broken: false,
             dropped: 0,
             checkpoints,
+            lease_watch: audit.lease_watch.clone(),
             health: audit.health.clone(),
             unsettled: HashSet::new(),
             in_flight: None,
@@ -220,6 +224,7 @@ impl Writer {
                         Err(_) => break,
                     }
                 }
+                self.fence(&mut batch, &mut waiting).await;
                 if drain.is_none() && !batch.is_empty() && self.may_pipeline() {
                     self.start_append(batch, waiting).await;
                     return true;
@@ -249,6 +254,45 @@ impl Writer {
                 self.write(true).await;
                 self.checkpoints.flush().await;
                 false
+            }
+        }
+    }
+
+    /// Fencing: the records of durable runs another host took over are
+    /// dropped (their callers get a `cancelled`/`lease_lost` result, and
+    /// their checkpoints stay: they are the other host's). When the host's
+    /// leases may have expired (a pause, an old renewal), they are renewed
+    /// first, which finds such runs. Costs a batch three atomic loads
+    /// otherwise.
+    async fn fence(&mut self, batch: &mut Vec<AuditRecord>, waiting: &mut [Waiter]) {
+        if self.lease_watch.stale() {
+            self.checkpoints.renew_now().await;
+        }
+        if !self.lease_watch.any_fenced() {
+            return;
+        }
+        let fenced = self.lease_watch.fenced_runs();
+        let before = batch.len();
+        batch.retain(|r| !fenced.contains(&r.run_id));
+        if batch.len() == before {
+            return;
+        }
+        tracing::warn!(
+            records = before - batch.len(),
+            "records of durable runs another host took over were not written"
+        );
+        self.unsettled.retain(|r| !fenced.contains(r));
+        for (_, result) in waiting.iter_mut() {
+            if fenced.contains(&result.run_id) && result.error_kind.as_deref() != Some(LEASE_LOST) {
+                let ending = Ending::fenced();
+                *result = Arc::new(RunResult {
+                    status: RunStatus::Cancelled,
+                    kill_reason: None,
+                    error_kind: ending.error_kind,
+                    error: ending.error,
+                    output: None,
+                    ..RunResult::clone(result)
+                });
             }
         }
     }

@@ -6,37 +6,55 @@
 #[allow(unused_imports)]
 use super::*;
 
+use crate::tools::PreparedCall;
+
 /// A tool call still running after its first poll.
 type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send>>;
 
 /// The outcome of one tool call.
 #[derive(Debug)]
 pub struct ToolOutcome {
-    call_id: Arc<str>,
-    tool: Arc<str>,
+    pub(super) call_id: Arc<str>,
+    pub(super) tool: Arc<str>,
     args: String,
     result: Result<String, ToolError>,
     duration_ms: u64,
 }
 
+/// One call of a turn, checked, before it runs.
+pub(super) struct TurnCall {
+    pub(super) outcome: ToolOutcome,
+    /// The tool and its validated arguments, or why the call is refused.
+    prepared: Result<PreparedCall, ToolError>,
+    /// Whether it may run (see `approval`).
+    pub(super) gate: Gate,
+    /// The arguments as the model sent them (for a call that waits for
+    /// approval: what the operator is shown).
+    pub(super) arguments: Option<String>,
+}
+
+/// Whether a call of a turn may run.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Gate {
+    /// It needs no approval.
+    Free,
+    /// It waits for an operator's decision.
+    Pending,
+    /// An operator approved it.
+    Approved,
+    /// It was denied: the error the model reads.
+    Denied(ToolError),
+}
+
 impl RunState {
-    /// Starts a turn's tool calls. A tool that answers at once without
-    /// blocking (`Tool::answers_at_once`) is polled once in place; the
-    /// others, and those not ready, run in one task (the run holds its
-    /// abort handle and the batch's cancellation signal) whose `ToolsDone`
-    /// brings every outcome back, in the model's order. Returns the
-    /// outcomes when all answered at once.
+    /// Starts a turn's tool calls: each is announced (`tool.call`, a
+    /// heartbeat) and checked; a turn with a call that needs approval is
+    /// parked until an operator decides (see `approval`), any other runs
+    /// at once (see [`run_tools`](Self::run_tools)). Returns the outcomes
+    /// when all answered at once.
     pub(super) fn dispatch_tools(&mut self, calls: &[ToolCallRequest]) -> Option<Vec<ToolOutcome>> {
-        let timeout = self.limits.tool_timeout;
-        let cap = self.limits.max_tool_result_bytes as usize;
-        let mut outcomes = Vec::with_capacity(calls.len());
-        let mut running: Vec<(usize, PendingTool, spans::Traced)> = Vec::new();
-        let mut cancel: Option<CancellationToken> = None;
-        let mut beater: Option<Beater> = None;
-        let mut events: Option<ToolEvents> = None;
-        // One clock read per call: a call's time runs from the end of the
-        // one before (its argument check included).
-        let mut mark = self.now;
+        let mut turn = Vec::with_capacity(calls.len());
+        let mut gated = false;
         for call in calls {
             // The critic counts repeats (arguments compared as canonical
             // JSON); one that reaches the limit is decided on before the
@@ -50,25 +68,67 @@ impl RunState {
                 tool: call.name.clone(),
                 args: args.clone(),
             });
-            let mut outcome = ToolOutcome {
-                call_id: call.id.clone(),
-                tool: call.name.clone(),
-                args,
-                result: Ok(String::new()),
-                duration_ms: 0,
-            };
-            let span = spans::tool(&self.span, &call.name, &call.id);
-            let prepared = match self.agent.tools().prepare(call) {
-                Ok(p) => p,
-                Err(e) => {
+            let prepared = self.agent.tools().prepare(call);
+            // A call that cannot run (unknown tool, bad arguments) goes
+            // back to the model as an error: no operator is asked.
+            let needs = prepared.is_ok() && self.agent.spec().needs_approval(&call.name);
+            gated |= needs;
+            turn.push(TurnCall {
+                outcome: ToolOutcome {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    args,
+                    result: Ok(String::new()),
+                    duration_ms: 0,
+                },
+                prepared,
+                gate: if needs { Gate::Pending } else { Gate::Free },
+                arguments: needs.then(|| call.arguments.to_string()),
+            });
+        }
+        if gated {
+            self.park(turn);
+            return None;
+        }
+        self.run_tools(turn)
+    }
+
+    /// Runs a turn's calls. A tool that answers at once without blocking
+    /// (`Tool::answers_at_once`) is polled once in place; the others, and
+    /// those not ready, run in one task (the run holds its abort handle
+    /// and the batch's cancellation signal) whose `ToolsDone` brings every
+    /// outcome back, in the model's order. A denied or refused call is
+    /// its error. Returns the outcomes when all answered at once.
+    pub(super) fn run_tools(&mut self, turn: Vec<TurnCall>) -> Option<Vec<ToolOutcome>> {
+        let timeout = self.limits.tool_timeout;
+        let cap = self.limits.max_tool_result_bytes as usize;
+        let mut outcomes = Vec::with_capacity(turn.len());
+        let mut running: Vec<(usize, PendingTool, spans::Traced)> = Vec::new();
+        let mut cancel: Option<CancellationToken> = None;
+        let mut beater: Option<Beater> = None;
+        let mut events: Option<ToolEvents> = None;
+        // One clock read per call: a call's time runs from the end of the
+        // one before.
+        let mut mark = self.now;
+        for TurnCall {
+            mut outcome,
+            prepared,
+            gate,
+            ..
+        } in turn
+        {
+            let span = spans::tool(&self.span, &outcome.tool, &outcome.call_id);
+            let prepared = match (gate, prepared) {
+                (Gate::Denied(e), _) | (_, Err(e)) => {
                     outcome.result = Err(e);
                     spans::tool_done(&span, &outcome.result);
                     outcomes.push(outcome);
                     continue;
                 }
+                (_, Ok(p)) => p,
             };
             let in_place = prepared.tool.answers_at_once();
-            let mut ctx = ToolContext::new(self.shared.run_id, call.id.clone());
+            let mut ctx = ToolContext::new(self.shared.run_id, outcome.call_id.clone());
             if !in_place {
                 // Calls that run in a task get the batch's cancellation
                 // signal (a kill gives them `kill_grace` to clean up), a
@@ -87,8 +147,8 @@ impl RunState {
                     .with_deadline(self.watch.hard_deadline)
                     .with_events(sink);
             }
-            let call_fut = prepared.execute(ctx, timeout, cap);
-            let fut: PendingTool = Box::pin(spans::instrument(call_fut, spans::fork(&span)));
+            let call = prepared.execute(ctx, timeout, cap);
+            let fut: PendingTool = Box::pin(spans::instrument(call, spans::fork(&span)));
             if !in_place {
                 // Its first poll happens in the task, not on the shard.
                 running.push((outcomes.len(), fut, span));
@@ -101,7 +161,7 @@ impl RunState {
             outcome.duration_ms = took.as_millis() as u64;
             mark = now;
             if took > SLOW_HANDLER {
-                let what = format!("the tool call `{}`", call.name);
+                let what = format!("the tool call `{}`", outcome.tool);
                 self.slow(&what, took);
             }
             match polled {

@@ -68,6 +68,7 @@ function fromItem(r) {
     ended_ms: r.finished_at || null,
     step: r.live ? r.live.iteration : (r.step || null),
     tokens: r.live ? r.live.tokens : null,
+    waiting: r.live ? (r.live.awaiting_approval || []).length : 0,
   };
 }
 
@@ -82,7 +83,8 @@ function render() {
   const body = $("runs").tBodies[0];
   const html = rows.map((r) => {
     const a = r.ended_ms ? r.ended_ms - r.started_ms : Date.now() - r.started_ms;
-    const status = r.status + (r.kill_reason ? " (" + r.kill_reason + ")" : "");
+    const status = r.status + (r.kill_reason ? " (" + r.kill_reason + ")" : "") +
+      (r.status === "running" && r.waiting ? " · awaiting approval" : "");
     const cost = r.cost_micros != null ? (r.cost_micros / 1e6).toFixed(4) : "";
     const kill = r.status === "running" ? `<button class="danger kill" data-id="${r.run_id}">Kill</button>` : "";
     return `<tr data-id="${r.run_id}"><td><code>${r.run_id.slice(0, 12)}</code></td>` +
@@ -109,7 +111,7 @@ async function loadRuns() {
 async function refreshLive() {
   const { status, data } = await api("GET", "/v1/runs?status=running&limit=500");
   if (status !== 200) return;
-  for (const r of data.runs) upsert({ step: r.live.iteration, tokens: r.live.tokens, run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, status: "running", started_ms: Date.now() - r.live.elapsed_ms });
+  for (const r of data.runs) upsert({ step: r.live.iteration, tokens: r.live.tokens, waiting: (r.live.awaiting_approval || []).length, run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, status: "running", started_ms: Date.now() - r.live.elapsed_ms });
 }
 
 function connectFeed() {
@@ -212,7 +214,12 @@ async function refreshRun() {
   if (data.result) Object.assign(facts, { output: data.output || "", tokens: data.result.usage.input_tokens + data.result.usage.output_tokens, "cost $": (data.result.cost_micros / 1e6).toFixed(4) });
   $("r-facts").innerHTML = Object.entries(facts).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
   const running = data.status === "running";
-  for (const b of ["b-steer", "b-extend", "b-approve", "b-kill"]) $(b).disabled = !running;
+  for (const b of ["b-steer", "b-extend", "b-kill"]) $(b).disabled = !running;
+  // Approve and deny while the run waits for an operator.
+  const waiting = running && data.live ? (data.live.awaiting_approval || []) : [];
+  $("r-approval").hidden = waiting.length === 0;
+  for (const b of ["b-approve", "b-deny"]) $(b).disabled = waiting.length === 0;
+  $("r-approvals").innerHTML = waiting.map((p) => `<li><code>${esc(p.call_id)}</code> <b>${esc(p.tool)}</b> <code>${esc(p.arguments.slice(0, 400))}</code></li>`).join("");
   const tree = await api("GET", "/v1/runs?limit=500&root=" + id);
   if (tree.status === 200) {
     const kids = tree.data.runs.filter((r) => r.run_id !== id);
@@ -243,6 +250,7 @@ function openRun(id) {
     delete rest.type; delete rest.run_id; delete rest.seq;
     li.textContent = ev.seq + "  " + ev.type + "  " + JSON.stringify(rest).slice(0, 240);
     if (ev.type.startsWith("critic.")) li.className = "critic";
+    if (ev.type.startsWith("approval.")) { li.className = "critic"; refreshRun(); }
     if (ev.type === "run.end") {
       li.className = "end";
       es.close();                    // the stream is over; no reconnect
@@ -257,7 +265,8 @@ function openRun(id) {
 async function command(action, body) {
   const id = openRunId();
   const { status, data } = await api("POST", "/v1/runs/" + id + "/" + action, body);
-  $("r-msg").textContent = status === 202 ? action + ": sent" : (data.error ? data.error.message : "HTTP " + status);
+  $("r-msg").textContent = status === 202 || status === 200 ? action + ": sent" : (data.error ? data.error.message : "HTTP " + status);
+  if (action === "approve" || action === "deny") refreshRun();
 }
 
 function route() {
@@ -289,6 +298,7 @@ $("b-steer").addEventListener("click", () => {
 });
 $("b-extend").addEventListener("click", () => command("extend", { seconds: 60 }));
 $("b-approve").addEventListener("click", () => command("approve"));
+$("b-deny").addEventListener("click", () => command("deny", { note: $("r-deny-reason").value.trim() }));
 $("b-kill").addEventListener("click", () => command("kill"));
 $("login").addEventListener("submit", (e) => {
   e.preventDefault();

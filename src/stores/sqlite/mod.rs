@@ -46,7 +46,8 @@
 //! Postgres battery can apply the same files (less one `WITHOUT ROWID`).
 //!
 //! Chat sessions ([`SessionStore`](crate::ports::session::SessionStore))
-//! live in `sessions` and `session_messages` (schema version 7).
+//! live in `sessions` and `session_messages` (schema version 7); host
+//! leases in `host_leases` (version 8).
 
 mod audit;
 mod background;
@@ -83,10 +84,12 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/0006_checkpoint_leases.sql"),
     ),
     (7, include_str!("../../../migrations/0007_sessions.sql")),
+    (8, include_str!("../../../migrations/0008_host_leases.sql")),
+    (9, include_str!("../../../migrations/0009_run_trees.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

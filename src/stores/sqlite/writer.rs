@@ -19,7 +19,8 @@
 //! - **The file is the one that was opened.** Before each write the path's
 //!   device and inode are compared with the file's at open: a database
 //!   deleted or replaced under the host fails every later write (the audit
-//!   actor then spools), rather than writing into an unlinked file.
+//!   actor then spools), rather than writing into an unlinked file; the
+//!   store says so from then on (`AuditStats::store_lost`).
 //! - **Order.** Jobs are handled in the order they were sent. The queue is
 //!   unbounded, but every caller awaits its reply, so it holds at most one
 //!   job per waiting caller. Dropping the last handle ends the thread after
@@ -30,7 +31,7 @@
 //!   result that long at most; migrations at open wait [`BUSY_TIMEOUT`].
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rusqlite::{params, Connection, TransactionBehavior};
@@ -65,6 +66,7 @@ pub(super) struct RunRow {
     pub(super) agent: String,
     pub(super) caller_id: Option<String>,
     pub(super) parent_run_id: Option<String>,
+    pub(super) root_run_id: Option<String>,
     pub(super) status: &'static str,
     pub(super) kill_reason: Option<&'static str>,
     pub(super) error_kind: Option<String>,
@@ -89,6 +91,9 @@ pub(super) struct CheckpointRow {
     pub(super) attempts: i64,
     pub(super) state: String,
     pub(super) updated_at: i64,
+    /// The run's first checkpoint: it may create the row (see
+    /// [`Checkpointer::save`](crate::ports::checkpoint::Checkpointer::save)).
+    pub(super) first: bool,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
@@ -122,6 +127,9 @@ pub(super) struct Writer {
     tx: mpsc::UnboundedSender<Job>,
     /// Appends sent and not answered yet (see [`Writer::append`]).
     appends_in_flight: Arc<AtomicUsize>,
+    /// Set once a write found the file deleted or replaced (for good: the
+    /// writer never writes to another file than the one it opened).
+    file_lost: Arc<AtomicBool>,
 }
 
 /// Counts an append in flight until it answers or is dropped.
@@ -169,9 +177,11 @@ impl Writer {
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
         let path = target.path.clone();
+        let file_lost = Arc::new(AtomicBool::new(false));
+        let lost = file_lost.clone();
         let spawned = std::thread::Builder::new()
             .name("agentvisor-sqlite-writer".into())
-            .spawn(move || run(target, rx, ready_tx));
+            .spawn(move || run(target, rx, ready_tx, lost));
         if let Err(e) = spawned {
             return Err(StoreError::Open {
                 path,
@@ -182,6 +192,7 @@ impl Writer {
             Ok(Ok(())) => Ok(Writer {
                 tx,
                 appends_in_flight: Arc::new(AtomicUsize::new(0)),
+                file_lost,
             }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Open {
@@ -189,6 +200,11 @@ impl Writer {
                 reason: "the writer thread stopped while opening".into(),
             }),
         }
+    }
+
+    /// Whether a write found the database file deleted or replaced.
+    pub(super) fn file_lost(&self) -> bool {
+        self.file_lost.load(Ordering::Relaxed)
     }
 
     async fn ask<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, WriteError> {
@@ -287,9 +303,11 @@ impl Writer {
         .await
     }
 
-    /// Saves checkpoints under a lease (`owner` until `until`; a run
-    /// another owner holds at `now` is not written) and clears others', in
-    /// one transaction.
+    /// Saves checkpoints under a lease (`owner` until `until`) and clears
+    /// others', in one transaction. A run's first checkpoint creates its
+    /// row, or takes one nobody holds at `now`; a later one only updates a
+    /// row `owner` holds. Answers the positions in `save` of the rows not
+    /// written (the runs `owner` lost).
     pub(super) async fn checkpoints(
         &self,
         save: Vec<CheckpointRow>,
@@ -297,9 +315,32 @@ impl Writer {
         owner: String,
         until: i64,
         now: i64,
-    ) -> Result<(), WriteError> {
+    ) -> Result<Vec<usize>, WriteError> {
         self.write(move |tx| {
-            if !save.is_empty() {
+            let mut lost = Vec::new();
+            if save.iter().any(|c| !c.first) {
+                let mut update = tx.prepare_cached(
+                    "UPDATE checkpoints SET agent = ?2, iteration = ?3, attempts = ?4, \
+                     state = ?5, updated_at = ?6, lease_until = ?8 \
+                     WHERE run_id = ?1 AND owner = ?7",
+                )?;
+                for (i, c) in save.iter().enumerate().filter(|(_, c)| !c.first) {
+                    let n = update.execute(params![
+                        c.run_id,
+                        c.agent,
+                        c.iteration,
+                        c.attempts,
+                        c.state,
+                        c.updated_at,
+                        owner,
+                        until
+                    ])?;
+                    if n == 0 {
+                        lost.push(i);
+                    }
+                }
+            }
+            if save.iter().any(|c| c.first) {
                 let mut upsert = tx.prepare_cached(
                     "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at, \
                      owner, lease_until) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
@@ -310,8 +351,8 @@ impl Writer {
                      WHERE checkpoints.owner IS NULL OR checkpoints.owner = excluded.owner \
                      OR checkpoints.lease_until <= ?9",
                 )?;
-                for c in &save {
-                    upsert.execute(params![
+                for (i, c) in save.iter().enumerate().filter(|(_, c)| c.first) {
+                    let n = upsert.execute(params![
                         c.run_id,
                         c.agent,
                         c.iteration,
@@ -322,6 +363,9 @@ impl Writer {
                         until,
                         now
                     ])?;
+                    if n == 0 {
+                        lost.push(i);
+                    }
                 }
             }
             if !clear.is_empty() {
@@ -330,7 +374,7 @@ impl Writer {
                     delete.execute([run_id])?;
                 }
             }
-            Ok(())
+            Ok(lost)
         })
         .await
     }
@@ -357,6 +401,8 @@ fn identity(path: &Path) -> std::io::Result<(u64, u64)> {
 /// The writer thread's state: its connection (`None` after a failure,
 /// until the next job opens one), and what it checks before each write.
 struct WriterState {
+    /// Set when the file is found deleted or replaced.
+    file_lost: Arc<AtomicBool>,
     target: Target,
     limit: Arc<BusyLimit>,
     conn: Option<Connection>,
@@ -373,17 +419,21 @@ impl WriterState {
             return Ok(());
         };
         let path = &self.target.path;
-        match identity(path) {
-            Ok(now) if now == opened => Ok(()),
-            Ok(_) => Err(WriteError::FileChanged(format!(
+        let changed = match identity(path) {
+            Ok(now) if now == opened => return Ok(()),
+            Ok(_) => format!(
                 "the database file {} was replaced by another file since it was opened",
                 path.display()
-            ))),
-            Err(e) => Err(WriteError::FileChanged(format!(
+            ),
+            Err(e) => format!(
                 "the database file {} is gone since it was opened ({e})",
                 path.display()
-            ))),
+            ),
+        };
+        if !self.file_lost.swap(true, Ordering::Relaxed) {
+            tracing::error!("{changed}: nothing more is written to it");
         }
+        Err(WriteError::FileChanged(changed))
     }
 
     /// Runs one write with the writer's connection (opened first if the
@@ -435,6 +485,7 @@ fn run(
     target: Target,
     mut rx: mpsc::UnboundedReceiver<Job>,
     ready: oneshot::Sender<Result<(), StoreError>>,
+    file_lost: Arc<AtomicBool>,
 ) {
     let path = target.path.clone();
     let limit = BusyLimit::new(BUSY_TIMEOUT, path.clone());
@@ -470,6 +521,7 @@ fn run(
         Some(_) => None,
     };
     let mut st = WriterState {
+        file_lost,
         target,
         limit,
         conn: Some(conn),
@@ -644,7 +696,8 @@ fn append(
         let mut insert = tx.prepare_cached(
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
              error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail, \
-             tail_at_base) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+             tail_at_base, root_run_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
              ON CONFLICT (run_id) DO NOTHING",
         )?;
         for r in &runs {
@@ -663,6 +716,7 @@ fn append(
                 r.tail_records,
                 r.tail,
                 r.tail_at_base,
+                r.root_run_id,
             ])?;
             if n > 0 {
                 terminal += 1;

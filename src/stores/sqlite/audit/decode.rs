@@ -17,7 +17,8 @@ use rusqlite::Connection;
 use super::steps::each_tail_step;
 use super::{unavailable, KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo, RunSummary};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, RunStatus};
 use crate::spec::LimitsSpec;
 use crate::stores::sqlite::to_u64;
 
@@ -48,6 +49,7 @@ pub(super) fn full_result(
                 "agent": row.agent,
                 "caller_id": row.caller_id,
                 "parent_run_id": row.parent_run_id,
+                "root_run_id": row.root_run_id,
                 "status": row.status,
                 "kill_reason": row.kill_reason,
                 "error_kind": row.error_kind,
@@ -165,7 +167,7 @@ pub(super) fn parse_id(s: &str) -> Result<RunId, AuditStoreError> {
 
 /// The columns of `runs` a [`RunSummary`] is read from, in [`summary`]'s order.
 pub(super) const SUMMARY_COLUMNS: &str =
-    "run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, started_at, finished_at";
+    "run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, started_at, finished_at, root_run_id";
 
 pub(super) fn summary(row: &rusqlite::Row<'_>) -> Result<RunSummary, AuditStoreError> {
     let get_s = |i: usize| row.get::<_, Option<String>>(i).map_err(unavailable);
@@ -183,6 +185,7 @@ pub(super) fn summary(row: &rusqlite::Row<'_>) -> Result<RunSummary, AuditStoreE
         error_kind: get_s(6)?,
         started_at: to_u64(row.get(7).map_err(unavailable)?),
         finished_at: to_u64(row.get(8).map_err(unavailable)?),
+        root_run_id: get_s(9)?.map(|p| parse_id(&p)).transpose()?,
     })
 }
 
@@ -204,10 +207,10 @@ pub(super) fn stored_result(
     let Some(row) = rows.next().map_err(unavailable)? else {
         return Ok(None);
     };
-    let body: String = row.get(9).map_err(unavailable)?;
+    let body: String = row.get(10).map_err(unavailable)?;
     let read: Option<String> = match tail {
         Some(_) => None,
-        None => row.get(10).map_err(unavailable)?,
+        None => row.get(11).map_err(unavailable)?,
     };
     full_result(&body, &summary(row)?, tail.or(read.as_deref())).map(Some)
 }

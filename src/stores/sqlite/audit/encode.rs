@@ -14,7 +14,8 @@ use super::json::{push_int, push_str, push_usage, strip_zero_defaults};
 use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, StepRecord};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 #[cfg(doc)]
 use crate::spec::Limits;
 use crate::spec::LimitsSpec;
@@ -68,6 +69,7 @@ pub(super) fn write_info(
         prompt,
         tools,
         limits,
+        host,
     } = info;
     out.extend_from_slice(b"{\"agent\":");
     push_str(out, agent);
@@ -109,6 +111,10 @@ pub(super) fn write_info(
             out.extend_from_slice(b",\"limits\":");
             out.extend_from_slice(json);
         }
+    }
+    if let Some(h) = host {
+        out.extend_from_slice(b",\"host\":");
+        push_str(out, h);
     }
     out.push(b'}');
     Ok(())
@@ -266,6 +272,7 @@ pub(super) fn write_result(
         agent: _,
         caller_id: _,
         parent_run_id: _,
+        root_run_id: _,
         status: _,
         kill_reason: _,
         error_kind: _,
@@ -459,6 +466,7 @@ pub(super) fn encode(
                 agent: res.agent.clone(),
                 caller_id: res.caller_id.clone(),
                 parent_run_id: res.parent_run_id.map(|p| p.to_string()),
+                root_run_id: res.root_run_id.map(|p| p.to_string()),
                 status: res.status.as_str(),
                 kill_reason: res.kill_reason.map(KillReason::as_str),
                 error_kind: res.error_kind.clone(),

@@ -117,6 +117,7 @@ impl AuditStore for SqliteStore {
             records: self.records.load(Ordering::Relaxed),
             terminal_records: self.terminal_records.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
+            store_lost: self.writer.file_lost(),
             ..AuditStats::default()
         })
     }
@@ -125,33 +126,7 @@ impl AuditStore for SqliteStore {
 #[async_trait]
 impl RunIndex for SqliteStore {
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, AuditStoreError> {
-        let mut sql = format!("SELECT {} FROM runs WHERE 1 = 1", decode::SUMMARY_COLUMNS);
-        let mut args: Vec<rusqlite::types::Value> = Vec::new();
-        // `runs_by_status` holds only runs that did not end `ok` (schema
-        // version 5). For another status, `status <> 'ok'` lets the planner
-        // use it; `ok` rows are most rows, found by walking `runs_by_finish`
-        // newest first: `status || ''` keeps the planner from scanning the
-        // table and sorting it all instead (as it would for `status = ?`).
-        match filter.status {
-            Some(RunStatus::Ok) => {
-                sql.push_str(" AND status || '' = ?");
-                args.push(RunStatus::Ok.as_str().to_string().into());
-            }
-            Some(status) => {
-                sql.push_str(" AND status = ? AND status <> 'ok'");
-                args.push(status.as_str().to_string().into());
-            }
-            None => {}
-        }
-        if let Some(caller) = &filter.caller {
-            sql.push_str(" AND caller_id = ?");
-            args.push(caller.clone().into());
-        }
-        sql.push_str(" ORDER BY finished_at DESC, run_id DESC");
-        if let Some(limit) = filter.limit {
-            sql.push_str(" LIMIT ?");
-            args.push(i64::from(limit).into());
-        }
+        let (sql, args) = list_query(filter);
         self.read(move |c| {
             let mut stmt = c.prepare(&sql).map_err(unavailable)?;
             let mut rows = stmt
@@ -170,4 +145,56 @@ impl RunIndex for SqliteStore {
         self.read(move |c| decode::stored_result(c, run_id, None))
             .await
     }
+}
+
+/// The query of [`RunIndex::list_runs`] for `filter`, and its arguments.
+fn list_query(filter: &RunFilter) -> (String, Vec<rusqlite::types::Value>) {
+    let mut sql = format!("SELECT {} FROM runs WHERE 1 = 1", decode::SUMMARY_COLUMNS);
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    // `runs_by_status` holds only runs that did not end `ok` (schema
+    // version 5). For another status, `status <> 'ok'` lets the planner
+    // use it; `ok` rows are most rows, found by walking `runs_by_finish`
+    // newest first: `status || ''` keeps the planner from scanning the
+    // table and sorting it all instead (as it would for `status = ?`).
+    match filter.status {
+        Some(RunStatus::Ok) => {
+            sql.push_str(" AND status || '' = ?");
+            args.push(RunStatus::Ok.as_str().to_string().into());
+        }
+        Some(status) => {
+            sql.push_str(" AND status = ? AND status <> 'ok'");
+            args.push(status.as_str().to_string().into());
+        }
+        None => {}
+    }
+    if let Some(caller) = &filter.caller {
+        sql.push_str(" AND caller_id = ?");
+        args.push(caller.clone().into());
+    }
+    if let Some(root) = filter.root {
+        // The root's own row by its key, the rest through `runs_by_root`.
+        sql.push_str(
+            " AND run_id IN (SELECT run_id FROM runs WHERE root_run_id = ? UNION ALL SELECT ?)",
+        );
+        args.push(root.to_string().into());
+        args.push(root.to_string().into());
+    }
+    if let Some(after) = &filter.after {
+        // Keyset paging: the bound on `finished_at` alone lets the
+        // planner seek in whichever index it walks (each ends in
+        // `finished_at`, then the rowid), so a page after a cursor
+        // reads what the first page does; `run_id` (fixed-width hex,
+        // so text order is numeric order) breaks ties.
+        let at = i64::try_from(after.finished_at).unwrap_or(i64::MAX);
+        sql.push_str(" AND finished_at <= ? AND (finished_at < ? OR run_id < ?)");
+        args.push(at.into());
+        args.push(at.into());
+        args.push(after.run_id.to_string().into());
+    }
+    sql.push_str(" ORDER BY finished_at DESC, run_id DESC");
+    if let Some(limit) = filter.limit {
+        sql.push_str(" LIMIT ?");
+        args.push(i64::from(limit).into());
+    }
+    (sql, args)
 }

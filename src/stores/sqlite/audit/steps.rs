@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use crate::ports::run::{cap_text, RunEvent, StepRecord, SUMMARY_BYTES};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{cap_text, StepRecord, SUMMARY_BYTES};
 
 /// What a result (schema version 5) says for `steps` when its row's tail
 /// holds every record of the run and [`each_tail_step`] gives its steps back

@@ -8,7 +8,8 @@ use super::encode::{
 use super::json::{needs_no_escape, push_str, strip_zero_defaults};
 use super::KIND_START;
 use crate::ports::audit::{RunInfo, RunSummary};
-use crate::ports::run::{KillReason, RunEvent, RunId, RunResult, RunStatus, StepRecord};
+use crate::ports::event::RunEvent;
+use crate::ports::run::{KillReason, RunId, RunResult, RunStatus, StepRecord};
 use crate::spec::LimitsSpec;
 
 #[test]
@@ -122,6 +123,7 @@ fn common_events_are_written_as_serde_writes_them() {
             agent: "hello".into(),
             caller_id: Some("swarm".into()),
             parent_run_id: None,
+            root_run_id: None,
             status: RunStatus::Ok,
             kill_reason: None,
             error_kind: None,
@@ -144,6 +146,7 @@ fn common_events_are_written_as_serde_writes_them() {
             agent: tricky.into(),
             caller_id: None,
             parent_run_id: Some(RunId(1 << 100)),
+            root_run_id: Some(RunId(1 << 101)),
             status: RunStatus::Killed,
             kill_reason: Some(KillReason::Runaway),
             error_kind: Some("runaway".into()),
@@ -185,6 +188,7 @@ fn common_events_are_written_as_serde_writes_them() {
                     "agent",
                     "caller_id",
                     "parent_run_id",
+                    "root_run_id",
                     "status",
                     "kill_reason",
                     "error_kind",
@@ -236,6 +240,7 @@ fn common_events_are_written_as_serde_writes_them() {
             prompt: tricky.into(),
             tools: vec!["add".to_string(), tricky.to_string()].into(),
             limits: Some(full),
+            host: caller.map(Into::into),
         };
         let mut out = Vec::new();
         let mut last = None;
@@ -307,4 +312,71 @@ fn zero_usage_fields_are_left_out_and_nothing_else() {
     let mut out = Vec::new();
     let _ = write_event(&mut out, &ev);
     assert_eq!(out, br#"{"iteration":2}"#);
+}
+
+/// Every listing of runs — any filter, first page or a page after a
+/// cursor — seeks in an index on its sort key: no scan of the table, no
+/// sort of all its rows (page N costs what page 1 does).
+#[tokio::test]
+async fn run_listings_seek_in_an_index() {
+    use crate::ports::audit::{RunCursor, RunFilter};
+    let Ok(store) = crate::stores::SqliteStore::open_memory().await else {
+        panic!("an in-memory store opens");
+    };
+    let after = RunCursor {
+        finished_at: 1_700_000_000_000,
+        run_id: RunId::new(),
+    };
+    let filters = [
+        RunFilter::default(),
+        RunFilter {
+            status: Some(RunStatus::Ok),
+            ..Default::default()
+        },
+        RunFilter {
+            status: Some(RunStatus::Killed),
+            ..Default::default()
+        },
+        RunFilter {
+            caller: Some("alice".into()),
+            ..Default::default()
+        },
+        RunFilter {
+            caller: Some("alice".into()),
+            status: Some(RunStatus::Error),
+            ..Default::default()
+        },
+    ];
+    for f in filters {
+        for after in [None, Some(after)] {
+            let f = RunFilter {
+                after,
+                limit: Some(50),
+                ..f.clone()
+            };
+            let (sql, args) = super::list_query(&f);
+            let plan = store
+                .read(move |c| {
+                    let mut stmt = c
+                        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                        .map_err(super::unavailable)?;
+                    let rows = stmt
+                        .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
+                        .map_err(super::unavailable)?;
+                    rows.collect::<Result<Vec<_>, _>>()
+                        .map_err(super::unavailable)
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let plan = plan.join(" | ");
+            assert!(plan.contains("USING INDEX"), "{f:?}: {plan}");
+            assert!(
+                !plan.contains("USE TEMP B-TREE FOR ORDER BY"),
+                "{f:?}: {plan}"
+            );
+            if after.is_some() {
+                assert!(plan.contains("SEARCH runs"), "{f:?}: {plan}");
+            }
+        }
+    }
 }

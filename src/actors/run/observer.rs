@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::actors::run::{RunAddr, RunMsg};
+use super::{RunAddr, RunMsg};
 use crate::actors::watch::Beat;
 use crate::ports::model::CallObserver;
 use crate::record::RunShared;

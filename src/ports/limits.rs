@@ -2,8 +2,11 @@
 //! ([`LimitsSpec`]), how layers resolve, and the ranges every key must stay
 //! within (a value out of range is a [`LimitError`] naming the key).
 
-#[allow(unused_imports)]
-use super::*;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::{duration_serde, format_duration, opt_duration_serde, MAX_DURATION};
 
 /// The limits of one run, fully resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -54,6 +57,11 @@ pub struct Limits {
     /// timeout.
     #[serde(with = "opt_duration_serde", skip_serializing_if = "Option::is_none")]
     pub first_token_timeout: Option<Duration>,
+    /// How long a tool call that needs approval (`approval:`) waits for an
+    /// operator's decision before it is denied. The run's deadlines and
+    /// stall timer are paused while it waits.
+    #[serde(with = "duration_serde")]
+    pub approval_timeout: Duration,
 }
 
 impl Limits {
@@ -79,6 +87,7 @@ impl Limits {
             kill_grace: Some(self.kill_grace),
             context_window: self.context_window,
             first_token_timeout: self.first_token_timeout,
+            approval_timeout: Some(self.approval_timeout),
         }
     }
 
@@ -114,14 +123,18 @@ impl Limits {
             max_tool_result_bytes,
             kill_grace,
             context_window,
-            first_token_timeout
+            first_token_timeout,
+            approval_timeout
         );
         spec
     }
 }
 
+/// How long a call that needs approval waits for a decision by default.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// The absolute failsafe: no run lives longer than this, extensions included.
-pub const ABSOLUTE_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+pub const ABSOLUTE_DEADLINE: Duration = MAX_DURATION;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -207,6 +220,13 @@ pub struct LimitsSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub first_token_timeout: Option<Duration>,
+    /// See [`Limits::approval_timeout`] (default 1h).
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub approval_timeout: Option<Duration>,
 }
 
 impl LimitsSpec {
@@ -227,6 +247,7 @@ impl LimitsSpec {
             kill_grace: self.kill_grace.or(lower.kill_grace),
             context_window: self.context_window.or(lower.context_window),
             first_token_timeout: self.first_token_timeout.or(lower.first_token_timeout),
+            approval_timeout: self.approval_timeout.or(lower.approval_timeout),
         }
     }
 
@@ -258,6 +279,7 @@ impl LimitsSpec {
             kill_grace: d(m.kill_grace, Duration::from_secs(5)),
             context_window: m.context_window.map(|w| w.min(MAX_CONTEXT_WINDOW)),
             first_token_timeout: m.first_token_timeout.map(|t| t.min(MAX_DURATION)),
+            approval_timeout: d(m.approval_timeout, DEFAULT_APPROVAL_TIMEOUT),
         }
     }
 
@@ -268,7 +290,7 @@ impl LimitsSpec {
     /// | key | range |
     /// |---|---|
     /// | `max_iterations` | 1 – 100000 |
-    /// | `max_runtime`, `hard_timeout`, `stall_timeout`, `tool_timeout` | more than 0, at most 24h |
+    /// | `max_runtime`, `hard_timeout`, `stall_timeout`, `tool_timeout`, `approval_timeout` | more than 0, at most 24h |
     /// | `soft_timeout`, `extension`, `kill_grace` | 0 – 24h |
     /// | `max_extensions` | 0 – 1000 |
     /// | `repeat_limit`, `max_tool_errors` | 1 – 10000 |
@@ -305,6 +327,7 @@ impl LimitsSpec {
             ("hard_timeout", self.hard_timeout, true),
             ("stall_timeout", self.stall_timeout, true),
             ("tool_timeout", self.tool_timeout, true),
+            ("approval_timeout", self.approval_timeout, true),
             ("soft_timeout", self.soft_timeout, false),
             ("extension", self.extension, false),
             ("kill_grace", self.kill_grace, false),

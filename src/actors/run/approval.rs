@@ -1,0 +1,152 @@
+//! Human approval (C9): a turn with a call of a tool the manifest gates
+//! (`approval:`) is parked until an operator decides, then it runs.
+//!
+//! Parking: every gated call of the turn is announced
+//! (`approval.requested`, with its arguments, secrets redacted) and listed
+//! in the run's live state; the turn's calls wait together, the free ones
+//! too (a turn's calls run as one batch). The run has nothing in flight,
+//! and its critic record holds one timer only: the approval timeout
+//! (`limits.approval_timeout`). No stall, soft timeout or hard deadline
+//! fires while it waits; when it goes on, its deadlines move by the time
+//! it waited and a fresh stall window opens (the 24 h cap stays).
+//!
+//! Deciding (`RunRef::approve` / `RunRef::deny`, through the shard):
+//! each decision is recorded (`approval.decided`, in the audit log with
+//! the request); once no call of the turn waits, the turn runs — approved
+//! calls are executed, denied ones are error results the model reads
+//! (`approval_denied: denied by operator: REASON`). Nobody deciding within
+//! the timeout denies what still waits (`by: timeout`). A kill, a cancel
+//! or the host's shutdown ends a parked run like any other.
+
+#[allow(unused_imports)]
+use super::*;
+
+use super::tools::{Gate, TurnCall};
+
+/// The arguments an `approval.requested` event shows at most.
+const SHOWN_ARGUMENTS: usize = 16 * 1024;
+
+/// A turn waiting for an operator.
+pub(crate) struct ParkedTurn {
+    calls: Vec<TurnCall>,
+    since: Instant,
+}
+
+impl RunState {
+    /// Parks `turn`: its gated calls are announced and the run waits.
+    pub(super) fn park(&mut self, mut turn: Vec<TurnCall>) {
+        let timeout = self.limits.approval_timeout;
+        let since_ms = unix_ms();
+        let until_ms = since_ms.saturating_add(timeout.as_millis() as u64);
+        for c in turn.iter_mut().filter(|c| c.gate == Gate::Pending) {
+            let raw = c.arguments.take().unwrap_or_default();
+            let arguments = cap_text(&crate::secrets::redact(&raw), SHOWN_ARGUMENTS);
+            self.event(RunEvent::ApprovalRequested {
+                iteration: self.iteration,
+                call_id: c.outcome.call_id.clone(),
+                tool: c.outcome.tool.clone(),
+                arguments: arguments.clone(),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+            self.shared.partial().awaiting.push(PendingApproval {
+                call_id: c.outcome.call_id.clone(),
+                tool: c.outcome.tool.clone(),
+                arguments,
+                since_ms,
+                until_ms,
+            });
+        }
+        self.watch.park(self.now, self.now + timeout);
+        self.parked = Some(Box::new(ParkedTurn {
+            calls: turn,
+            since: self.now,
+        }));
+    }
+
+    /// An operator's decision on the waiting call `call_id` (`None`: all
+    /// of them). A decision for a call that no longer waits does nothing.
+    pub(crate) fn decide_approval(
+        &mut self,
+        call_id: Option<&str>,
+        approve: bool,
+        reason: Option<String>,
+    ) {
+        let error = || {
+            let why = reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
+            ToolError::Typed {
+                kind: APPROVAL_DENIED,
+                message: match why {
+                    Some(r) => format!("denied by operator: {r}"),
+                    None => "denied by operator".to_string(),
+                },
+            }
+        };
+        let gate = if approve {
+            Gate::Approved
+        } else {
+            Gate::Denied(error())
+        };
+        let reason = reason.filter(|r| !r.trim().is_empty());
+        self.decide(call_id, gate, "operator", reason);
+    }
+
+    /// Nobody decided within `approval_timeout`: what still waits is denied.
+    pub(crate) fn approval_timed_out(&mut self) {
+        let message = format!(
+            "denied: nobody approved the call within {}",
+            crate::spec::format_duration(self.limits.approval_timeout)
+        );
+        let gate = Gate::Denied(ToolError::Typed {
+            kind: APPROVAL_DENIED,
+            message: message.clone(),
+        });
+        self.decide(None, gate, "timeout", Some(message));
+    }
+
+    fn decide(&mut self, call_id: Option<&str>, gate: Gate, by: &str, reason: Option<String>) {
+        if self.done {
+            return;
+        }
+        let Some(parked) = self.parked.as_mut() else {
+            return;
+        };
+        let waited_ms = self.now.saturating_duration_since(parked.since).as_millis() as u64;
+        let mut decided = Vec::new();
+        for c in parked.calls.iter_mut() {
+            let named = call_id.is_none_or(|id| *c.outcome.call_id == *id);
+            if c.gate == Gate::Pending && named {
+                c.gate = gate.clone();
+                decided.push((c.outcome.call_id.clone(), c.outcome.tool.clone()));
+            }
+        }
+        let waiting = parked.calls.iter().any(|c| c.gate == Gate::Pending);
+        for (call_id, tool) in decided {
+            self.shared
+                .partial()
+                .awaiting
+                .retain(|p| p.call_id != call_id);
+            self.event(RunEvent::ApprovalDecided {
+                call_id,
+                tool,
+                approved: gate == Gate::Approved,
+                by: by.to_string(),
+                reason: reason.clone(),
+                waited_ms,
+            });
+        }
+        if waiting {
+            return;
+        }
+        let Some(turn) = self.parked.take() else {
+            return;
+        };
+        let waited = self.watch.unpark(self.started, self.now);
+        tracing::debug!(run_id = %self.shared.run_id, waited_ms = waited.as_millis() as u64, "approval decided; the run goes on");
+        if let Some(outcomes) = self.run_tools(turn.calls) {
+            self.tools_done(outcomes);
+        }
+    }
+}
+
+/// The error kind of a call an operator (or the approval timeout) denied.
+pub(crate) const APPROVAL_DENIED: &str = "approval_denied";

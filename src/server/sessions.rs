@@ -1,0 +1,352 @@
+//! `/v1/sessions`: chat sessions (see `crate::session`) over HTTP — create
+//! one with an agent, send it messages (each answered as a Server-Sent
+//! Events stream of its run), read its state and history, close it.
+//!
+//! A session belongs to the caller who created it: another caller's
+//! session answers 404, as an unknown id does (admins see every session).
+//! Its message's run is submitted as the session's owner, so it is listed,
+//! streamed and controlled under `/v1/runs` like any other run.
+//!
+//! One message at a time: a message sent while another runs is refused
+//! with 409 `session_busy`, unless the session was created with
+//! `on_busy: wait` (then it waits for the other to end). That choice is
+//! kept by this server process (a restarted server refuses again until
+//! the session is reopened with it).
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::stream;
+
+use super::api::{BusyMode, CreateSession, MessageBody, SessionMessageView, SessionView};
+use super::auth::Caller;
+use super::body::JsonBody;
+use super::error::{ApiError, ErrorBody};
+use super::streams::{frame, sse};
+use super::AppState;
+use crate::ports::model::Role;
+use crate::ports::session::SessionMeta;
+use crate::session::{check_session_id, OnBusy, Session, SessionError, SessionOptions};
+
+/// The sessions created with `on_busy: wait` (the others refuse).
+#[derive(Default)]
+pub(crate) struct BusyModes {
+    waiting: Mutex<HashSet<String>>,
+}
+
+impl BusyModes {
+    fn get(&self, id: &str) -> BusyMode {
+        let w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if w.contains(id) {
+            BusyMode::Wait
+        } else {
+            BusyMode::Refuse
+        }
+    }
+
+    fn set(&self, id: &str, mode: BusyMode) {
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        match mode {
+            BusyMode::Wait => {
+                w.insert(id.to_string());
+            }
+            BusyMode::Refuse => {
+                w.remove(id);
+            }
+        }
+    }
+}
+
+/// The answer for a session error.
+fn session_error(e: SessionError) -> ApiError {
+    let kind = e.kind();
+    let message = e.to_string();
+    let status = match &e {
+        SessionError::Busy(_) => StatusCode::CONFLICT,
+        SessionError::Closed(_) => StatusCode::CONFLICT,
+        SessionError::AgentMismatch { .. } => StatusCode::CONFLICT,
+        SessionError::Manifest { .. } => StatusCode::CONFLICT,
+        SessionError::NotFound(_) => return not_found_message(message),
+        SessionError::InvalidId { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        SessionError::Submit(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        SessionError::Store(_) => return ApiError::store(message),
+    };
+    ApiError::new(status, kind, message)
+}
+
+fn not_found_message(message: String) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+}
+
+/// 404: no such session, or not the caller's (the same answer).
+fn not_found(id: &str) -> ApiError {
+    let shown: String = id.chars().take(128).collect();
+    not_found_message(format!("no session `{shown}`"))
+}
+
+/// The session `id` if `caller` may use it (else 404).
+async fn owned(st: &AppState, caller: &Caller, id: &str) -> Result<Session, ApiError> {
+    if check_session_id(id).is_err() {
+        return Err(not_found(id));
+    }
+    // Ownership first, from the store: another caller's session is never
+    // touched (reopening it could fail in a way that tells it exists).
+    let meta = st
+        .host
+        .session_store()
+        .get(id)
+        .await
+        .map_err(ApiError::store)?
+        .ok_or_else(|| not_found(id))?;
+    if !caller.may_see(meta.caller_id.as_deref()) {
+        return Err(not_found(id));
+    }
+    st.host.session(id).await.map_err(session_error)
+}
+
+/// The view of a session.
+async fn view(st: &AppState, session: &Session) -> Result<SessionView, ApiError> {
+    let meta: SessionMeta = session.meta().await.map_err(session_error)?;
+    let history = session.history().await.map_err(session_error)?;
+    let messages = history
+        .into_iter()
+        .map(|m| SessionMessageView {
+            seq: m.seq,
+            role: match m.message.role {
+                Role::System => "system",
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::Tool => "tool",
+            }
+            .to_string(),
+            content: m.message.content,
+            run_id: m.run_id.map(|r| r.to_string()),
+            at_ms: m.at_ms,
+        })
+        .collect();
+    Ok(SessionView {
+        session_id: meta.id.clone(),
+        agent: meta.agent,
+        caller_id: meta.caller_id,
+        state: session.state().into(),
+        on_busy: st.sessions.get(&meta.id),
+        created_at: meta.created_at,
+        updated_at: meta.updated_at,
+        prompts: meta.prompts,
+        tokens: meta.usage.total(),
+        last_run_id: meta.last_run_id.map(|r| r.to_string()),
+        current_run_id: session.current_run().map(|r| r.run_id().to_string()),
+        messages,
+    })
+}
+
+/// Create (or reopen) a session.
+#[utoipa::path(
+    post, path = "/v1/sessions", tag = "sessions",
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "A new session", body = SessionView),
+        (status = 200, description = "One of your sessions, reopened", body = SessionView),
+        (status = 401, body = ErrorBody),
+        (status = 404, description = "Unknown agent", body = ErrorBody),
+        (status = 409, description = "The id is taken (by another caller, or by a session of another agent)", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn create(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<CreateSession>,
+) -> Result<Response, ApiError> {
+    if st.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
+    let taken = |id: &str| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "session_exists",
+            format!("session id `{id}` is taken"),
+        )
+    };
+    let mut existed = false;
+    if let Some(id) = &body.id {
+        check_session_id(id).map_err(|e| ApiError::invalid(format!("`id`: {e}")))?;
+        if let Some(meta) = st
+            .host
+            .session_store()
+            .get(id)
+            .await
+            .map_err(ApiError::store)?
+        {
+            if !caller.may_see(meta.caller_id.as_deref()) {
+                return Err(taken(id));
+            }
+            existed = true;
+        }
+    }
+    let agent = st.catalog().get(&body.agent).cloned().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_agent",
+            format!("no agent named `{}` (see GET /v1/agents)", body.agent),
+        )
+    })?;
+    let options = SessionOptions {
+        id: body.id.clone(),
+        caller_id: Some(caller.id.to_string()),
+        on_busy: OnBusy::Refuse,
+    };
+    let session = st
+        .host
+        .open_session(agent, options)
+        .await
+        .map_err(session_error)?;
+    let meta = session.meta().await.map_err(session_error)?;
+    if !caller.may_see(meta.caller_id.as_deref()) {
+        // Created meanwhile by another caller.
+        return Err(taken(session.id()));
+    }
+    if let Some(mode) = body.on_busy {
+        st.sessions.set(session.id(), mode);
+    }
+    let v = view(&st, &session).await?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let mut resp = (status, Json(v)).into_response();
+    if let Ok(loc) = HeaderValue::from_str(&format!("/v1/sessions/{}", session.id())) {
+        resp.headers_mut().insert(axum::http::header::LOCATION, loc);
+    }
+    Ok(resp)
+}
+
+/// A session: its state and history.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, body = SessionView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub(crate) async fn get_session(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    let session = owned(&st, &caller, &id).await?;
+    Ok(Json(view(&st, &session).await?))
+}
+
+/// Send a message; the answer comes as Server-Sent Events.
+///
+/// The events are those of the message's run (`id:` = the event's `seq`;
+/// `text.delta`s as the answer is written, without `id:`), ending with its
+/// `run.end`; the stream closes once the session has kept the turn (an
+/// `ok` answer is in its history when the stream ends). The run's id is in
+/// the `run-id` header; a client that drops resumes with
+/// `GET /v1/runs/{run_id}/events` and `Last-Event-ID`. Dropping the stream
+/// does not stop the run.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = MessageBody,
+    responses(
+        (status = 200, description = "Server-Sent Events of the message's run, ending with `run.end`", content_type = "text/event-stream", body = String,
+            headers(("run-id" = String, description = "The message's run"))),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "`session_busy` (another message runs) or `session_closed`", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn send_message(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<MessageBody>,
+) -> Result<Response, ApiError> {
+    let session = owned(&st, &caller, &id).await?;
+    if body.text.trim().is_empty() {
+        return Err(ApiError::invalid("`text` is empty"));
+    }
+    if st.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
+    let on_busy = match st.sessions.get(&id) {
+        BusyMode::Wait => OnBusy::Wait,
+        BusyMode::Refuse => OnBusy::Refuse,
+    };
+    let turn = session
+        .on_busy(on_busy)
+        .prompt_streaming(body.text)
+        .await
+        .map_err(session_error)?;
+    let run_id = turn.run_id().to_string();
+    let s = stream::unfold(Some(turn), |turn| async move {
+        let mut turn = turn?;
+        match turn.events().next().await {
+            Some(ev) => Some((Ok::<_, Infallible>(frame(&ev)), Some(turn))),
+            None => {
+                // The stream ends once the turn is kept (or not).
+                let _ = turn.result().await;
+                None
+            }
+        }
+    });
+    let mut resp = sse(s, st.config.keep_alive);
+    if let Ok(v) = HeaderValue::from_str(&run_id) {
+        resp.headers_mut().insert("run-id", v);
+    }
+    Ok(resp)
+}
+
+/// Close a session: a message in flight is cancelled; its history stays
+/// readable; it takes no more messages.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/close", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The closed session", body = SessionView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub(crate) async fn close(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionView>, ApiError> {
+    let session = owned(&st, &caller, &id).await?;
+    session.close().await.map_err(session_error)?;
+    Ok(Json(view(&st, &session).await?))
+}
+
+/// Remove a session: closed (a message in flight is cancelled), then its
+/// history is deleted.
+#[utoipa::path(
+    delete, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 204, description = "Removed"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = []))
+)]
+pub(crate) async fn remove(
+    State(st): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let session = owned(&st, &caller, &id).await?;
+    session.close().await.map_err(session_error)?;
+    st.host
+        .session_store()
+        .remove(&id)
+        .await
+        .map_err(ApiError::store)?;
+    st.sessions.set(&id, BusyMode::Refuse);
+    Ok(StatusCode::NO_CONTENT)
+}
