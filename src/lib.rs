@@ -56,6 +56,8 @@
 //!   stores, streams or prints.
 //! - [`session`]: chat sessions: prompts that share a stored history.
 //! - [`pipeline`]: multi-phase pipelines: ordered phases, outputs fed forward.
+//! - `otel` (the `otel` feature): OpenTelemetry traces of runs, model and
+//!   tool calls (GenAI semantic conventions), exported over OTLP/HTTP.
 
 pub(crate) mod actors;
 pub mod agent;
@@ -63,6 +65,8 @@ pub mod compaction;
 pub mod handle;
 pub mod host;
 pub mod mcp;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod output;
 pub mod panics;
 pub mod pipeline;

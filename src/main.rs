@@ -14,7 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    cli::init_tracing();
+    let tracing = cli::init_tracing();
     // A panic the kernel catches (a run's, a model's or a tool's) is one
     // warn line naming the run, not the default hook's message and trace.
     agentvisor::panics::install_quiet_hook();
@@ -28,5 +28,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    runtime.block_on(cli::dispatch(args))
+    let code = runtime.block_on(cli::dispatch(args));
+    // Spans still buffered are exported before the process exits.
+    tracing.finish();
+    code
 }

@@ -154,10 +154,12 @@ impl Ending {
 /// ending so is suspended, not finished (see [`RunShared::finish_after`]).
 pub(crate) const SUSPENDED: &str = "shutdown";
 
-/// The `error_kind` of a durable run this host lost to another host (see
-/// [`Ending::fenced`]): its caller gets a `cancelled` result with it, and
-/// nothing of the run is written here — no terminal record, no checkpoint,
-/// none of its records still unsent (the run belongs to the other host).
+/// The `error_kind` of a durable run this host lost to another host (its
+/// lease expired, e.g. while the process was paused, and a `recover`
+/// elsewhere claimed the run): its caller gets a `cancelled` result with
+/// it, and nothing of the run is written here — no terminal record, no
+/// checkpoint, none of its records still unsent (the run belongs to the
+/// other host).
 pub const LEASE_LOST: &str = "lease_lost";
 
 /// What a run's handle, references and the host ask of the run, through its

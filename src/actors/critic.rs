@@ -96,7 +96,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::actors::audit::AuditMsg;
-use crate::actors::run::{panic_text, RunAddr, RunArgs, RunMsg, RunState, ShardLink};
+use crate::actors::run::{panic_text, spans, RunAddr, RunArgs, RunMsg, RunState, ShardLink};
 use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
@@ -685,6 +685,7 @@ impl Critic {
     /// Records a decision where the caller sees it: the result, the event
     /// stream and the audit log (in the run's order of records).
     fn record(&self, run: &mut RunState, d: CriticDecision) {
+        spans::decided(run.span(), &d);
         let event = RunEvent::from_decision(d.clone());
         run.shared.partial().critic.push(d);
         run.event(event);

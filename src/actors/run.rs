@@ -81,6 +81,7 @@ use crate::spec::Limits;
 mod approval;
 mod ending;
 mod observer;
+pub(crate) mod spans;
 mod summary;
 mod tools;
 
@@ -222,6 +223,8 @@ pub struct RunArgs {
     pub(crate) ticket: Option<Ticket>,
     /// A deadline the run may not outlive (its parent's).
     pub(crate) deadline_cap: Option<Instant>,
+    /// The span the run's span is a child of (`otel` feature).
+    pub(crate) parent_span: spans::Traced,
 }
 
 /// What a durable run's checkpoints carry besides its progress: its
@@ -305,7 +308,12 @@ impl RunState {
                 p.critic = c.critic.clone();
             }
         }
-        let span = tracing::info_span!("invoke_agent", run_id = %args.shared.run_id, agent = %args.shared.agent);
+        let span = spans::run(
+            args.parent_span,
+            args.shared.run_id,
+            &args.shared.agent,
+            args.agent.model().name(),
+        );
         let window = compaction::window(
             args.limits.context_window,
             args.agent.price().map(|p| p.context),
@@ -553,7 +561,9 @@ impl RunState {
     ) -> Option<Result<ChatResponse, ModelError>> {
         let model = self.agent.model().clone();
         let in_place = model.answers_at_once();
-        let fut = Box::pin(async move { model.complete(request).await });
+        let span = spans::chat(&self.span, model.name());
+        let call = async move { model.complete(request).await };
+        let fut = Box::pin(spans::instrument(call, spans::fork(&span)));
         self.epoch += 1;
         let epoch = self.epoch;
         let fut = if in_place {
@@ -567,7 +577,10 @@ impl RunState {
                 self.slow(&what, took);
             }
             match polled {
-                Ok(result) => return Some(result),
+                Ok(result) => {
+                    spans::chat_done(&span, &result);
+                    return Some(result);
+                }
                 Err(fut) => fut,
             }
         } else {
@@ -585,6 +598,7 @@ impl RunState {
                     if let Some((model, t0)) = timed {
                         crate::telemetry::model_call(model.name(), t0.elapsed());
                     }
+                    spans::chat_done(&span, &result);
                     done(epoch, result)
                 }
                 Err(panic) => RunMsg::ModelPanicked {

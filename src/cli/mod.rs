@@ -219,14 +219,57 @@ pub(crate) fn write_line(err: bool, args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Logs to stderr, filtered by `AGENTVISOR_LOG` (default: warnings).
-pub(crate) fn init_tracing() {
+/// What [`init_tracing`] set up that must be ended before the process
+/// exits: the trace exporter (`otel` feature), whose buffered spans are
+/// exported by [`Tracing::finish`].
+pub(crate) struct Tracing {
+    #[cfg(feature = "otel")]
+    traces: Option<agentvisor::otel::Traces>,
+}
+
+impl Tracing {
+    /// Exports the spans still buffered (call it outside the runtime).
+    pub(crate) fn finish(self) {
+        #[cfg(feature = "otel")]
+        if let Some(Err(e)) = self.traces.map(agentvisor::otel::Traces::shutdown) {
+            errln!("warning: {e}");
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `AGENTVISOR_LOG` (default: warnings). With
+/// the `otel` feature, also exports traces when the `OTEL_*` variables name
+/// an endpoint (see `agentvisor::otel`); a setting it cannot follow is a
+/// warning, and the command runs without traces.
+pub(crate) fn init_tracing() -> Tracing {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENTVISOR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    #[cfg(feature = "otel")]
+    {
+        use tracing_subscriber::prelude::*;
+        let traces = agentvisor::otel::Traces::from_env().unwrap_or_else(|e| {
+            errln!("warning: no traces: {e}");
+            None
+        });
+        if let Some(t) = &traces {
+            let logs = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter);
+            let _ = tracing_subscriber::registry()
+                .with(logs)
+                .with(t.layer())
+                .try_init();
+            return Tracing { traces };
+        }
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+    Tracing {
+        #[cfg(feature = "otel")]
+        traces: None,
+    }
 }
 
 /// The largest input `--input -` reads from stdin (16 MiB).

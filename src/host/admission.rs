@@ -399,6 +399,7 @@ impl Host {
                 budget: h.budget.clone(),
                 ticket: None,
                 deadline_cap: inv.deadline,
+                parent_span: crate::actors::run::spans::submitter(),
             }),
             shard,
             caller,

@@ -138,11 +138,13 @@ impl ChatModel for Retrying {
                     return Err(error);
                 }
             }
-            tracing::debug!(
+            // An event on the call's span (`chat {model}`, with the `otel`
+            // feature), named like the run's event.
+            tracing::info!(
                 kind = error.kind(),
-                delay_ms = delay.as_millis() as u64,
-                attempt,
-                "model call retried"
+                delay_ms = delay.as_millis() as i64,
+                attempt = i64::from(attempt),
+                "model.retry"
             );
             crate::telemetry::retried(self.inner.name(), error.kind());
             if let Some(hook) = &request.on_retry {

@@ -62,6 +62,7 @@ impl RunState {
 
     pub(super) fn finalize(&mut self, ending: Ending) {
         self.finalized = true;
+        spans::run_ended(&self.span, &ending, || self.shared.partial().usage);
         let records = std::mem::take(&mut self.pending_audit);
         send_finished(&self.audit, self.shared.finish_after(ending, records));
         if let Some(mut t) = self.ticket.take() {

@@ -103,7 +103,7 @@ impl RunState {
         let timeout = self.limits.tool_timeout;
         let cap = self.limits.max_tool_result_bytes as usize;
         let mut outcomes = Vec::with_capacity(turn.len());
-        let mut running: Vec<(usize, PendingTool)> = Vec::new();
+        let mut running: Vec<(usize, PendingTool, spans::Traced)> = Vec::new();
         let mut cancel: Option<CancellationToken> = None;
         let mut beater: Option<Beater> = None;
         let mut events: Option<ToolEvents> = None;
@@ -117,9 +117,11 @@ impl RunState {
             ..
         } in turn
         {
+            let span = spans::tool(&self.span, &outcome.tool, &outcome.call_id);
             let prepared = match (gate, prepared) {
                 (Gate::Denied(e), _) | (_, Err(e)) => {
                     outcome.result = Err(e);
+                    spans::tool_done(&span, &outcome.result);
                     outcomes.push(outcome);
                     continue;
                 }
@@ -145,10 +147,11 @@ impl RunState {
                     .with_deadline(self.watch.hard_deadline)
                     .with_events(sink);
             }
-            let fut: PendingTool = Box::pin(prepared.execute(ctx, timeout, cap));
+            let call = prepared.execute(ctx, timeout, cap);
+            let fut: PendingTool = Box::pin(spans::instrument(call, spans::fork(&span)));
             if !in_place {
                 // Its first poll happens in the task, not on the shard.
-                running.push((outcomes.len(), fut));
+                running.push((outcomes.len(), fut, span));
                 outcomes.push(outcome);
                 continue;
             }
@@ -164,12 +167,13 @@ impl RunState {
             match polled {
                 Ok(result) => {
                     self.beat(Beat::ToolFinished);
+                    spans::tool_done(&span, &result);
                     outcome.result = result;
                     outcomes.push(outcome);
                 }
                 Err(fut) => {
                     // A placeholder in the model's order, filled by the task.
-                    running.push((outcomes.len(), fut));
+                    running.push((outcomes.len(), fut, span));
                     outcomes.push(outcome);
                 }
             }
@@ -185,10 +189,11 @@ impl RunState {
         let grace = self.limits.kill_grace;
         let task = tokio::spawn(async move {
             let t0 = Instant::now();
-            let finished = running.into_iter().map(|(i, fut)| {
+            let finished = running.into_iter().map(|(i, fut, span)| {
                 let me = me.clone();
                 async move {
                     let result = fut.await;
+                    spans::tool_done(&span, &result);
                     // Each call reports as it ends: the critic sees progress.
                     me.beat(Beat::ToolFinished);
                     (i, result, t0.elapsed().as_millis() as u64)
