@@ -16,7 +16,7 @@
 //!   `killed`/`parent` first (see `RunState::finish`); a call dropped on
 //!   its tool timeout kills its child the same way.
 //! - A child's tools are its manifest's intersected with its parent's,
-//!   plus its own palette; so are its MCP servers ([`within_parent`]): a
+//!   plus its own palette; so are its MCP servers (`within_parent`): a
 //!   server its parent does not have is not started for it and its tools
 //!   are not offered; one its parent has (the same server: name, command
 //!   or URL, environment, headers, scope) is the parent's, already
