@@ -39,9 +39,11 @@ pub mod api;
 pub mod auth;
 mod body;
 pub mod catalog;
+mod control;
 mod dashboard;
 pub mod error;
 mod limits;
+mod listing;
 pub mod metrics;
 mod openapi;
 mod runs;
@@ -212,16 +214,16 @@ impl Server {
     pub fn router(&self) -> Router {
         let st = self.state.clone();
         let v1 = Router::new()
-            .route("/v1/runs", post(runs::submit).get(runs::list_runs))
+            .route("/v1/runs", post(runs::submit).get(listing::list_runs))
             .route("/v1/runs/{id}", get(runs::get_run))
             .route("/v1/runs/{id}/events", get(streams::run_events))
             .route("/v1/runs/{id}/records", get(runs::records))
-            .route("/v1/runs/{id}/steer", post(runs::steer))
-            .route("/v1/runs/{id}/extend", post(runs::extend))
-            .route("/v1/runs/{id}/kill", post(runs::kill))
-            .route("/v1/runs/{id}/cancel", post(runs::cancel))
-            .route("/v1/runs/{id}/approve", post(runs::approve))
-            .route("/v1/runs/{id}/deny", post(runs::deny))
+            .route("/v1/runs/{id}/steer", post(control::steer))
+            .route("/v1/runs/{id}/extend", post(control::extend))
+            .route("/v1/runs/{id}/kill", post(control::kill))
+            .route("/v1/runs/{id}/cancel", post(control::cancel))
+            .route("/v1/runs/{id}/approve", post(control::approve))
+            .route("/v1/runs/{id}/deny", post(control::deny))
             .route("/v1/sessions", post(sessions::create))
             .route(
                 "/v1/sessions/{id}",
