@@ -609,3 +609,96 @@ async fn the_metrics_scrape_parses_and_counts_runs() {
         "{text}"
     );
 }
+
+/// Reads one answer's head (and as much body as came with it) from `c`;
+/// empty when the server closed the connection without answering.
+async fn read_answer(c: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = c.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= len {
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stalls_mid_body_or_mid_headers_does_not_hold_its_connection() {
+    use tokio::io::AsyncWriteExt;
+    let config = ServerConfig {
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(30),
+        ..ServerConfig::default()
+    };
+    let s = start(config, false).await;
+    let addr = s.base.strip_prefix("http://").unwrap().to_string();
+
+    // Half a body, then nothing: 408 in the error shape once the body
+    // timeout has passed, not before.
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    c.write_all(b"POST /v1/runs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n{\"agent\":")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut c).await;
+    let waited = t0.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"body_unreadable\""), "{answer}");
+    assert!(
+        waited >= Duration::from_secs(30),
+        "answered after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(31),
+        "answered after {waited:?}"
+    );
+
+    // A whole body on the same terms is read at once and answered.
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = br#"{"agent":"quick","input":"hi"}"#;
+    let t0 = tokio::time::Instant::now();
+    c.write_all(
+        format!(
+            "POST /v1/runs?wait=10 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    c.write_all(body).await.unwrap();
+    let answer = read_answer(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+
+    // Half the headers, then nothing: the connection is closed once the
+    // header timeout has passed.
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nhost:")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut c).await;
+    let waited = t0.elapsed();
+    assert!(!answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(waited >= Duration::from_secs(10), "closed after {waited:?}");
+    assert!(waited < Duration::from_secs(11), "closed after {waited:?}");
+}

@@ -249,12 +249,8 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
                 println!("{shown}");
                 return ExitCode::SUCCESS;
             }
-            match view
-                .result
-                .as_ref()
-                .and_then(|r| serde_json::from_value(r.clone()).ok())
-            {
-                Some(r) => super::run::print_human(&r),
+            match view.result.as_deref() {
+                Some(r) => super::run::print_human(r),
                 None => {
                     let live = view.live.as_ref();
                     println!(
@@ -312,10 +308,7 @@ async fn tree(api: &Api, id: &str) -> Result<Tree, Failure> {
                     .await?,
                 )
                 .map_err(unexpected)?;
-                match view
-                    .result
-                    .and_then(|v| serde_json::from_value::<agentvisor::RunResult>(v).ok())
-                {
+                match view.result {
                     Some(res) => (res.usage.total(), res.cost_micros),
                     None => (0, 0),
                 }

@@ -3,6 +3,7 @@
 //! document says what the code does.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -136,7 +137,7 @@ pub struct RunView {
     /// The whole result (steps, usage, cost, critic decisions), once it
     /// has ended.
     #[schema(value_type = Option<Object>)]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<Arc<RunResult>>,
 }
 
 impl RunView {
@@ -157,7 +158,7 @@ impl RunView {
     }
 
     /// The view of an ended run.
-    pub(crate) fn ended(r: &RunResult) -> Self {
+    pub(crate) fn ended(r: Arc<RunResult>) -> Self {
         RunView {
             run_id: r.run_id.to_string(),
             agent: r.agent.clone(),
@@ -168,7 +169,7 @@ impl RunView {
             error_kind: r.error_kind.clone(),
             output: r.output.clone(),
             live: None,
-            result: serde_json::to_value(r).ok(),
+            result: Some(r),
         }
     }
 }

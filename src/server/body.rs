@@ -1,5 +1,14 @@
-//! JSON bodies: read whole (within the body limit and read timeout), then
-//! parsed; every failure is the API's error shape, with the field named.
+//! JSON bodies: read whole (within the body limit and `body_timeout`),
+//! then parsed; every failure is the API's error shape, with the field
+//! named.
+//!
+//! The read timeout covers the whole body and is armed only when the body
+//! is not all there at once: a small request's body arrives with its
+//! headers, and a timer per request would cost more than the read.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -7,6 +16,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::AppState;
 
 /// A JSON body (`422 invalid_body` naming the field when it does not fit,
 /// `413` past the size limit).
@@ -15,8 +25,18 @@ pub(crate) struct JsonBody<T>(pub(crate) T);
 /// A JSON body that may be left out (an empty body is `None`).
 pub(crate) struct OptionalJson<T>(pub(crate) Option<T>);
 
-async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state).await.map_err(|e| {
+async fn bytes(req: Request, st: &Arc<AppState>) -> Result<Bytes, ApiError> {
+    let read = Bytes::from_request(req, st);
+    let mut read = std::pin::pin!(read);
+    let first = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+    let got = match first {
+        Poll::Ready(got) => got,
+        Poll::Pending => match tokio::time::timeout(st.config.body_timeout, read).await {
+            Ok(got) => got,
+            Err(_) => return Err(unreadable()),
+        },
+    };
+    got.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -24,13 +44,17 @@ async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiErro
                 "the body is larger than the server takes (1 MiB)",
             )
         } else {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_unreadable",
-                "the body could not be read in time",
-            )
+            unreadable()
         }
     })
+}
+
+fn unreadable() -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_unreadable",
+        "the body could not be read in time",
+    )
 }
 
 fn parse<T: DeserializeOwned>(b: &[u8]) -> Result<T, ApiError> {
@@ -48,10 +72,10 @@ fn serde_path_to_error_free<T: DeserializeOwned>(
     Ok(v)
 }
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let b = bytes(req, state).await?;
         if b.is_empty() {
             return Err(ApiError::invalid(
@@ -62,10 +86,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     }
 }
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OptionalJson<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for OptionalJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let b = bytes(req, state).await?;
         if b.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJson(None));

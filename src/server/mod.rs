@@ -123,6 +123,9 @@ pub(crate) struct AppState {
     /// The sessions whose messages wait for each other (`on_busy: wait`).
     pub(crate) sessions: sessions::BusyModes,
     draining: AtomicBool,
+    /// Who every request is when no token table is set (the host's default
+    /// caller, as admin): built once, not per request.
+    anonymous: Caller,
     /// Cancelled when the server closes: host-wide feeds end.
     pub(crate) closing: CancellationToken,
 }
@@ -157,6 +160,10 @@ impl Server {
     /// A server for `host`, reading ended runs from `index` (the store the
     /// host writes its audit log to).
     pub fn new(host: Host, index: Arc<dyn RunIndex>, config: ServerConfig) -> Self {
+        let anonymous = Caller {
+            id: Arc::from(host.config().default_caller.as_str()),
+            role: Role::Admin,
+        };
         Server {
             state: Arc::new(AppState {
                 host,
@@ -165,6 +172,7 @@ impl Server {
                 streams: StreamCaps::new(config.max_subscribers),
                 idempotency: IdempotencyKeys::new(config.idempotency_keys),
                 sessions: Default::default(),
+                anonymous,
                 config,
                 catalog: RwLock::new(Arc::new(Catalog::default())),
                 tokens: RwLock::new(None),
@@ -243,9 +251,6 @@ impl Server {
             .merge(dashboard::routes())
             .fallback(not_found)
             .layer(axum::extract::DefaultBodyLimit::max(st.config.max_body))
-            .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-                st.config.body_timeout,
-            ))
             // A handler that panics answers 500 in the error shape; the
             // connection and the server go on.
             .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
@@ -312,10 +317,7 @@ async fn authenticate(
     next: Next,
 ) -> Result<Response, ApiError> {
     let caller = match st.tokens() {
-        None => Caller {
-            id: Arc::from(st.host.config().default_caller.as_str()),
-            role: Role::Admin,
-        },
+        None => st.anonymous.clone(),
         Some(table) => {
             let token = bearer(&req).ok_or_else(ApiError::unauthorized)?;
             table

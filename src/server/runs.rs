@@ -29,7 +29,7 @@ const MAX_WAIT: Duration = Duration::from_secs(300);
 /// A run, live or ended.
 pub(crate) enum Found {
     Live(RunRef),
-    Ended(Box<RunResult>),
+    Ended(Arc<RunResult>),
 }
 
 impl Found {
@@ -71,7 +71,7 @@ async fn lookup(st: &AppState, run_id: RunId) -> Result<Option<Found>, ApiError>
             return Ok(Some(Found::Live(run)));
         }
         if let Some(r) = st.index.run_result(run_id).await.map_err(ApiError::store)? {
-            return Ok(Some(Found::Ended(Box::new(r))));
+            return Ok(Some(Found::Ended(Arc::new(r))));
         }
         let records = st
             .host
@@ -86,7 +86,7 @@ async fn lookup(st: &AppState, run_id: RunId) -> Result<Option<Found>, ApiError>
             AuditEntry::Terminal(res) => Some(RunResult::clone(res)),
             _ => None,
         }) {
-            return Ok(Some(Found::Ended(Box::new(r))));
+            return Ok(Some(Found::Ended(Arc::new(r))));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -96,11 +96,11 @@ async fn lookup(st: &AppState, run_id: RunId) -> Result<Option<Found>, ApiError>
 /// The view of `found`, waiting up to `wait` for a live run to end.
 async fn view(found: Found, wait: Duration) -> RunView {
     match found {
-        Found::Ended(r) => RunView::ended(&r),
+        Found::Ended(r) => RunView::ended(r),
         Found::Live(run) => {
             if !wait.is_zero() {
                 if let Ok(r) = tokio::time::timeout(wait, run.shared_result()).await {
-                    return RunView::ended(&r);
+                    return RunView::ended(r);
                 }
             }
             RunView::live(&run)
@@ -164,26 +164,37 @@ pub(crate) async fn submit(
         ));
     }
     let agent = agent_of(&st, &caller, &body)?;
-    let (run_id, replayed) = match &key {
+    // The run this request started, if it started one (a replayed key's
+    // run is looked up: it may have ended long ago).
+    let (run_id, started) = match &key {
         Some(k) => {
             let cell = st.idempotency.cell(&caller.id, k);
-            let mut fresh = false;
+            let mut started = None;
             let id = cell
-                .get_or_try_init(|| {
-                    fresh = true;
-                    start(&st, &caller, agent, body)
+                .get_or_try_init(|| async {
+                    let run = start(&st, &caller, agent, body).await?;
+                    let run_id = run.run_id();
+                    started = Some(run);
+                    Ok::<_, ApiError>(run_id)
                 })
                 .await?;
-            (*id, !fresh)
+            (*id, started)
         }
-        None => (start(&st, &caller, agent, body).await?, false),
+        None => {
+            let run = start(&st, &caller, agent, body).await?;
+            (run.run_id(), Some(run))
+        }
     };
-    let found = lookup(&st, run_id)
-        .await?
-        .ok_or_else(|| ApiError::run_not_found(&run_id.to_string()))?;
+    let replayed = started.is_none();
+    let found = match started {
+        Some(run) if !run.is_finished() => Found::Live(run),
+        _ => lookup(&st, run_id)
+            .await?
+            .ok_or_else(|| ApiError::run_not_found(&run_id.to_string()))?,
+    };
     let v = view(found, wait).await;
     let mut resp = (StatusCode::CREATED, Json(v)).into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
+    if let Ok(loc) = HeaderValue::try_from(format!("/v1/runs/{run_id}")) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
     if replayed {
@@ -233,7 +244,7 @@ async fn start(
     caller: &Caller,
     agent: Agent,
     body: SubmitRun,
-) -> Result<RunId, ApiError> {
+) -> Result<RunRef, ApiError> {
     let inv = Invocation {
         caller_id: Some(caller.id.to_string()),
         prompt: body.input.unwrap_or_default(),
@@ -247,7 +258,6 @@ async fn start(
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let run = handle.run_ref();
     handle.detach();
-    let run_id = run.run_id();
     if run.is_finished() {
         // Refused at admission (or ended at once): a refusal is an error
         // answer, with the run's id (it has a terminal record).
@@ -257,9 +267,9 @@ async fn start(
             }
         }
     } else if let Some(limit) = body.budget_tokens {
-        tokio::spawn(cap_tokens(run, limit));
+        tokio::spawn(cap_tokens(run.clone(), limit));
     }
-    Ok(run_id)
+    Ok(run)
 }
 
 /// The error answer for a run refused at admission, if it was.
