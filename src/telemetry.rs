@@ -53,6 +53,37 @@ pub fn enabled() -> bool {
 /// The name of the model-call latency histogram (exporters give it buckets).
 pub const MODEL_CALL_SECONDS: &str = "agentvisor_model_call_duration_seconds";
 
+/// The handles of the metrics every run touches, registered once: a
+/// `counter!` with labels builds its key (allocating the labels) and looks
+/// it up in the recorder's registry at each call, which a host doing tens
+/// of thousands of runs a second pays several times a run. Taken only once
+/// [`enabled`] (the recorder is installed by then, and stays: a process
+/// has one global recorder).
+#[cfg(feature = "metrics")]
+struct Handles {
+    /// `agentvisor_runs_total` by (status, kill reason).
+    runs: dashmap::DashMap<(&'static str, &'static str), metrics::Counter>,
+    input_tokens: metrics::Counter,
+    output_tokens: metrics::Counter,
+    cost: metrics::Counter,
+    /// The model-call histogram by model spec (`provider:name`).
+    model_calls: dashmap::DashMap<String, metrics::Histogram>,
+    audit_queue: metrics::Gauge,
+}
+
+#[cfg(feature = "metrics")]
+fn handles() -> &'static Handles {
+    static HANDLES: std::sync::OnceLock<Handles> = std::sync::OnceLock::new();
+    HANDLES.get_or_init(|| Handles {
+        runs: dashmap::DashMap::new(),
+        input_tokens: metrics::counter!("agentvisor_tokens_total", "kind" => "input"),
+        output_tokens: metrics::counter!("agentvisor_tokens_total", "kind" => "output"),
+        cost: metrics::counter!("agentvisor_cost_micros_total"),
+        model_calls: dashmap::DashMap::new(),
+        audit_queue: metrics::gauge!("agentvisor_audit_queue_depth"),
+    })
+}
+
 /// A run ended with `result`: its status, kill reason, tokens and cost.
 #[inline]
 pub(crate) fn run_ended(result: &RunResult) {
@@ -61,14 +92,24 @@ pub(crate) fn run_ended(result: &RunResult) {
     }
     #[cfg(feature = "metrics")]
     {
-        let kill = result.kill_reason.map(|k| k.as_str()).unwrap_or("");
-        metrics::counter!("agentvisor_runs_total", "status" => result.status.as_str(), "kill_reason" => kill)
-            .increment(1);
-        metrics::counter!("agentvisor_tokens_total", "kind" => "input")
-            .increment(result.usage.input_tokens);
-        metrics::counter!("agentvisor_tokens_total", "kind" => "output")
-            .increment(result.usage.output_tokens);
-        metrics::counter!("agentvisor_cost_micros_total").increment(result.cost_micros);
+        let h = handles();
+        let key = (
+            result.status.as_str(),
+            result.kill_reason.map(|k| k.as_str()).unwrap_or(""),
+        );
+        match h.runs.get(&key) {
+            Some(c) => c.increment(1),
+            None => h
+                .runs
+                .entry(key)
+                .or_insert_with(|| {
+                    metrics::counter!("agentvisor_runs_total", "status" => key.0, "kill_reason" => key.1)
+                })
+                .increment(1),
+        }
+        h.input_tokens.increment(result.usage.input_tokens);
+        h.output_tokens.increment(result.usage.output_tokens);
+        h.cost.increment(result.cost_micros);
     }
 }
 
@@ -100,9 +141,19 @@ pub(crate) fn model_call(model: &str, took: Duration) {
     }
     #[cfg(feature = "metrics")]
     {
-        let provider = model.split_once(':').map_or(model, |(p, _)| p).to_string();
-        metrics::histogram!(MODEL_CALL_SECONDS, "provider" => provider, "model" => model.to_string())
-            .record(took.as_secs_f64());
+        let h = handles();
+        match h.model_calls.get(model) {
+            Some(hist) => hist.record(took.as_secs_f64()),
+            None => {
+                let provider = model.split_once(':').map_or(model, |(p, _)| p).to_string();
+                h.model_calls
+                    .entry(model.to_string())
+                    .or_insert_with(|| {
+                        metrics::histogram!(MODEL_CALL_SECONDS, "provider" => provider, "model" => model.to_string())
+                    })
+                    .record(took.as_secs_f64());
+            }
+        }
     }
 }
 
@@ -134,7 +185,7 @@ pub(crate) fn audit_queue(records: usize) {
         return;
     }
     #[cfg(feature = "metrics")]
-    metrics::gauge!("agentvisor_audit_queue_depth").set(records as f64);
+    handles().audit_queue.set(records as f64);
 }
 
 /// Records the audit writer holds in memory (the store fails, no spool),

@@ -4,6 +4,7 @@
 //! `--metrics-addr` exporter) installs it; later ones share it.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
@@ -36,9 +37,31 @@ pub fn recorder() -> Option<&'static PrometheusHandle> {
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
             crate::telemetry::enable();
+            spawn_upkeep(handle.clone());
             Some(handle)
         })
         .as_ref()
+}
+
+/// How often the recorder drains its histograms when nobody scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Drains the recorder's histogram samples every [`UPKEEP_EVERY`]: the
+/// recorder keeps every sample until an upkeep folds it into the buckets,
+/// and `build_recorder` starts no upkeep of its own, so a host nobody
+/// scrapes would otherwise grow by every model call it makes. A plain
+/// thread, so it needs no runtime and outlives none (it sleeps between
+/// passes, for the life of the process, as the recorder does).
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new()
+        .name("agentvisor-metrics-upkeep".into())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            handle.run_upkeep();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "metrics: no upkeep thread; histograms drain only when scraped");
+    }
 }
 
 /// The Prometheus text for `host`: the kernel's counters, and the gauges
