@@ -15,23 +15,32 @@
 //! Each part starts a server of its own.
 //!
 //! # submit
-//! Settings (defaults): `connections` = 256 keep-alive connections (one
-//! client with one pooled connection each, opened by an untimed first
-//! request), each submitting `POST /v1/runs?wait=5 {"agent": "w1"}` one
-//! after another until `runs` = 50 000 are submitted; each answer must be
-//! 201 with the run's result `ok`. `latency-ms` L = 0 (each W1 model call
+//! Settings (defaults): `connections` = 256 keep-alive connections (each
+//! opened and sent one untimed request first), each submitting `POST
+//! /v1/runs?wait=5 {"agent": "w1"}` one after another until `runs` =
+//! 50 000 are submitted; each answer must be 201 with the run's result
+//! `ok`. The client is a load generator's: the request bytes prepared once,
+//! the answer read by its `content-length` and its JSON body parsed (a
+//! general HTTP client spent about as much CPU a run as the server did, on
+//! the same two cores). `latency-ms` L = 0 (each W1 model call
 //! first sleeps L). The baseline is the in-process swarm: the same W1
 //! manifest on a host built in the bench process (default `HostConfig`,
 //! stores in memory, as `serve --db :memory:`), `inproc-runs` = 200 000 runs
 //! with as many in flight as there are connections
 //! (`support::workload::run_engine`). `rounds` = 3, each the baseline then
-//! the server, back to back.
+//! the server, back to back. `store` = `memory` (default) as above, or
+//! `sqlite`: the server on a fresh SQLite file (`--db FILE`, the default
+//! deployment) against the `agentvisor swarm` binary on a fresh file of its
+//! own (`swarm W1 --runs inproc-runs --concurrency connections`), both
+//! paying for the audit log on disk.
 //!
 //! Printed per round: runs/s of both, the ratio server / in-process (issue
 //! 23's target: ≥ 0.5), p50/p99/max request latency (client side, send to
 //! body read), CPU seconds per 1000 runs of the server process and of the
-//! client (this process); then the medians. Both processes share the
-//! machine's cores: the client's HTTP work counts against the server.
+//! client (this process); then the HTTP floor (`runs` requests of `GET
+//! /healthz` on the same connections: what HTTP alone costs both sides
+//! here) and the medians. Both processes share the machine's cores: the
+//! client's HTTP work counts against the server.
 //!
 //! # sse
 //! Settings (defaults): `streams` = 1 000 runs of W1 whose model calls
@@ -99,7 +108,7 @@ struct ServerProcess {
 impl ServerProcess {
     /// Starts a server whose agents are `w1` (W1, model latency `latency`)
     /// and `w1-live` (W1, model latency `live`).
-    fn start(latency: Duration, live: Duration) -> Self {
+    fn start(latency: Duration, live: Duration, store: Store) -> Self {
         static STARTED: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "agentvisor-bench-serve-{}-{}",
@@ -110,8 +119,14 @@ impl ServerProcess {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("w1.yaml"), w1_yaml("w1", latency)).unwrap();
         std::fs::write(dir.join("w1-live.yaml"), w1_yaml("w1-live", live)).unwrap();
+        let db = match store {
+            Store::Memory => PathBuf::from(":memory:"),
+            Store::Sqlite => dir.join("serve.db"),
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_agentvisor"))
-            .args(["--db", ":memory:", "serve", "--addr", "127.0.0.1:0"])
+            .arg("--db")
+            .arg(&db)
+            .args(["serve", "--addr", "127.0.0.1:0"])
             .arg("--agents")
             .arg(&dir)
             .args(["--rate-limit", "0"])
@@ -155,6 +170,56 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Where the server and the in-process baseline keep their records.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Store {
+    /// In memory (`--db :memory:`; the baseline a host with memory stores).
+    Memory,
+    /// A fresh SQLite file each (the default deployment; the baseline is
+    /// the `agentvisor swarm` binary).
+    Sqlite,
+}
+
+impl std::str::FromStr for Store {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "memory" => Ok(Store::Memory),
+            "sqlite" => Ok(Store::Sqlite),
+            other => Err(format!("store `{other}`: memory or sqlite")),
+        }
+    }
+}
+
+/// The in-process swarm on SQLite: `agentvisor swarm` of W1 (latency
+/// `latency`) with `runs` runs, `concurrency` in flight, on a fresh file.
+/// Its runs/s as it reports them.
+fn swarm_on_sqlite(runs: u64, concurrency: usize, latency: Duration) -> f64 {
+    let dir = std::env::temp_dir().join(format!("agentvisor-bench-swarm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("w1.yaml"), w1_yaml("w1", latency)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .arg("--db")
+        .arg(dir.join("swarm.db"))
+        .arg("swarm")
+        .arg(dir.join("w1.yaml"))
+        .args(["--runs", &runs.to_string()])
+        .args(["--concurrency", &concurrency.to_string(), "--json"])
+        .env("AGENTVISOR_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentvisor swarm");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "agentvisor swarm: {out:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        summary["by_status"]["ok"], runs,
+        "every swarm run must end ok"
+    );
+    summary["runs_per_sec"].as_f64().unwrap()
 }
 
 /// The W1 manifest named `name`, each model call first sleeping `latency`.
@@ -234,6 +299,129 @@ async fn submit(
     serde_json::from_slice(&body).map_err(|e| e.to_string())
 }
 
+/// One keep-alive HTTP/1.1 connection that sends a request prepared once
+/// and reads the answer by its `content-length`, as a load generator does:
+/// the submit part measures the server, and a general client (pooling,
+/// header maps, redirects) would spend more of the shared cores than the
+/// server it measures. Used only for `POST /v1/runs?wait=5`, whose answers
+/// always carry `content-length`.
+struct Conn {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(base: &str) -> Conn {
+        let addr = base.strip_prefix("http://").expect("an http:// base");
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// `POST /v1/runs[?wait=5]` of `agent`, as bytes to send as they are.
+    fn submit_request(base: &str, agent: &str, wait: bool) -> Vec<u8> {
+        let host = base.strip_prefix("http://").expect("an http:// base");
+        let body = format!(r#"{{"agent":"{agent}"}}"#);
+        let path = if wait { "/v1/runs?wait=5" } else { "/v1/runs" };
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    /// Sends `request`; the answer's status and body.
+    async fn send(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream
+            .write_all(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.buf.clear();
+        let mut chunk = [0u8; 8192];
+        let (head_len, body_len) = loop {
+            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end]).map_err(|e| e.to_string())?;
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .ok_or_else(|| format!("an answer without content-length: {head}"))?;
+                break (end + 4, len);
+            }
+            let n = self
+                .stream
+                .read(&mut chunk)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("the server closed the connection".into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        };
+        while self.buf.len() < head_len + body_len {
+            let n = self
+                .stream
+                .read(&mut chunk)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("the server closed the connection mid-answer".into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        if self.buf.len() > head_len + body_len {
+            return Err("bytes after the answer (none was asked for)".into());
+        }
+        let status = std::str::from_utf8(self.buf.get(9..12).unwrap_or_default())
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or("a malformed status line")?;
+        Ok((status, self.buf[head_len..].to_vec()))
+    }
+
+    /// Submits a run as `request` (from [`Conn::submit_request`]): its view.
+    async fn submit(&mut self, request: &[u8]) -> Result<View, String> {
+        let (status, body) = self.send(request).await?;
+        view_of(status, &body)
+    }
+}
+
+/// The view a submission answered (201), or why not.
+fn view_of(status: u16, body: &[u8]) -> Result<View, String> {
+    if status != 201 {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(body)));
+    }
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// A submission with `?wait` answered 201 with its run ended `ok`.
+fn ended_ok(status: u16, body: &[u8]) -> Result<(), String> {
+    match view_of(status, body)? {
+        v if v.status == "ok" => Ok(()),
+        v => Err(format!("run {} ended {}", v.run_id, v.status)),
+    }
+}
+
+/// `GET /healthz` answered 200.
+fn healthy(status: u16, body: &[u8]) -> Result<(), String> {
+    match status {
+        200 => Ok(()),
+        _ => Err(format!("{status}: {}", String::from_utf8_lossy(body))),
+    }
+}
+
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
 /// Runs `f(i)` for `i` in `0..n` with `workers` at a time; the results in
 /// order of `i`.
 async fn parallel<T, F, Fut>(n: usize, workers: usize, f: F) -> Vec<T>
@@ -287,53 +475,59 @@ struct Load {
     first_error: Option<String>,
 }
 
-/// Submits `runs` W1 runs over `clients` (one connection each), each
-/// client one request after another.
-async fn load(server: &ServerProcess, clients: &[reqwest::Client], runs: u64) -> Load {
+/// Sends `request` `n` times over `conns`, each connection one request
+/// after another; `check` says whether an answer (status, body) is right.
+async fn load(
+    server: &ServerProcess,
+    conns: Vec<Conn>,
+    n: u64,
+    request: &[u8],
+    check: fn(u16, &[u8]) -> Result<(), String>,
+) -> (Load, Vec<Conn>) {
     let next = Arc::new(AtomicU64::new(0));
     let (server_cpu0, client_cpu0) = (server.proc.cpu_seconds(), cpu_seconds());
     let t0 = Instant::now();
-    let tasks: Vec<_> = clients
-        .iter()
-        .map(|c| {
-            let (c, next, base) = (c.clone(), next.clone(), server.base.clone());
+    let request: Arc<[u8]> = request.into();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .map(|mut c| {
+            let (next, request) = (next.clone(), request.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let (mut ok, mut first_error) = (0u64, None);
-                while next.fetch_add(1, Ordering::Relaxed) < runs {
+                while next.fetch_add(1, Ordering::Relaxed) < n {
                     let t = Instant::now();
-                    let r = submit(&c, &base, "w1", true).await;
+                    let r = c.send(&request).await;
                     lat.push(t.elapsed());
-                    match r {
-                        Ok(v) if v.status == "ok" => ok += 1,
-                        Ok(v) => {
-                            first_error.get_or_insert(format!("run ended {}", v.status));
-                        }
+                    match r.and_then(|(status, body)| check(status, &body)) {
+                        Ok(()) => ok += 1,
                         Err(e) => {
                             first_error.get_or_insert(e);
                         }
                     }
                 }
-                (ok, lat, first_error)
+                (ok, lat, first_error, c)
             })
         })
         .collect();
-    let (mut ok, mut lat, mut first_error) = (0, Vec::new(), None);
+    let (mut ok, mut lat, mut first_error, mut conns) = (0, Vec::new(), None, Vec::new());
     for t in tasks {
-        let (o, l, e) = t.await.unwrap();
+        let (o, l, e, c) = t.await.unwrap();
+        conns.push(c);
         ok += o;
         lat.extend(l);
         first_error = first_error.or(e);
     }
     let elapsed = t0.elapsed();
-    Load {
+    let load = Load {
         ok,
         elapsed,
         latency: Summary::of(&mut lat),
         server_cpu_s: server.proc.cpu_seconds() - server_cpu0,
         client_cpu_s: cpu_seconds() - client_cpu0,
         first_error,
-    }
+    };
+    (load, conns)
 }
 
 async fn submit_part() {
@@ -342,24 +536,22 @@ async fn submit_part() {
     let connections: usize = setting("SERVE", "connections", 256).max(1);
     let rounds: usize = setting("SERVE", "rounds", 3).max(1);
     let latency = Duration::from_millis(setting("SERVE", "latency-ms", 0));
+    let store: Store = setting("SERVE", "store", Store::Memory);
     println!(
         "bench serve/submit: runs={runs} inproc-runs={inproc_runs} connections={connections} latency={}ms rounds={rounds}; server: `agentvisor --db :memory: serve --rate-limit 0` as a child process",
         latency.as_millis()
     );
-    let server = ServerProcess::start(latency, Duration::ZERO);
-    let clients: Vec<reqwest::Client> = (0..connections).map(|_| http_client(1)).collect();
-    // One untimed request per client opens its connection.
+    let server = ServerProcess::start(latency, Duration::ZERO, store);
+    // Every connection opens, and answers one untimed request.
     let fds0 = server.proc.open_fds();
-    let warm = parallel(connections, connections, {
-        let (clients, base) = (clients.clone(), server.base.clone());
-        move |i| {
-            let (c, base) = (clients[i].clone(), base.clone());
-            async move { submit(&c, &base, "w1", true).await.map(|v| v.status) }
-        }
-    })
-    .await;
-    for w in &warm {
-        assert_eq!(w.as_deref(), Ok("ok"), "warm-up request");
+    let request = Conn::submit_request(&server.base, "w1", true);
+    let mut conns = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        conns.push(Conn::open(&server.base).await);
+    }
+    let warm = futures_util::future::join_all(conns.iter_mut().map(|c| c.submit(&request))).await;
+    for w in warm {
+        assert_eq!(w.map(|v| v.status).as_deref(), Ok("ok"), "warm-up request");
     }
     println!(
         "  server open descriptors: {fds0} idle, {} with the clients connected",
@@ -374,15 +566,32 @@ async fn submit_part() {
         (vec![], vec![], vec![], vec![], vec![]);
     for round in 1..=rounds {
         println!("round {round}");
-        let base = run_engine(Engine::Agentvisor, settings, Host::builder())
-            .await
-            .unwrap();
-        assert_eq!(base.ok, inproc_runs, "every in-process run must end ok");
-        println!(
-            "  in-process  {:>9.0} runs/s  {:>7.4} CPU s/1000 runs  ({} runs, {} in flight, {:.2} s)",
-            base.runs_per_sec, base.cpu_s_per_1000, base.runs, connections, base.elapsed_s
-        );
-        let l = load(&server, &clients, runs).await;
+        let base_rps = match store {
+            Store::Memory => {
+                let base = run_engine(Engine::Agentvisor, settings, Host::builder())
+                    .await
+                    .unwrap();
+                assert_eq!(base.ok, inproc_runs, "every in-process run must end ok");
+                println!(
+                    "  in-process  {:>9.0} runs/s  {:>7.4} CPU s/1000 runs  ({} runs, {} in flight, {:.2} s)",
+                    base.runs_per_sec, base.cpu_s_per_1000, base.runs, connections, base.elapsed_s
+                );
+                base.runs_per_sec
+            }
+            Store::Sqlite => {
+                let rps = tokio::task::spawn_blocking(move || {
+                    swarm_on_sqlite(inproc_runs, connections, latency)
+                })
+                .await
+                .unwrap();
+                println!(
+                    "  in-process  {rps:>9.0} runs/s  (`agentvisor swarm`, {inproc_runs} runs, {connections} in flight, SQLite)"
+                );
+                rps
+            }
+        };
+        let (l, back) = load(&server, conns, runs, &request, ended_ok).await;
+        conns = back;
         if let Some(e) = &l.first_error {
             println!("  first failed request: {e}");
         }
@@ -404,14 +613,25 @@ async fn submit_part() {
             ms(l.latency.max),
             ms(l.latency.mean)
         );
-        let r = ratio(rps, base.runs_per_sec);
+        let r = ratio(rps, base_rps);
         println!("  ratio server/in-process: throughput {r:.3}x");
         ratios.push(r);
         served.push(rps);
-        inproc.push(base.runs_per_sec);
+        inproc.push(base_rps);
         p50s.push(ms(l.latency.p50));
         p99s.push(ms(l.latency.p99));
     }
+    // What HTTP alone costs here: the same connections asking `/healthz`.
+    let host = server.base.strip_prefix("http://").unwrap();
+    let health = format!("GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n");
+    let (l, _) = load(&server, conns, runs, health.as_bytes(), healthy).await;
+    assert_eq!(l.ok, runs, "every GET /healthz must answer 200");
+    println!(
+        "HTTP floor (GET /healthz on the same connections): {:.0} requests/s  {:.4} CPU s/1000 requests (server) + {:.4} (client)",
+        runs as f64 / l.elapsed.as_secs_f64(),
+        l.server_cpu_s * 1000.0 / runs as f64,
+        l.client_cpu_s * 1000.0 / runs as f64,
+    );
     let r = median(ratios);
     println!(
         "median of {rounds}: in-process {:.0} runs/s, server {:.0} runs/s, p50 {:.2} ms, p99 {:.2} ms",
@@ -587,7 +807,7 @@ async fn sse_part() {
         live.as_millis(),
         live_for.as_millis()
     );
-    let server = ServerProcess::start(Duration::ZERO, live);
+    let server = ServerProcess::start(Duration::ZERO, live, Store::Memory);
     let proc = server.proc;
     let base = server.base.clone();
     tokio::time::sleep(Duration::from_millis(200)).await;
