@@ -14,7 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    let tracing = cli::init_tracing();
+    cli::keep_tracing(cli::init_tracing());
     // A panic the kernel catches (a run's, a model's or a tool's) is one
     // warn line naming the run, not the default hook's message and trace.
     agentvisor::panics::install_quiet_hook();
@@ -30,6 +30,6 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(cli::dispatch(args));
     // Spans still buffered are exported before the process exits.
-    tracing.finish();
+    cli::finish_tracing();
     code
 }

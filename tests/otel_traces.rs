@@ -340,3 +340,81 @@ fn a_delegating_run_exports_genai_spans_nested_by_run() {
     }
     assert!(root.events.iter().all(|e| !e.name.starts_with("critic.")));
 }
+
+/// `agentvisor chat` reading a pipe leaves at Ctrl-C without waiting for
+/// its runtime (the read of stdin would hold it); its spans are exported
+/// on the way out all the same.
+#[test]
+fn a_chat_stopped_by_ctrl_c_exports_its_spans() {
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+
+    let got: Shared = Arc::default();
+    let url = receiver(got.clone());
+    let d = std::env::temp_dir().join(format!("agentvisor-otel-chat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let agent = write(
+        &d,
+        "chatter.yaml",
+        "name: chatter\nscript:\n  - { text: \"hello back\", usage: { input: 5, output: 2 } }\n",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .arg("--db")
+        .arg(":memory:")
+        .arg("chat")
+        .arg(&agent)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env("OTEL_SERVICE_NAME", "chat-test")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_TRACES_EXPORTER")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hi\n").unwrap();
+    stdin.flush().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "hello back");
+    // The answer is out, the chat waits for the next line (stdin stays
+    // open): Ctrl-C ends it. A real process and its signal: a Ctrl-C that
+    // lands between the answer and the chat's next wait for a line is
+    // not seen, so it is sent again until the chat exits (bounded: 200
+    // tries 25 ms apart).
+    let pid = child.id().to_string();
+    let mut status = None;
+    for _ in 0..200 {
+        assert!(Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(Duration::from_millis(25));
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("the chat did not end at Ctrl-C");
+    };
+    let _ = std::fs::remove_dir_all(&d);
+    drop(stdin);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    // The exporter's last request was answered before the process exited.
+    let got = got.lock().unwrap();
+    assert!(
+        got.services.iter().any(|s| s == "chat-test"),
+        "{:?}",
+        got.services
+    );
+    let run = one(&got.spans, "invoke_agent chatter");
+    assert_eq!(text(run, "gen_ai.agent.name"), "chatter");
+    assert_eq!(children(&got.spans, run, "chat scripted").len(), 1);
+}

@@ -122,8 +122,7 @@ pub(crate) async fn chat(a: ChatArgs, db: &super::Db) -> ExitCode {
         0
     };
     if read_pending {
-        let _ = std::io::stdout().flush();
-        std::process::exit(i32::from(code));
+        super::exit_now(code);
     }
     ExitCode::from(code)
 }

@@ -237,6 +237,35 @@ impl Tracing {
     }
 }
 
+/// The process's [`Tracing`], for a command that must leave through
+/// [`exit_now`]; `main` finishes it otherwise.
+static TRACING: std::sync::Mutex<Option<Tracing>> = std::sync::Mutex::new(None);
+
+/// Keeps `tracing` for [`finish_tracing`] / [`exit_now`].
+pub(crate) fn keep_tracing(tracing: Tracing) {
+    *TRACING.lock().unwrap_or_else(|p| p.into_inner()) = Some(tracing);
+}
+
+/// Exports the spans still buffered, once (call it outside the runtime).
+pub(crate) fn finish_tracing() {
+    let tracing = TRACING.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(t) = tracing {
+        t.finish();
+    }
+}
+
+/// Ends the process with `code` from inside the runtime, without waiting
+/// for the runtime to stop (a read of stdin on its blocking pool would
+/// hold it): stdout is flushed and the buffered spans exported first, on a
+/// thread of their own (the exporter blocks, which a runtime thread must
+/// not).
+pub(crate) fn exit_now(code: u8) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::thread::spawn(finish_tracing).join();
+    std::process::exit(i32::from(code))
+}
+
 /// Logs to stderr, filtered by `AGENTVISOR_LOG` (default: warnings). With
 /// the `otel` feature, also exports traces when the `OTEL_*` variables name
 /// an endpoint (see `agentvisor::otel`); a setting it cannot follow is a
