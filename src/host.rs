@@ -197,6 +197,18 @@ impl Host {
         self.inner.live.count()
     }
 
+    /// How many runs in flight wait for an operator to approve or deny a
+    /// tool call (`approval:`). Visits every live run: for a scrape or a
+    /// dashboard, not a hot path.
+    pub fn awaiting_approval(&self) -> usize {
+        self.inner
+            .live
+            .all()
+            .iter()
+            .filter(|r| r.is_awaiting_approval())
+            .count()
+    }
+
     /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
     ///
     /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each

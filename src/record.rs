@@ -578,6 +578,12 @@ impl RunShared {
         }
     }
 
+    /// Whether the run waits for an operator's decision on a tool call.
+    pub(crate) fn is_awaiting_approval(&self) -> bool {
+        let p = self.partial();
+        !p.finished && !p.awaiting.is_empty()
+    }
+
     /// The run's live view.
     pub(crate) fn live(&self) -> LiveState {
         let p = self.partial();

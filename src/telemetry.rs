@@ -16,6 +16,7 @@
 //! |---|---|---|
 //! | `agentvisor_runs_total` | counter | `status`, `kill_reason` |
 //! | `agentvisor_active_runs` | gauge | (set at scrape time by the exporter) |
+//! | `agentvisor_runs_awaiting_approval` | gauge | (set at scrape time by the exporter) |
 //! | `agentvisor_critic_decisions_total` | counter | `action`, `reason` |
 //! | `agentvisor_model_call_duration_seconds` | histogram | `provider`, `model` |
 //! | `agentvisor_tokens_total` | counter | `kind` (`input`, `output`) |

@@ -51,6 +51,30 @@ async fn parked(s: &Running, token: Option<&str>) -> String {
     id
 }
 
+/// `agentvisor_runs_awaiting_approval` as `/metrics` shows it.
+async fn awaiting_gauge(s: &Running) -> f64 {
+    let text = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "agentvisor_runs_awaiting_approval")
+        .unwrap_or_else(|| panic!("no awaiting gauge in:\n{text}"));
+    match sample.value {
+        prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+        ref other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn approve_and_deny_decide_what_a_run_waits_for() {
     let s = start(true).await;
@@ -76,6 +100,9 @@ async fn approve_and_deny_decide_what_a_run_waits_for() {
             .len(),
         2
     );
+
+    // Operators see it on the metrics scrape.
+    assert_eq!(awaiting_gauge(&s).await, 1.0);
 
     // Not bob's to decide: 404, as for no such run.
     let (code, _, _) = s
@@ -119,6 +146,7 @@ async fn approve_and_deny_decide_what_a_run_waits_for() {
         .req("GET", &format!("/v1/runs/{id}?wait=10"), Some(ALICE), None)
         .await;
     assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(awaiting_gauge(&s).await, 0.0);
     let steps = v["result"]["steps"].as_array().unwrap();
     assert_eq!(steps[0]["ok"], true);
     assert_eq!(steps[1]["ok"], false);

@@ -65,12 +65,13 @@ fn spawn_upkeep(handle: PrometheusHandle) {
 }
 
 /// The Prometheus text for `host`: the kernel's counters, and the gauges
-/// read at scrape time (active runs).
+/// read at scrape time (active runs, runs awaiting approval).
 pub fn render(host: &Host) -> String {
     let Some(handle) = recorder() else {
         return String::new();
     };
     metrics::gauge!("agentvisor_active_runs").set(host.live_runs() as f64);
+    metrics::gauge!("agentvisor_runs_awaiting_approval").set(host.awaiting_approval() as f64);
     handle.run_upkeep();
     handle.render()
 }
