@@ -417,6 +417,7 @@ pub async fn replay(
                     text: text.clone(),
                     tool_calls: calls.clone(),
                     usage: *usage,
+                    finish_reason: None,
                 }),
                 RunEvent::ToolResult {
                     call_id,

@@ -42,6 +42,7 @@ impl ChatModel for Respelling {
                 arguments: Arc::from(FORMS[n % FORMS.len()]),
             }],
             usage: Default::default(),
+            finish_reason: None,
         })
     }
 }

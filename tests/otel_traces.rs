@@ -143,6 +143,7 @@ impl ChatModel for LimitedOnce {
         }
         Ok(ChatResponse {
             text: "ok".into(),
+            finish_reason: Some("stop".into()),
             ..Default::default()
         })
     }
@@ -246,6 +247,14 @@ fn a_delegating_run_exports_genai_spans_nested_by_run() {
     assert_eq!(text(retrier, "gen_ai.request.model"), "m1");
     let call = one(spans, "chat m1");
     assert_eq!(call.parent_span_id, retrier.span_id);
+    // Why the model stopped, as it said: a string array.
+    match attr_in(&call.attributes, "gen_ai.response.finish_reasons") {
+        Some(Value::ArrayValue(a)) => {
+            let reasons: Vec<_> = a.values.iter().map(|v| v.value.clone()).collect();
+            assert_eq!(reasons, [Some(Value::StringValue("stop".into()))]);
+        }
+        other => panic!("gen_ai.response.finish_reasons: {other:?}"),
+    }
     let retry = call
         .events
         .iter()
@@ -275,6 +284,10 @@ fn a_delegating_run_exports_genai_spans_nested_by_run() {
 
     // The parent's model calls and tool calls are children of its run.
     let chats = children(spans, root, "chat scripted");
+    // A script gives no reason: none is made up.
+    assert!(chats
+        .iter()
+        .all(|c| attr_in(&c.attributes, "gen_ai.response.finish_reasons").is_none()));
     assert_eq!(chats.len(), 3, "{spans:#?}");
     for c in &chats {
         assert_eq!(c.kind, SpanKind::Client as i32);

@@ -63,6 +63,7 @@ impl ChatModel for Streamer {
                 output_tokens: 5,
                 ..Usage::default()
             },
+            finish_reason: Some("stop".into()),
         })
     }
 }

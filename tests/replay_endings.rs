@@ -40,6 +40,7 @@ impl ChatModel for FailingModel {
                     arguments: r#"{"a": 1, "b": 2}"#.into(),
                 }],
                 usage: Default::default(),
+                finish_reason: None,
             });
         }
         Err(self.error.clone())

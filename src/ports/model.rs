@@ -408,6 +408,10 @@ pub struct ChatResponse {
     pub tool_calls: Vec<ToolCallRequest>,
     /// Token usage of this call.
     pub usage: Usage,
+    /// Why the model stopped, in the provider's words (`stop`,
+    /// `tool_calls`, `length`; Anthropic's `end_turn`, `tool_use`,
+    /// `max_tokens`); `None` when it did not say.
+    pub finish_reason: Option<String>,
 }
 
 /// A provider error, typed so retries, circuit breakers and results can tell

@@ -208,6 +208,7 @@ impl ChaosModel {
                 arguments: format!("{{\"chaos\": {nonce}, \"a\":").into(),
             }],
             usage: Default::default(),
+            finish_reason: Some("tool_calls".into()),
         }
     }
 }

@@ -271,10 +271,12 @@ impl Step {
             output_tokens: self.output_estimate,
             ..Usage::default()
         });
+        // A script says nothing of why it stopped.
         ChatResponse {
             text: self.text.clone(),
             tool_calls,
             usage,
+            finish_reason: None,
         }
     }
 }

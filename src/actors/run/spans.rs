@@ -157,6 +157,18 @@ pub(crate) fn chat_done(span: &Traced, result: &Result<ChatResponse, ModelError>
             Ok(r) => {
                 span.record("gen_ai.usage.input_tokens", int(r.usage.input_tokens));
                 span.record("gen_ai.usage.output_tokens", int(r.usage.output_tokens));
+                if let Some(reason) = &r.finish_reason {
+                    // A string array in the conventions: set on the
+                    // OpenTelemetry span itself (a `tracing` field is a
+                    // scalar). One choice, one reason.
+                    use tracing_opentelemetry::OpenTelemetrySpanExt;
+                    span.set_attribute(
+                        "gen_ai.response.finish_reasons",
+                        opentelemetry::Value::Array(opentelemetry::Array::String(vec![reason
+                            .clone()
+                            .into()])),
+                    );
+                }
             }
             Err(e) => {
                 span.record("error.type", e.kind());

@@ -21,6 +21,8 @@ struct WireMessage {
     content: Vec<WireBlock>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    stop_reason: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -111,6 +113,7 @@ pub(super) fn parse_plain(
         text,
         tool_calls,
         usage: wire.usage.unwrap_or_default().usage(),
+        finish_reason: wire.stop_reason,
     })
 }
 
@@ -132,6 +135,7 @@ struct StreamState {
     text: String,
     blocks: BTreeMap<u64, OpenBlock>,
     usage: WireUsage,
+    stop_reason: Option<String>,
     stopped: bool,
     delivered: bool,
     redactor: StreamRedactor,
@@ -173,6 +177,15 @@ struct WireDelta {
 struct MessageDelta {
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    delta: Option<StopDelta>,
+}
+
+/// A `message_delta`'s `delta`: why the message stopped.
+#[derive(Deserialize)]
+struct StopDelta {
+    #[serde(default)]
+    stop_reason: Option<String>,
 }
 
 impl StreamState {
@@ -240,6 +253,9 @@ impl StreamState {
                 if let Some(u) = d.usage {
                     self.usage.merge(u);
                 }
+                if let Some(reason) = d.delta.and_then(|d| d.stop_reason) {
+                    self.stop_reason = Some(reason);
+                }
             }
             "message_stop" => self.stopped = true,
             "error" => return Err(http::stream_error(data, secret)),
@@ -287,6 +303,7 @@ impl StreamState {
             text: self.text,
             tool_calls,
             usage: self.usage.usage(),
+            finish_reason: self.stop_reason,
         }
     }
 
@@ -340,5 +357,48 @@ mod tests {
         assert_eq!(r.usage.cache_read_tokens, 100);
         assert_eq!(r.usage.cache_write_tokens, 20);
         assert_eq!(r.text, "hi");
+        assert_eq!(r.finish_reason, None, "the body gave no stop_reason");
+    }
+
+    #[test]
+    fn the_stop_reason_is_kept_plain_and_streamed() {
+        let body = br#"{"content":[{"type":"text","text":"hi"}],"stop_reason":"max_tokens"}"#;
+        let r = parse_plain(body, 0, None).unwrap();
+        assert_eq!(r.finish_reason.as_deref(), Some("max_tokens"));
+        let request = ChatRequest::new(
+            std::sync::Arc::new(Vec::new()),
+            std::sync::Arc::from(Vec::new()),
+            0,
+        );
+        let mut st = StreamState::default();
+        let events = [
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"content":[],"usage":{"input_tokens":5,"output_tokens":0}}}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}"#,
+            ),
+            ("message_stop", r#"{"type":"message_stop"}"#),
+        ];
+        for (event, data) in events {
+            let ev = SseEvent {
+                event: event.to_string(),
+                data: data.to_string(),
+            };
+            st.apply(&ev, &request, None).unwrap();
+        }
+        let r = st.into_response(&request);
+        assert_eq!(r.text, "hello");
+        assert_eq!(r.finish_reason.as_deref(), Some("end_turn"));
     }
 }

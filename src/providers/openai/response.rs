@@ -137,6 +137,7 @@ pub(super) fn parse_plain(
             "chat completion without choices".into(),
         ));
     };
+    let finish_reason = choice.finish_reason;
     let message = choice.message.or(choice.delta).unwrap_or_default();
     let text = content_text(&message.content);
     let tool_calls = message
@@ -161,6 +162,7 @@ pub(super) fn parse_plain(
         text,
         tool_calls,
         usage,
+        finish_reason,
     })
 }
 
@@ -178,6 +180,8 @@ struct StreamState {
     text: String,
     calls: BTreeMap<u32, PartialCall>,
     usage: Usage,
+    /// The last `finish_reason` a chunk gave.
+    finish_reason: Option<String>,
     finished: bool,
     done: bool,
     delivered: bool,
@@ -214,6 +218,7 @@ impl StreamState {
         for choice in chunk.choices {
             if choice.finish_reason.is_some() {
                 self.finished = true;
+                self.finish_reason = choice.finish_reason.clone();
             }
             let Some(delta) = choice.delta.or(choice.message) else {
                 continue;
@@ -267,6 +272,7 @@ impl StreamState {
             text: self.text,
             tool_calls,
             usage: self.usage,
+            finish_reason: self.finish_reason,
         }
     }
 
@@ -353,6 +359,7 @@ mod tests {
         assert_eq!(&*resp.tool_calls[1].arguments, r#"{"text": "hi"}"#);
         assert_eq!(resp.usage.input_tokens, 50);
         assert_eq!(resp.usage.cache_read_tokens, 10);
+        assert_eq!(resp.finish_reason.as_deref(), Some("tool_calls"));
     }
 
     #[test]
@@ -362,6 +369,11 @@ mod tests {
         assert_eq!(&*r.tool_calls[0].id, "call_4_0");
         assert_eq!(&*r.tool_calls[0].arguments, r#"{"a":1}"#);
         assert_eq!(r.usage, Usage::default());
+        assert_eq!(r.finish_reason, None, "a server that gives no reason");
+        let cut =
+            br#"{"choices":[{"message":{"content":"half an ans"},"finish_reason":"length"}]}"#;
+        let r = parse_plain(cut, 0, None).unwrap();
+        assert_eq!(r.finish_reason.as_deref(), Some("length"));
         assert_eq!(
             parse_plain(b"not json", 0, None).unwrap_err().kind(),
             "malformed_response"
