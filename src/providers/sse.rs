@@ -12,6 +12,75 @@
 //! still open when the body ends is dropped, as the specification says (the
 //! providers then see a stream that ended early).
 
+use super::http::{self, Secret};
+use crate::ports::model::{ChatRequest, ChatResponse, ModelError};
+
+/// A model's answer folded from its stream's events, one provider's wire
+/// format; [`read_stream`] drives it.
+pub(crate) trait StreamFold: Default {
+    /// Folds one event in; `Err` for an error the server sent in the
+    /// stream or an event that does not parse.
+    fn apply(
+        &mut self,
+        ev: &SseEvent,
+        request: &ChatRequest,
+        secret: Option<&Secret>,
+    ) -> Result<(), ModelError>;
+    /// The stream has said its last word (`[DONE]`, `message_stop`).
+    fn is_over(&self) -> bool;
+    /// Whether a body that ends here, without that last word, still holds
+    /// a whole answer.
+    fn whole_at_end(&self) -> bool;
+    /// Whether text already reached the request's listener.
+    fn delivered(&self) -> bool;
+    /// The answer.
+    fn into_response(self, request: &ChatRequest) -> ChatResponse;
+}
+
+/// Reads a streamed response to its end, folding its events into `S`.
+/// Every chunk is a sign of life (text, tool-call arguments, reasoning, a
+/// keep-alive comment). A body that ends before the answer is whole fails
+/// with `Transport(cut)`; any failure after text reached the listener is
+/// `Interrupted` (the listener has seen a part that will not be kept).
+pub(crate) async fn read_stream<S: StreamFold>(
+    resp: &mut reqwest::Response,
+    request: &ChatRequest,
+    secret: Option<&Secret>,
+    cut: &str,
+) -> Result<ChatResponse, ModelError> {
+    let mut parser = SseParser::default();
+    let mut events = Vec::new();
+    let mut st = S::default();
+    let fail = |st: &S, e: ModelError| {
+        if st.delivered() {
+            ModelError::Interrupted(Box::new(e))
+        } else {
+            e
+        }
+    };
+    loop {
+        let chunk = match resp.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => return Err(fail(&st, http::transport(e, secret))),
+        };
+        request.alive();
+        parser.feed(&chunk, &mut events);
+        for ev in events.drain(..) {
+            if let Err(e) = st.apply(&ev, request, secret) {
+                return Err(fail(&st, e));
+            }
+            if st.is_over() {
+                return Ok(st.into_response(request));
+            }
+        }
+    }
+    if st.whole_at_end() {
+        return Ok(st.into_response(request));
+    }
+    Err(fail(&st, ModelError::Transport(cut.into())))
+}
+
 /// One event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct SseEvent {

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::super::http::{self, Secret};
-use super::super::sse::{SseEvent, SseParser};
+use super::super::sse::{self, SseEvent, StreamFold};
 use crate::ports::model::{ChatRequest, ChatResponse, ModelError, ToolCallRequest};
 use crate::ports::run::Usage;
 use crate::secrets::StreamRedactor;
@@ -275,14 +275,34 @@ impl StreamState {
             finish_reason: self.finish_reason,
         }
     }
+}
 
-    /// `e`, wrapped as `Interrupted` when text already reached the listener.
-    fn fail(&self, e: ModelError) -> ModelError {
-        if self.delivered {
-            ModelError::Interrupted(Box::new(e))
-        } else {
-            e
-        }
+impl StreamFold for StreamState {
+    fn apply(
+        &mut self,
+        ev: &SseEvent,
+        request: &ChatRequest,
+        secret: Option<&Secret>,
+    ) -> Result<(), ModelError> {
+        StreamState::apply(self, ev, request, secret)
+    }
+
+    fn is_over(&self) -> bool {
+        self.done
+    }
+
+    /// A server that closes after its last `finish_reason` chunk without
+    /// `[DONE]` gave a whole answer.
+    fn whole_at_end(&self) -> bool {
+        self.finished
+    }
+
+    fn delivered(&self) -> bool {
+        self.delivered
+    }
+
+    fn into_response(self, request: &ChatRequest) -> ChatResponse {
+        StreamState::into_response(self, request)
     }
 }
 
@@ -292,32 +312,13 @@ pub(super) async fn read_stream(
     request: &ChatRequest,
     secret: Option<&Secret>,
 ) -> Result<ChatResponse, ModelError> {
-    let mut parser = SseParser::default();
-    let mut events = Vec::new();
-    let mut st = StreamState::default();
-    loop {
-        let chunk = match resp.chunk().await {
-            Ok(Some(c)) => c,
-            Ok(None) => break,
-            Err(e) => return Err(st.fail(http::transport(e, secret))),
-        };
-        // Every chunk is a sign of life: text, tool-call arguments,
-        // reasoning, or a keep-alive comment.
-        request.alive();
-        parser.feed(&chunk, &mut events);
-        for ev in events.drain(..) {
-            st.apply(&ev, request, secret).map_err(|e| st.fail(e))?;
-            if st.done {
-                return Ok(st.into_response(request));
-            }
-        }
-    }
-    if st.finished {
-        return Ok(st.into_response(request));
-    }
-    Err(st.fail(ModelError::Transport(
-        "the stream ended before the response was complete".into(),
-    )))
+    sse::read_stream::<StreamState>(
+        resp,
+        request,
+        secret,
+        "the stream ended before the response was complete",
+    )
+    .await
 }
 
 #[cfg(test)]
