@@ -333,9 +333,21 @@ impl Conn {
         .into_bytes()
     }
 
+    /// Reads what the server sent next (through `chunk`) onto `buf`; `closed`
+    /// is the error if it closed the connection instead.
+    async fn read_more(&mut self, chunk: &mut [u8], closed: &str) -> Result<(), String> {
+        use tokio::io::AsyncReadExt;
+        let n = self.stream.read(chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(closed.into());
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
     /// Sends `request`; the answer's status and body.
     async fn send(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         self.stream
             .write_all(request)
             .await
@@ -355,26 +367,12 @@ impl Conn {
                     .ok_or_else(|| format!("an answer without content-length: {head}"))?;
                 break (end + 4, len);
             }
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("the server closed the connection".into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.read_more(&mut chunk, "the server closed the connection")
+                .await?;
         };
         while self.buf.len() < head_len + body_len {
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Err("the server closed the connection mid-answer".into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.read_more(&mut chunk, "the server closed the connection mid-answer")
+                .await?;
         }
         if self.buf.len() > head_len + body_len {
             return Err("bytes after the answer (none was asked for)".into());

@@ -74,6 +74,24 @@ async fn call(
     (code, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// `POST {base}{path}` (`/v1/runs`, with its query) of `{"agent": agent}`.
+async fn submit(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    token: &str,
+    agent: &str,
+) -> (u16, Value) {
+    call(
+        http,
+        reqwest::Method::POST,
+        &format!("{base}{path}"),
+        token,
+        Some(json!({ "agent": agent })),
+    )
+    .await
+}
+
 #[test]
 fn token_new_prints_a_token_and_its_line() {
     let (token, line) = token_new("alice", false);
@@ -127,24 +145,10 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     let s = Serving { child, base };
     let http = support::loopback::http_client();
 
-    let (code, v) = call(
-        &http,
-        reqwest::Method::POST,
-        &format!("{}/v1/runs?wait=10", s.base),
-        &alice,
-        Some(json!({"agent": "quick"})),
-    )
-    .await;
+    let (code, v) = submit(&http, &s.base, "/v1/runs?wait=10", &alice, "quick").await;
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["status"], "ok");
-    let (code, _) = call(
-        &http,
-        reqwest::Method::POST,
-        &format!("{}/v1/runs", s.base),
-        &alice,
-        Some(json!({"agent": "slow"})),
-    )
-    .await;
+    let (code, _) = submit(&http, &s.base, "/v1/runs", &alice, "slow").await;
     assert_eq!(code, 404, "slow is not loaded yet");
 
     // SIGHUP: the new manifest is served.
@@ -152,14 +156,7 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     signal(&s.child, "HUP");
     let mut slow = Value::Null;
     for _ in 0..100 {
-        let (code, v) = call(
-            &http,
-            reqwest::Method::POST,
-            &format!("{}/v1/runs", s.base),
-            &alice,
-            Some(json!({"agent": "slow"})),
-        )
-        .await;
+        let (code, v) = submit(&http, &s.base, "/v1/runs", &alice, "slow").await;
         if code == 201 {
             slow = v;
             break;
@@ -209,14 +206,7 @@ async fn serve_reloads_answers_the_cli_and_drains_on_sigterm() {
     assert_eq!(shown["result"]["kill_reason"], "operator");
 
     // SIGTERM with a run in flight: it is cancelled after the drain; exit 0.
-    let (_, v) = call(
-        &http,
-        reqwest::Method::POST,
-        &format!("{}/v1/runs", s.base),
-        &alice,
-        Some(json!({"agent": "slow"})),
-    )
-    .await;
+    let (_, v) = submit(&http, &s.base, "/v1/runs", &alice, "slow").await;
     let last = v["run_id"].as_str().unwrap().to_string();
     let mut s = s;
     signal(&s.child, "TERM");

@@ -138,6 +138,33 @@ fn pids(text: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Runs `t__pid` once on the test server started with `flags` (which
+/// include `--grandchild`): the pids it reports, the server's and its
+/// child's.
+async fn server_and_grandchild(host: &Host, flags: &str) -> Vec<i32> {
+    let yaml = manifest(
+        flags,
+        "",
+        "  - { tool: t__pid, args: {} }\n  - { text: done }\n",
+        "",
+    );
+    let (r, _) = run(host, &yaml).await;
+    let p = pids(&r.steps[0].result);
+    assert_eq!(p.len(), 2, "{r:?}");
+    p
+}
+
+/// Each of `pids` is gone within 5 s (the host that started them has
+/// stopped).
+async fn none_outlives_the_host(pids: Vec<i32>) {
+    for pid in pids {
+        assert!(
+            gone_within(pid, Duration::from_secs(5)).await,
+            "{pid} outlived the host"
+        );
+    }
+}
+
 #[tokio::test]
 async fn tools_are_named_for_their_server_and_answer_through_a_run() {
     let host = host_with(McpConfig::default()).await;
@@ -480,44 +507,18 @@ async fn shutdown_kills_a_server_that_ignores_sigterm_and_its_children() {
         ..McpConfig::default()
     })
     .await;
-    let yaml = manifest(
-        "--ignore-sigterm --grandchild",
-        "",
-        "  - { tool: t__pid, args: {} }\n  - { text: done }\n",
-        "",
-    );
-    let (r, _) = run(&host, &yaml).await;
-    let p = pids(&r.steps[0].result);
-    assert_eq!(p.len(), 2, "{r:?}");
+    let p = server_and_grandchild(&host, "--ignore-sigterm --grandchild").await;
     assert!(alive(p[0]) && alive(p[1]));
     host.shutdown().await;
-    for pid in p {
-        assert!(
-            gone_within(pid, Duration::from_secs(5)).await,
-            "{pid} outlived the host"
-        );
-    }
+    none_outlives_the_host(p).await;
 }
 
 #[tokio::test]
 async fn no_orphan_after_the_host_is_dropped() {
     let host = host_with(McpConfig::default()).await;
-    let yaml = manifest(
-        "--grandchild",
-        "",
-        "  - { tool: t__pid, args: {} }\n  - { text: done }\n",
-        "",
-    );
-    let (r, _) = run(&host, &yaml).await;
-    let p = pids(&r.steps[0].result);
-    assert_eq!(p.len(), 2, "{r:?}");
+    let p = server_and_grandchild(&host, "--grandchild").await;
     drop(host);
-    for pid in p {
-        assert!(
-            gone_within(pid, Duration::from_secs(5)).await,
-            "{pid} outlived the host"
-        );
-    }
+    none_outlives_the_host(p).await;
 }
 
 #[tokio::test]

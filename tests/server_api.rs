@@ -153,29 +153,25 @@ async fn the_same_idempotency_key_gives_the_same_run() {
     let (_, c, _) = s.req("POST", "/v1/runs", Some(BOB), Some(body)).await;
     assert_ne!(a["run_id"], c["run_id"]);
     // The header works as the field does.
-    let r1 = s
-        .http
-        .post(format!("{}/v1/runs", s.base))
-        .bearer_auth(ALICE)
-        .header("idempotency-key", "k2")
-        .header("content-type", "application/json")
-        .body(r#"{"agent":"quick"}"#)
-        .send()
-        .await
-        .unwrap();
-    let r2 = s
-        .http
-        .post(format!("{}/v1/runs", s.base))
-        .bearer_auth(ALICE)
-        .header("idempotency-key", "k2")
-        .header("content-type", "application/json")
-        .body(r#"{"agent":"quick"}"#)
-        .send()
-        .await
-        .unwrap();
-    let v1: Value = serde_json::from_str(&r1.text().await.unwrap()).unwrap();
-    let v2: Value = serde_json::from_str(&r2.text().await.unwrap()).unwrap();
+    let v1 = submit_with_key_header(&s, "k2").await;
+    let v2 = submit_with_key_header(&s, "k2").await;
     assert_eq!(v1["run_id"], v2["run_id"]);
+}
+
+/// Alice's `POST /v1/runs` of `quick` with `key` in the `idempotency-key`
+/// header: the answer.
+async fn submit_with_key_header(s: &Running, key: &str) -> Value {
+    let resp = s
+        .http
+        .post(format!("{}/v1/runs", s.base))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(r#"{"agent":"quick"}"#)
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_str(&resp.text().await.unwrap()).unwrap()
 }
 
 #[tokio::test]

@@ -10,11 +10,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use agentvisor::ports::audit::{
-    AuditEntry, AuditRecord, AuditStore, RunCursor, RunFilter, RunIndex, RunSummary,
+    AuditRecord, AuditStore, RunCursor, RunFilter, RunIndex, RunSummary,
 };
 use agentvisor::server::ServerConfig;
 use agentvisor::stores::{MemoryAuditStore, SqliteStore};
-use agentvisor::{Invocation, RunId, RunResult, RunStatus};
+use agentvisor::{Invocation, RunId, RunStatus};
 use serde_json::{json, Value};
 use support::loopback::{QUICK, SLOW};
 
@@ -36,25 +36,12 @@ async fn template() -> Vec<AuditRecord> {
 
 /// `records` as a new run that ended at `finished_at` (`status` ok or killed).
 fn copy(records: &[AuditRecord], finished_at: u64, killed: bool) -> (RunId, Vec<AuditRecord>) {
-    let id = RunId::new();
-    let out = records
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            r.run_id = id;
-            if let AuditEntry::Terminal(res) = &r.entry {
-                let mut res = RunResult::clone(res);
-                res.run_id = id;
-                res.finished_at = finished_at;
-                if killed {
-                    res.status = RunStatus::Killed;
-                }
-                r.entry = AuditEntry::Terminal(Arc::new(res));
-            }
-            r
-        })
-        .collect();
-    (id, out)
+    support::rekey(records, |res| {
+        res.finished_at = finished_at;
+        if killed {
+            res.status = RunStatus::Killed;
+        }
+    })
 }
 
 /// Pages through `store` with `filter`, `page` runs at a time, adding

@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 use support::loopback::{events_of, read_sse, Running, ALICE, BOB, ROOT};
 
@@ -34,18 +35,24 @@ async fn start(auth: bool) -> Running {
     support::loopback::start(host, store, &[CHAT, SLOW_CHAT], auth).await
 }
 
+/// `POST /v1/sessions` of `body`: its status, body and headers.
+async fn create(s: &Running, token: Option<&str>, body: Value) -> (u16, Value, HeaderMap) {
+    s.req("POST", "/v1/sessions", token, Some(body)).await
+}
+
+/// A message `text` to session `id`, not yet sent.
+fn message(s: &Running, id: &str, token: Option<&str>, text: &str) -> reqwest::RequestBuilder {
+    s.request(
+        "POST",
+        &format!("/v1/sessions/{id}/messages"),
+        token,
+        Some(json!({ "text": text })),
+    )
+}
+
 /// Sends a message and reads its whole answer stream.
 async fn say(s: &Running, id: &str, token: Option<&str>, text: &str) -> (u16, Vec<Value>, String) {
-    let resp = s
-        .request(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            token,
-            Some(json!({ "text": text })),
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = message(s, id, token, text).send().await.unwrap();
     let code = resp.status().as_u16();
     let run_id = resp
         .headers()
@@ -70,9 +77,7 @@ async fn say(s: &Running, id: &str, token: Option<&str>, text: &str) -> (u16, Ve
 #[tokio::test]
 async fn a_session_keeps_its_conversation() {
     let s = start(false).await;
-    let (code, v, h) = s
-        .req("POST", "/v1/sessions", None, Some(json!({"agent": "chat"})))
-        .await;
+    let (code, v, h) = create(&s, None, json!({"agent": "chat"})).await;
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["state"], "created");
     assert_eq!(v["on_busy"], "refuse");
@@ -156,22 +161,9 @@ async fn a_session_keeps_its_conversation() {
 async fn a_second_message_while_one_runs_is_refused_or_waits() {
     let s = start(false).await;
     // Refused (the default).
-    let (_, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            None,
-            Some(json!({"agent": "slowchat", "id": "busy-1"})),
-        )
-        .await;
+    let (_, v, _) = create(&s, None, json!({"agent": "slowchat", "id": "busy-1"})).await;
     assert_eq!(v["session_id"], "busy-1");
-    let first = s
-        .request(
-            "POST",
-            "/v1/sessions/busy-1/messages",
-            None,
-            Some(json!({"text": "take your time"})),
-        )
+    let first = message(&s, "busy-1", None, "take your time")
         .send()
         .await
         .unwrap();
@@ -191,34 +183,21 @@ async fn a_second_message_while_one_runs_is_refused_or_waits() {
     assert_eq!(end["status"], "cancelled");
 
     // Waits: the second message runs once the first has ended.
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            None,
-            Some(json!({"agent": "slowchat", "id": "busy-2", "on_busy": "wait"})),
-        )
-        .await;
+    let (code, v, _) = create(
+        &s,
+        None,
+        json!({"agent": "slowchat", "id": "busy-2", "on_busy": "wait"}),
+    )
+    .await;
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["on_busy"], "wait");
-    let first = s
-        .request(
-            "POST",
-            "/v1/sessions/busy-2/messages",
-            None,
-            Some(json!({"text": "take your time"})),
-        )
+    let first = message(&s, "busy-2", None, "take your time")
         .send()
         .await
         .unwrap();
     let first_run = first.headers()["run-id"].to_str().unwrap().to_string();
     let mut second = tokio::spawn({
-        let req = s.request(
-            "POST",
-            "/v1/sessions/busy-2/messages",
-            None,
-            Some(json!({"text": "and now?"})),
-        );
+        let req = message(&s, "busy-2", None, "and now?");
         async move { req.send().await.unwrap() }
     });
     // The second waits for the gate: no answer while the first runs.
@@ -252,18 +231,14 @@ async fn a_second_message_while_one_runs_is_refused_or_waits() {
 #[tokio::test]
 async fn a_session_is_its_creators() {
     let s = start(true).await;
-    let (code, _, _) = s
-        .req("POST", "/v1/sessions", None, Some(json!({"agent": "chat"})))
-        .await;
+    let (code, _, _) = create(&s, None, json!({"agent": "chat"})).await;
     assert_eq!(code, 401);
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            Some(ALICE),
-            Some(json!({"agent": "chat", "id": "alice-chat"})),
-        )
-        .await;
+    let (code, v, _) = create(
+        &s,
+        Some(ALICE),
+        json!({"agent": "chat", "id": "alice-chat"}),
+    )
+    .await;
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["caller_id"], "alice");
     // Bob: 404 everywhere, as for no such session.
@@ -278,25 +253,16 @@ async fn a_session_is_its_creators() {
     let (code, _, _) = say(&s, "alice-chat", Some(BOB), "hi").await;
     assert_eq!(code, 404);
     // Nor can he take the id.
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            Some(BOB),
-            Some(json!({"agent": "chat", "id": "alice-chat"})),
-        )
-        .await;
+    let (code, v, _) = create(&s, Some(BOB), json!({"agent": "chat", "id": "alice-chat"})).await;
     assert_eq!(code, 409);
     assert_eq!(v["error"]["kind"], "session_exists");
     // Alice reopens hers (200); the admin sees it.
-    let (code, _, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            Some(ALICE),
-            Some(json!({"agent": "chat", "id": "alice-chat"})),
-        )
-        .await;
+    let (code, _, _) = create(
+        &s,
+        Some(ALICE),
+        json!({"agent": "chat", "id": "alice-chat"}),
+    )
+    .await;
     assert_eq!(code, 200);
     let (code, _, _) = s
         .req("GET", "/v1/sessions/alice-chat", Some(ROOT), None)
@@ -320,50 +286,20 @@ async fn a_session_is_its_creators() {
 #[tokio::test]
 async fn bad_requests_name_what_is_wrong() {
     let s = start(false).await;
-    let (code, v, _) = s
-        .req("POST", "/v1/sessions", None, Some(json!({"agent": "nope"})))
-        .await;
+    let (code, v, _) = create(&s, None, json!({"agent": "nope"})).await;
     assert_eq!(code, 404);
     assert_eq!(v["error"]["kind"], "unknown_agent");
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            None,
-            Some(json!({"agent": "chat", "id": "a b"})),
-        )
-        .await;
+    let (code, v, _) = create(&s, None, json!({"agent": "chat", "id": "a b"})).await;
     assert_eq!(code, 422);
     assert!(
         v["error"]["message"].as_str().unwrap().contains("`id`"),
         "{v}"
     );
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            None,
-            Some(json!({"agent": "chat", "on_busy": "sometimes"})),
-        )
-        .await;
+    let (code, v, _) = create(&s, None, json!({"agent": "chat", "on_busy": "sometimes"})).await;
     assert_eq!(code, 422, "{v}");
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            None,
-            Some(json!({"agent": "chat", "id": "same"})),
-        )
-        .await;
+    let (code, v, _) = create(&s, None, json!({"agent": "chat", "id": "same"})).await;
     assert_eq!(code, 201, "{v}");
-    let (code, v, _) = s
-        .req(
-            "POST",
-            "/v1/sessions",
-            None,
-            Some(json!({"agent": "slowchat", "id": "same"})),
-        )
-        .await;
+    let (code, v, _) = create(&s, None, json!({"agent": "slowchat", "id": "same"})).await;
     assert_eq!(code, 409);
     assert_eq!(v["error"]["kind"], "session_agent_mismatch");
     let (code, v, _) = say(&s, "same", None, "  ").await;

@@ -22,6 +22,7 @@ use agentvisor::{
     AgentSpec, Host, HostConfig, Invocation, KillReason, RunEvent, RunId, RunResult, RunStatus,
 };
 use async_trait::async_trait;
+use support::rekey;
 use support::scratch::Scratch;
 
 fn hello() -> AgentSpec {
@@ -47,26 +48,6 @@ async fn real_run() -> (RunResult, Vec<AuditRecord>) {
     host.shutdown().await;
     let records = mem.run_records(result.run_id).await.unwrap();
     (result, records)
-}
-
-/// `records` re-keyed to a new run (and its terminal result changed by `f`).
-fn rekey(records: &[AuditRecord], f: impl Fn(&mut RunResult)) -> (RunId, Vec<AuditRecord>) {
-    let id = RunId::new();
-    let out = records
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            r.run_id = id;
-            if let AuditEntry::Terminal(res) = &r.entry {
-                let mut res = RunResult::clone(res);
-                res.run_id = id;
-                f(&mut res);
-                r.entry = AuditEntry::Terminal(Arc::new(res));
-            }
-            r
-        })
-        .collect();
-    (id, out)
 }
 
 #[tokio::test]

@@ -21,7 +21,10 @@ use std::process::ExitCode;
 use clap::Args;
 
 use agentvisor::spec::Attachment;
-use agentvisor::{Host, Invocation, PipelineResult, RunResult, RunStatus};
+use agentvisor::{
+    Event, Host, Invocation, PipelineResult, PipelineRun, RunEvents, RunHandle, RunResult,
+    RunStatus,
+};
 
 use super::signals::{Caught, Signals};
 
@@ -113,40 +116,14 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
     if !agent.spec().phases.is_empty() {
         return pipeline(host, agent.spec().clone(), inv, &a, &mut signals).await;
     }
-    let mut caught: Option<Caught> = None;
-    let result = match host.submit_streaming(&agent, inv).await {
-        Ok((mut handle, mut events)) => {
-            let mut cancelled = false;
-            let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
-            let mut drain_until: Option<tokio::time::Instant> = None;
-            loop {
-                tokio::select! {
-                    ev = events.next() => match ev {
-                        Some(ev) => {
-                            if a.events {
-                                outln!("{}", serde_json::to_string(&ev).unwrap_or_default());
-                            }
-                        }
-                        None => break,
-                    },
-                    s = signals.next() => {
-                        if s == Caught::Int || caught.is_some() {
-                            // Ctrl-C, or a second signal: cancel now.
-                            cancelled = true;
-                            handle.cancel();
-                        } else {
-                            caught = Some(s);
-                            errln!("{}: the run may finish within {}; then it is cancelled", s.name(), agentvisor::spec::format_duration(drain));
-                            drain_until = Some(tokio::time::Instant::now() + drain);
-                        }
-                    }
-                    _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() && !cancelled => {
-                        cancelled = true;
-                        handle.cancel();
-                    }
-                }
-            }
-            (&mut handle).await
+    let (caught, result) = match host.submit_streaming(&agent, inv).await {
+        Ok((mut handle, events)) => {
+            let mut run = Streaming {
+                handle: &handle,
+                events,
+            };
+            let caught = follow(&mut run, &a, &mut signals, ("the run", "it")).await;
+            (caught, (&mut handle).await)
         }
         Err(e) => return super::refuse(e),
     };
@@ -170,15 +147,52 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
     }
 }
 
-/// `run` of a pipeline manifest (see the module doc).
-async fn pipeline(
-    host: Host,
-    spec: agentvisor::AgentSpec,
-    inv: Invocation,
+/// What `run` follows to its end: a run, or a pipeline.
+trait Followed {
+    /// The next event, or `None` once it has ended.
+    async fn next_event(&mut self) -> Option<Event>;
+    /// Cancels it (a pipeline: the phase in flight, and the rest do not run).
+    fn cancel(&self);
+}
+
+/// A run's handle and its events.
+struct Streaming<'a> {
+    handle: &'a RunHandle,
+    events: RunEvents,
+}
+
+impl Followed for Streaming<'_> {
+    async fn next_event(&mut self) -> Option<Event> {
+        self.events.next().await
+    }
+
+    fn cancel(&self) {
+        self.handle.cancel();
+    }
+}
+
+impl Followed for PipelineRun {
+    async fn next_event(&mut self) -> Option<Event> {
+        PipelineRun::next_event(self).await
+    }
+
+    fn cancel(&self) {
+        PipelineRun::cancel(self);
+    }
+}
+
+/// Prints the events of `run` (with `--events`) until it ends, answering
+/// signals: Ctrl-C, or a second signal, cancels it at once; a first
+/// SIGTERM or SIGHUP lets it go on for `--drain`, then cancels it. `said`
+/// names what may finish and what is then cancelled, for the line that
+/// tells so. Returns the SIGTERM or SIGHUP caught, if one was.
+async fn follow(
+    run: &mut impl Followed,
     a: &RunArgs,
     signals: &mut Signals,
-) -> ExitCode {
-    let mut run = host.start_pipeline(spec, inv);
+    said: (&str, &str),
+) -> Option<Caught> {
+    let (finishing, cancelled_then) = said;
     let mut caught: Option<Caught> = None;
     let mut cancelled = false;
     let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
@@ -195,11 +209,12 @@ async fn pipeline(
             },
             s = signals.next() => {
                 if s == Caught::Int || caught.is_some() {
+                    // Ctrl-C, or a second signal: cancel now.
                     cancelled = true;
                     run.cancel();
                 } else {
                     caught = Some(s);
-                    errln!("{}: the phase in flight may finish within {}; then the pipeline is cancelled", s.name(), agentvisor::spec::format_duration(drain));
+                    errln!("{}: {finishing} may finish within {}; then {cancelled_then} is cancelled", s.name(), agentvisor::spec::format_duration(drain));
                     drain_until = Some(tokio::time::Instant::now() + drain);
                 }
             }
@@ -209,6 +224,25 @@ async fn pipeline(
             }
         }
     }
+    caught
+}
+
+/// `run` of a pipeline manifest (see the module doc).
+async fn pipeline(
+    host: Host,
+    spec: agentvisor::AgentSpec,
+    inv: Invocation,
+    a: &RunArgs,
+    signals: &mut Signals,
+) -> ExitCode {
+    let mut run = host.start_pipeline(spec, inv);
+    let caught = follow(
+        &mut run,
+        a,
+        signals,
+        ("the phase in flight", "the pipeline"),
+    )
+    .await;
     let result = run.result().await;
     let code = match &result {
         Ok(r) => {

@@ -142,12 +142,23 @@ fn approval_error(id: &str, e: ApprovalError) -> ApiError {
     ApiError::new(StatusCode::CONFLICT, e.kind(), message)
 }
 
-fn decided(run: &RunRef, action: &str, calls: Vec<PendingApproval>) -> Json<ApprovalDecision> {
-    Json(ApprovalDecision {
+/// What `approve` and `deny` share: finds the live run `id`, hands it the
+/// decision (`hand`), answers 409 when the run refuses it, and otherwise
+/// with the calls decided under `action`.
+async fn decide(
+    st: &AppState,
+    caller: &Caller,
+    id: &str,
+    action: &str,
+    hand: impl FnOnce(&RunRef) -> Result<Vec<PendingApproval>, ApprovalError>,
+) -> Result<Json<ApprovalDecision>, ApiError> {
+    let run = live_run(st, caller, id).await?;
+    let calls = hand(&run).map_err(|e| approval_error(id, e))?;
+    Ok(Json(ApprovalDecision {
         run_id: run.run_id().to_string(),
         action: action.to_string(),
         calls: calls.iter().map(PendingView::from).collect(),
-    })
+    }))
 }
 
 /// Approve the tool calls the run waits for (or the one `call_id` names):
@@ -170,11 +181,10 @@ pub(crate) async fn approve(
     body: OptionalJson<ApprovalBody>,
 ) -> Result<Json<ApprovalDecision>, ApiError> {
     let body = body.0.unwrap_or_default();
-    let run = live_run(&st, &caller, &id).await?;
-    let calls = run
-        .approve(body.call_id.as_deref())
-        .map_err(|e| approval_error(&id, e))?;
-    Ok(decided(&run, "approve", calls))
+    decide(&st, &caller, &id, "approve", |run| {
+        run.approve(body.call_id.as_deref())
+    })
+    .await
 }
 
 /// Deny the tool calls the run waits for (or the one `call_id` names):
@@ -197,9 +207,8 @@ pub(crate) async fn deny(
     body: OptionalJson<ApprovalBody>,
 ) -> Result<Json<ApprovalDecision>, ApiError> {
     let body = body.0.unwrap_or_default();
-    let run = live_run(&st, &caller, &id).await?;
-    let calls = run
-        .deny(body.call_id.as_deref(), body.note.unwrap_or_default())
-        .map_err(|e| approval_error(&id, e))?;
-    Ok(decided(&run, "deny", calls))
+    decide(&st, &caller, &id, "deny", |run| {
+        run.deny(body.call_id.as_deref(), body.note.unwrap_or_default())
+    })
+    .await
 }

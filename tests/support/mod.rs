@@ -121,6 +121,30 @@ pub(crate) fn audited_events(records: &[AuditRecord]) -> Vec<RunEvent> {
         .collect()
 }
 
+/// `records` re-keyed to a new run (and its terminal result changed by
+/// `f`): the new run's id and its records.
+pub(crate) fn rekey(
+    records: &[AuditRecord],
+    f: impl Fn(&mut RunResult),
+) -> (RunId, Vec<AuditRecord>) {
+    let id = RunId::new();
+    let out = records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.run_id = id;
+            if let AuditEntry::Terminal(res) = &r.entry {
+                let mut res = RunResult::clone(res);
+                res.run_id = id;
+                f(&mut res);
+                r.entry = AuditEntry::Terminal(Arc::new(res));
+            }
+            r
+        })
+        .collect();
+    (id, out)
+}
+
 /// How many terminal records a run has.
 pub(crate) fn terminal_count(records: &[AuditRecord]) -> usize {
     records.iter().filter(|r| r.is_terminal()).count()
