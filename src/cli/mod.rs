@@ -25,6 +25,7 @@ macro_rules! errln {
     ($($t:tt)*) => { $crate::cli::write_line(true, format_args!($($t)*)) };
 }
 
+mod approvals;
 mod budget;
 mod chat;
 mod client;

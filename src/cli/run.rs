@@ -26,6 +26,7 @@ use agentvisor::{
     RunStatus,
 };
 
+use super::approvals::{Approvals, ApproveMode};
 use super::signals::{Caught, Signals};
 
 /// Flags of `agentvisor run`.
@@ -64,6 +65,11 @@ pub(crate) struct RunArgs {
     /// 5 MiB). Repeatable.
     #[arg(long, value_name = "PATH")]
     attach: Vec<PathBuf>,
+    /// How tool calls the manifest gates (`approval:`) are decided: `ask`
+    /// at the terminal (denied when stdin is not one), `all` approved,
+    /// `none` denied.
+    #[arg(long, value_enum, default_value_t = ApproveMode::Ask)]
+    approve: ApproveMode,
 }
 
 /// Reads the `--attach` files, or refuses (exit 2) naming the one that
@@ -122,7 +128,7 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
                 handle: &handle,
                 events,
             };
-            let caught = follow(&mut run, &a, &mut signals, ("the run", "it")).await;
+            let caught = follow(&host, &mut run, &a, &mut signals, ("the run", "it")).await;
             (caught, (&mut handle).await)
         }
         Err(e) => return super::refuse(e),
@@ -134,17 +140,18 @@ pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
     } else {
         print_human(&result);
     }
+    let (caught, unanswered) = caught;
     let stats = host.shutdown().await;
-    if super::report_unwritten(&host, &stats) {
-        return ExitCode::from(1);
-    }
-    if let Some(s) = caught {
-        ExitCode::from(s.exit_code())
+    let code = if super::report_unwritten(&host, &stats) {
+        1
+    } else if let Some(s) = caught {
+        s.exit_code()
     } else if result.status == RunStatus::Ok {
-        ExitCode::SUCCESS
+        0
     } else {
-        ExitCode::from(1)
-    }
+        1
+    };
+    exit(code, unanswered)
 }
 
 /// What `run` follows to its end: a run, or a pipeline.
@@ -181,18 +188,24 @@ impl Followed for PipelineRun {
     }
 }
 
-/// Prints the events of `run` (with `--events`) until it ends, answering
-/// signals: Ctrl-C, or a second signal, cancels it at once; a first
-/// SIGTERM or SIGHUP lets it go on for `--drain`, then cancels it. `said`
-/// names what may finish and what is then cancelled, for the line that
-/// tells so. Returns the SIGTERM or SIGHUP caught, if one was.
+/// Prints the events of `run` (with `--events`) until it ends, deciding
+/// the tool calls it asks approval for (`--approve`, see `approvals`) and
+/// answering signals: Ctrl-C, or a second signal, cancels it at once; a
+/// first SIGTERM or SIGHUP lets it go on for `--drain`, then cancels it.
+/// `said` names what may finish and what is then cancelled, for the line
+/// that tells so. Returns the SIGTERM or SIGHUP caught, if one was, and
+/// whether a question at the terminal was left unanswered (the run ended
+/// while it waited: the command must then exit without waiting for the
+/// read of stdin, see [`exit`]).
 async fn follow(
+    host: &Host,
     run: &mut impl Followed,
     a: &RunArgs,
     signals: &mut Signals,
     said: (&str, &str),
-) -> Option<Caught> {
+) -> (Option<Caught>, bool) {
     let (finishing, cancelled_then) = said;
+    let mut approvals = Approvals::new(a.approve);
     let mut caught: Option<Caught> = None;
     let mut cancelled = false;
     let drain = a.drain.unwrap_or(super::signals::DEFAULT_DRAIN);
@@ -204,9 +217,13 @@ async fn follow(
                     if a.events {
                         outln!("{}", serde_json::to_string(&ev).unwrap_or_default());
                     }
+                    approvals.requested(host, &ev);
                 }
                 None => break,
             },
+            answer = approvals.answer(), if approvals.is_asking() => {
+                approvals.answered(host, &answer);
+            }
             s = signals.next() => {
                 if s == Caught::Int || caught.is_some() {
                     // Ctrl-C, or a second signal: cancel now.
@@ -224,7 +241,18 @@ async fn follow(
             }
         }
     }
-    caught
+    (caught, approvals.is_asking())
+}
+
+/// The command's exit: with a question left open at the terminal, at once
+/// (the runtime would wait for the read of stdin), its records written
+/// and its spans exported first.
+fn exit(code: u8, unanswered: bool) -> ExitCode {
+    if unanswered {
+        errln!("(the question was left unanswered: the run has ended)");
+        super::exit_now(code);
+    }
+    ExitCode::from(code)
 }
 
 /// `run` of a pipeline manifest (see the module doc).
@@ -237,36 +265,39 @@ async fn pipeline(
 ) -> ExitCode {
     let mut run = host.start_pipeline(spec, inv);
     let caught = follow(
+        &host,
         &mut run,
         a,
         signals,
         ("the phase in flight", "the pipeline"),
     )
     .await;
+    let (caught, unanswered) = caught;
     let result = run.result().await;
-    let code = match &result {
+    let refused = match &result {
         Ok(r) => {
             if a.json {
                 outln!("{}", serde_json::to_string(r).unwrap_or_default());
             } else {
                 print_pipeline(r);
             }
-            if r.status == RunStatus::Ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
+            None
         }
-        Err(e) => super::refuse(e),
+        Err(e) => Some(super::refuse(e)),
     };
     let stats = host.shutdown().await;
-    if super::report_unwritten(&host, &stats) {
-        return ExitCode::from(1);
-    }
-    match caught {
-        Some(s) => ExitCode::from(s.exit_code()),
-        None => code,
-    }
+    let code = if super::report_unwritten(&host, &stats) {
+        1
+    } else if let Some(s) = caught {
+        s.exit_code()
+    } else if let Some(refused) = refused {
+        return refused;
+    } else if result.is_ok_and(|r| r.status == RunStatus::Ok) {
+        0
+    } else {
+        1
+    };
+    exit(code, unanswered)
 }
 
 fn print_pipeline(r: &PipelineResult) {
