@@ -440,3 +440,64 @@ async fn on_a_full_disk_records_go_to_the_spool_and_everything_works_once_space_
         .unwrap();
     store.close().await;
 }
+
+/// A host on `spool` over `store`.
+async fn spooled_host(spool: &Path, store: Arc<dyn AuditStore>) -> Host {
+    Host::builder()
+        .config(HostConfig {
+            audit_spool: Some(spool.to_path_buf()),
+            ..HostConfig::default()
+        })
+        .audit_store(store)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_on_one_spool_path_each_write_their_own_and_an_ended_ones_records_are_taken_in() {
+    let dir = Scratch::new("spool-claim");
+    let spool = dir.path("audit.spool");
+    let hello = || manifest("examples/agents/hello.yaml");
+    // A holds the configured file; B and D, started beside it (a
+    // `recover` beside a `swarm`), each write a sibling of their own.
+    let store_a = Switched::new(Arc::new(MemoryAuditStore::new()), true);
+    let a = spooled_host(&spool, store_a.clone()).await;
+    let b = spooled_host(&spool, Arc::new(MemoryAuditStore::new())).await;
+    let store_d = Switched::new(Arc::new(MemoryAuditStore::new()), true);
+    let d = spooled_host(&spool, store_d.clone()).await;
+    assert_eq!(a.config().audit_spool.as_deref(), Some(spool.as_path()));
+    assert_eq!(b.config().audit_spool, Some(dir.path("audit.spool.1")));
+    assert_eq!(d.config().audit_spool, Some(dir.path("audit.spool.2")));
+
+    // A's and D's stores fail: each run's records go to its own host's
+    // spool. D ends with its records there (as a process that died would
+    // leave them); B ends with none.
+    let ra = a.execute(hello(), Invocation::default()).await.unwrap();
+    let rd = d.execute(hello(), Invocation::default()).await.unwrap();
+    let stats_d = d.shutdown().await;
+    assert_eq!(stats_d.spooled, 13, "D's hello run, in its spool");
+    b.shutdown().await;
+    // A process that ends drops its host, and the lock on its spool with it.
+    drop((b, d));
+
+    // C starts beside A: it takes B's free file, and takes in D's records,
+    // which reach C's store; D's file is gone.
+    let store_c = Arc::new(MemoryAuditStore::new());
+    let c = spooled_host(&spool, store_c.clone()).await;
+    assert_eq!(c.config().audit_spool, Some(dir.path("audit.spool.1")));
+    assert!(!dir.path("audit.spool.2").exists());
+    let stats_c = c.shutdown().await;
+    assert_eq!((stats_c.spooled, stats_c.unwritten), (0, 0));
+    let taken = store_c.run_records(rd.run_id).await.unwrap();
+    assert_eq!(taken.len(), 13, "D's run, replayed by C");
+
+    // A's records were never touched: still in its spool, then in its
+    // store once the store works again.
+    assert!(std::fs::metadata(&spool).unwrap().len() > 0);
+    assert!(store_c.run_records(ra.run_id).await.unwrap().is_empty());
+    store_a.set_failing(false);
+    let stats_a = a.shutdown().await;
+    assert_eq!((stats_a.spooled, stats_a.unwritten), (0, 0));
+    assert_eq!(store_a.run_records(ra.run_id).await.unwrap().len(), 13);
+}

@@ -132,11 +132,34 @@ impl HostBuilder {
         for t in self.extra_tools {
             tools.register(t)?;
         }
-        let c = self.config;
+        let mut c = self.config;
         if c.critic_shards == 0 || c.audit_batch == 0 {
             return Err(HostError::Config(
                 "critic_shards and audit_batch must be at least 1".into(),
             ));
+        }
+        // One process a spool file: this host's, or a free sibling of it
+        // when another live process holds it (the config then names the
+        // file this host writes). A spool that cannot be opened now is
+        // left as configured: the writer finds it unwritable when it needs
+        // it and holds records in memory, as it always did.
+        let mut spool_claim = None;
+        if let Some(path) = c.audit_spool.clone() {
+            let claimed =
+                tokio::task::spawn_blocking(move || crate::actors::audit::spool::claim(&path))
+                    .await;
+            match claimed {
+                Ok(Ok(claim)) => {
+                    c.audit_spool = Some(claim.path.clone());
+                    spool_claim = Some(Arc::new(claim));
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot lock the audit spool; using it unlocked")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot lock the audit spool; using it unlocked")
+                }
+            }
         }
         let spawn_err = |what: &'static str| {
             move |e: ractor::SpawnErr| HostError::Spawn {
@@ -186,6 +209,7 @@ impl HostBuilder {
             max_batch: c.audit_batch,
             max_age: c.audit_max_age,
             spool: c.audit_spool.clone(),
+            spool_claim,
             checkpointer: checkpointer.clone(),
             health: audit_health.clone(),
             lease: lease.clone(),

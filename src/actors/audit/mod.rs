@@ -58,7 +58,9 @@
 //!   order. Once all of it is replayed the file is truncated. A replay may
 //!   repeat records a failed replay had already written; stores ignore a
 //!   `(run_id, seq)` they hold. A spool left by a previous process is
-//!   replayed when the actor starts. One host per spool file.
+//!   replayed when the actor starts. One process per spool file: a host
+//!   locks its own, and one whose configured spool a live process holds
+//!   writes a sibling (`spool::claim`).
 //! - **Without a spool** (or while the spool cannot be written): the
 //!   records are held in memory and retried with the same backoff, at most
 //!   [`HELD_MAX`] of them; past that the oldest are dropped and counted (an
@@ -240,6 +242,9 @@ pub struct Audit {
     pub(crate) max_age: Duration,
     /// Where batches go while the store fails (`None`: held in memory).
     pub(crate) spool: Option<PathBuf>,
+    /// The lock on `spool`, held by the writer for its life (see
+    /// `spool::claim`).
+    pub(crate) spool_claim: Option<Arc<spool::SpoolClaim>>,
     /// Where durable runs' checkpoints go.
     pub(crate) checkpointer: Arc<dyn Checkpointer>,
     /// Shared with the host (admission) and the writer (which sets it).

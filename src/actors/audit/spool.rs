@@ -8,11 +8,156 @@
 //! counted and skipped); records come back in the order they were
 //! appended. Written without `fsync`: the spool survives a process crash,
 //! like the SQLite store in `synchronous = NORMAL`.
+//!
+//! One process a spool file ([`claim`]): a host locks its spool file for
+//! its life (an advisory `flock`, released by the kernel when the process
+//! ends, however it ends). A host whose configured spool another live
+//! process holds (a `recover` beside a running `swarm`, on the same
+//! database) takes the next free sibling, `PATH.1`, `PATH.2`…; and a host
+//! that starts takes in the siblings no live process holds (their owners
+//! died with records in them): their records are appended to its own
+//! spool, replayed with it, and the files removed. So no two processes
+//! replay and truncate one file, and no record in a dead process's spool
+//! is left behind.
 
-use std::io::{BufRead, Seek, Write};
-use std::path::Path;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, Read, Seek, Write};
+use std::path::{Path, PathBuf};
 
 use crate::ports::audit::AuditRecord;
+
+/// A spool file this process holds: its path, and the open file whose lock
+/// keeps other processes off it (released when it is dropped).
+#[derive(Debug)]
+pub(crate) struct SpoolClaim {
+    /// The spool this host writes.
+    pub(crate) path: PathBuf,
+    _lock: File,
+}
+
+/// The most siblings a spool may have (processes at once on one path).
+const MAX_SIBLINGS: u32 = 1024;
+
+/// `PATH.n`.
+fn sibling(path: &Path, n: u32) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".{n}"));
+    PathBuf::from(s)
+}
+
+/// Opens and locks `path` if no other process holds it. The lock is taken
+/// on the file the path names once it is locked (a file removed between
+/// the open and the lock is not taken: the path would name another).
+fn try_take(path: &Path, create: bool) -> std::io::Result<Option<File>> {
+    let f = match OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(create)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let same = match std::fs::metadata(path) {
+            Ok(m) => {
+                let held = f.metadata()?;
+                m.ino() == held.ino() && m.dev() == held.dev()
+            }
+            Err(_) => false,
+        };
+        if !same {
+            return Ok(None);
+        }
+    }
+    Ok(Some(f))
+}
+
+/// Claims a spool file for this process: `path` unless another live
+/// process holds it, else the first free `PATH.n`; then takes in every
+/// sibling (and `path`) no live process holds (see the module doc).
+/// Blocking file I/O: call it once, when a host starts.
+pub(crate) fn claim(path: &Path) -> std::io::Result<SpoolClaim> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut claimed = None;
+    for n in 0..=MAX_SIBLINGS {
+        let p = if n == 0 {
+            path.to_path_buf()
+        } else {
+            sibling(path, n)
+        };
+        if let Some(f) = try_take(&p, true)? {
+            claimed = Some((p, f));
+            break;
+        }
+    }
+    let Some((mine, mut lock)) = claimed else {
+        return Err(std::io::Error::other(format!(
+            "every spool file from {} to .{MAX_SIBLINGS} is held by a live process",
+            path.display()
+        )));
+    };
+    // Spools of processes that ended: taken in, in the order of their names.
+    for n in 0..=MAX_SIBLINGS {
+        let p = if n == 0 {
+            path.to_path_buf()
+        } else {
+            sibling(path, n)
+        };
+        if p == mine {
+            continue;
+        }
+        let Some(mut orphan) = try_take(&p, false)? else {
+            continue;
+        };
+        let mut records = Vec::new();
+        orphan.read_to_end(&mut records)?;
+        if !records.is_empty() {
+            if !records.ends_with(b"\n") {
+                records.push(b'\n');
+            }
+            end_cut_line(&mut lock)?;
+            lock.write_all(&records)?;
+            tracing::info!(from = %p.display(), into = %mine.display(), bytes = records.len(), "took in the audit spool of a process that ended");
+        }
+        if n == 0 {
+            // The configured path stays (a later process may claim it):
+            // emptied, not removed.
+            orphan.set_len(0)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    Ok(SpoolClaim {
+        path: mine,
+        _lock: lock,
+    })
+}
+
+/// Ends a line `f` (opened for appending) was left in by a crash.
+fn end_cut_line(f: &mut File) -> std::io::Result<()> {
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    f.seek(std::io::SeekFrom::Start(len - 1))?;
+    let mut last = [0u8; 1];
+    f.read_exact(&mut last)?;
+    if last[0] != b'\n' {
+        f.write_all(b"\n")?;
+    }
+    Ok(())
+}
 
 /// One slice of the spool.
 pub(super) struct Chunk {

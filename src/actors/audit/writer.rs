@@ -38,6 +38,8 @@ use crate::record::{Ending, LEASE_LOST};
 pub(super) struct Writer {
     store: Arc<dyn AuditStore>,
     spool: Option<PathBuf>,
+    /// Keeps other processes off `spool` while the writer lives.
+    _spool_claim: Option<Arc<super::spool::SpoolClaim>>,
     max_batch: usize,
     /// How soon to come back to the spool when the store works.
     max_age: Duration,
@@ -119,6 +121,7 @@ impl Writer {
         Writer {
             store: audit.store.clone(),
             spool: audit.spool.clone(),
+            _spool_claim: audit.spool_claim.clone(),
             max_batch: audit.max_batch,
             max_age: audit.max_age,
             rx,
