@@ -15,7 +15,7 @@ use axum::{Extension, Json};
 
 use super::api::{AgentList, AgentView, RunView, SubmitRun, WaitQuery};
 use super::auth::Caller;
-use super::body::JsonBody;
+use super::body::{JsonAnswer, JsonBody};
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use crate::ports::audit::AuditEntry;
@@ -193,7 +193,7 @@ pub(crate) async fn submit(
             .ok_or_else(|| ApiError::run_not_found(&run_id.to_string()))?,
     };
     let v = view(found, wait).await;
-    let mut resp = (StatusCode::CREATED, Json(v)).into_response();
+    let mut resp = (StatusCode::CREATED, JsonAnswer(v)).into_response();
     if let Ok(loc) = HeaderValue::try_from(format!("/v1/runs/{run_id}")) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
@@ -327,10 +327,10 @@ pub(crate) async fn get_run(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-) -> Result<Json<RunView>, ApiError> {
+) -> Result<JsonAnswer<RunView>, ApiError> {
     let wait = wait_of(&q)?;
     let found = find(&st, &caller, &id).await?;
-    Ok(Json(view(found, wait).await))
+    Ok(JsonAnswer(view(found, wait).await))
 }
 
 /// The agents this server runs.
