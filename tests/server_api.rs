@@ -561,15 +561,7 @@ async fn the_metrics_scrape_parses_and_counts_runs() {
     for _ in 0..3 {
         s.submit("/v1/runs?wait=5", None, "quick").await;
     }
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics_text().await;
     let lines = text.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("the scrape parses");
     let value = |name: &str, label: Option<(&str, &str)>| -> f64 {

@@ -53,15 +53,7 @@ async fn parked(s: &Running, token: Option<&str>) -> String {
 
 /// `agentvisor_runs_awaiting_approval` as `/metrics` shows it.
 async fn awaiting_gauge(s: &Running) -> f64 {
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics_text().await;
     let lines = text.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
     let sample = scrape

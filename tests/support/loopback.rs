@@ -133,6 +133,18 @@ pub(crate) async fn start_with(
 }
 
 impl Running {
+    /// The `/metrics` scrape as text (no token: the route is open).
+    pub(crate) async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// A request, not yet sent.
     pub(crate) fn request(
         &self,
