@@ -27,6 +27,14 @@
 //! whoever finalizes. Streamed text deltas are not records: they carry the
 //! `seq` of the record before them and are not replayed from the store
 //! (the `step.finish` that follows holds their text whole).
+//!
+//! # Why one file
+//! The partial result, the finisher and the fan-out are one lock's state
+//! and one exactly-once protocol (an event emitted, a decision recorded
+//! and the run finalized race each other under that lock); splitting them
+//! would spread the protocol across files. The parts that stand alone
+//! already have files of their own: the registry of live runs
+//! (`record/registry.rs`) and subscriptions (`record/subscribe.rs`).
 
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;

@@ -8,6 +8,12 @@
 //! caller waits for one reply per transaction. One thread also means one
 //! writer at a time (no `SQLITE_BUSY` among our own writes).
 //!
+//! Why one file: the thread, its jobs and the statements each job runs
+//! share one connection's life (opened, checked against the file's
+//! identity, closed after a failure); what the statements encode is in
+//! the store's other files (`audit/`, `budget.rs`, `checkpoint.rs`,
+//! `session.rs`).
+//!
 //! # Guarantees
 //!
 //! - **A failed write leaves nothing behind.** Every job is one
