@@ -17,16 +17,6 @@ use agentvisor::{AgentSpec, HostConfig, Invocation, KillReason, RunResult, RunSt
 /// Every model call of the tree uses this many tokens (90 in, 10 out).
 const REPLY: u64 = 100;
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "agentvisor-budget-tree-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// A worker that calls `echo` for ever, each call `latency` long: it stops
 /// only when its caller's budget does.
 fn worker(d: &Path, file: &str, latency: &str) -> PathBuf {
@@ -69,7 +59,8 @@ fn root(d: &Path, fast: &Path, slow: &Path) -> AgentSpec {
 /// tree, and returns the root's result, every run's result and the spend
 /// on the ledger.
 async fn race(limit: u64, name: &str) -> (RunResult, Vec<RunResult>, u64) {
-    let d = dir(name);
+    let scratch = support::scratch::Scratch::new(&format!("budget-tree-{name}"));
+    let d = scratch.0.clone();
     let spec = root(
         &d,
         &worker(&d, "fast.yaml", "7ms"),

@@ -600,9 +600,8 @@ async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
 /// lists let through, and nothing of a server the parent does not have.
 #[tokio::test]
 async fn a_sub_agent_shares_its_parents_servers_and_gets_no_other() {
-    let d = std::env::temp_dir().join(format!("agentvisor-mcp-palette-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let scratch = support::scratch::Scratch::new("mcp-palette");
+    let d = scratch.0.clone();
     let server = format!("{:?}", server());
     // The child names `t` (no `allow`: whatever its parent may use of it)
     // and `u`, which its parent does not have.

@@ -149,13 +149,6 @@ impl ChatModel for LimitedOnce {
     }
 }
 
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("agentvisor-otel-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn write(d: &Path, file: &str, yaml: &str) -> PathBuf {
     let p = d.join(file);
     std::fs::write(&p, yaml).unwrap();
@@ -180,7 +173,8 @@ fn a_delegating_run_exports_genai_spans_nested_by_run() {
     // The child repeats a call (the critic steers it: `runaway`), then
     // answers; the parent delegates to it, calls a tool, waits on its
     // model once (a call that moves into a task), and answers.
-    let d = dir();
+    let scratch = support::scratch::Scratch::new("otel");
+    let d = scratch.0.clone();
     let child = write(
         &d,
         "helper.yaml",
@@ -364,9 +358,8 @@ fn a_chat_stopped_by_ctrl_c_exports_its_spans() {
 
     let got: Shared = Arc::default();
     let url = receiver(got.clone());
-    let d = std::env::temp_dir().join(format!("agentvisor-otel-chat-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let scratch = support::scratch::Scratch::new("otel-chat");
+    let d = scratch.0.clone();
     let agent = write(
         &d,
         "chatter.yaml",
@@ -417,7 +410,6 @@ fn a_chat_stopped_by_ctrl_c_exports_its_spans() {
         let _ = child.kill();
         panic!("the chat did not end at Ctrl-C");
     };
-    let _ = std::fs::remove_dir_all(&d);
     drop(stdin);
     assert_eq!(status.code(), Some(0), "{status:?}");
     // The exporter's last request was answered before the process exited.
