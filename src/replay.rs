@@ -412,12 +412,16 @@ pub async fn replay(
         if let AuditEntry::Event(e) = &r.entry {
             match e {
                 RunEvent::StepFinish {
-                    text, calls, usage, ..
+                    text,
+                    calls,
+                    usage,
+                    finish_reason,
+                    ..
                 } => responses.push(ChatResponse {
                     text: text.clone(),
                     tool_calls: calls.clone(),
                     usage: *usage,
-                    finish_reason: None,
+                    finish_reason: finish_reason.clone(),
                 }),
                 RunEvent::ToolResult {
                     call_id,

@@ -191,3 +191,30 @@ async fn a_kill_a_cancel_and_a_deadline_keep_the_text_streamed_so_far() {
         host.shutdown().await;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_step_records_why_the_model_stopped() {
+    let (host, store) =
+        support::host_from(support::builder().model("streamer", streamer(Some(10), 2, 10, false)))
+            .await;
+    let spec = support::spec("name: s\nmodel: streamer\nprompt: go\n");
+    let r = host
+        .submit(spec, Invocation::default())
+        .await
+        .unwrap()
+        .await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    host.shutdown().await;
+    let reasons: Vec<Option<String>> = support::records(&store, r.run_id)
+        .await
+        .into_iter()
+        .filter_map(|rec| match rec.entry {
+            agentvisor::ports::audit::AuditEntry::Event(agentvisor::RunEvent::StepFinish {
+                finish_reason,
+                ..
+            }) => Some(finish_reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, [Some("stop".to_string())]);
+}

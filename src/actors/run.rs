@@ -680,6 +680,7 @@ impl RunState {
             tool_calls: resp.tool_calls.len() as u32,
             usage: resp.usage,
             calls: resp.tool_calls.clone(),
+            finish_reason: resp.finish_reason.clone(),
         });
         if resp.tool_calls.is_empty() {
             self.transcript_mut()

@@ -39,6 +39,12 @@ pub enum RunEvent {
         /// text, the whole response, so a run can be replayed.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         calls: Vec<ToolCallRequest>,
+        /// Why the model stopped, in the provider's words (`stop`,
+        /// `tool_calls`, `length`, `end_turn`, `max_tokens`…); absent when
+        /// it did not say. `length` / `max_tokens` on a final answer: the
+        /// answer was cut at the output limit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<String>,
     },
     /// Streamed assistant text.
     #[serde(rename = "text.delta")]

@@ -172,6 +172,7 @@ pub(super) fn write_common_event(out: &mut Vec<u8>, ev: &RunEvent) -> Option<&'s
             tool_calls,
             usage,
             calls,
+            finish_reason,
         } => {
             out.extend_from_slice(b"{\"iteration\":");
             push_int(out, *iteration);
@@ -196,6 +197,10 @@ pub(super) fn write_common_event(out: &mut Vec<u8>, ev: &RunEvent) -> Option<&'s
                     out.push(b'}');
                 }
                 out.push(b']');
+            }
+            if let Some(reason) = finish_reason {
+                out.extend_from_slice(b",\"finish_reason\":");
+                push_str(out, reason);
             }
             out.push(b'}');
             Some("step.finish")

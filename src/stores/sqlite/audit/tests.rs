@@ -53,6 +53,7 @@ fn common_events_are_written_as_serde_writes_them() {
                 ..Default::default()
             },
             calls: vec![call(r#"{"a":2,"b":3}"#), call(tricky)],
+            finish_reason: Some("tool_calls".into()),
         },
         RunEvent::StepFinish {
             iteration: u32::MAX,
@@ -67,6 +68,7 @@ fn common_events_are_written_as_serde_writes_them() {
                 estimated: false,
             },
             calls: Vec::new(),
+            finish_reason: Some(tricky.into()),
         },
         RunEvent::ToolCall {
             iteration: 3,
@@ -297,6 +299,7 @@ fn zero_usage_fields_are_left_out_and_nothing_else() {
         tool_calls: 0,
         usage,
         calls: Vec::new(),
+        finish_reason: None,
     };
     let mut out = b"[1,2,".to_vec();
     assert_eq!(write_event(&mut out, &ev).ok(), Some("step.finish"));
