@@ -189,6 +189,14 @@ struct StopDelta {
 }
 
 impl StreamState {
+    fn push_text(&mut self, t: &str, request: &ChatRequest) {
+        let out = self.redactor.push(t);
+        self.delivered |= http::deliver(request, &out);
+        self.text.push_str(t);
+    }
+}
+
+impl StreamFold for StreamState {
     fn apply(
         &mut self,
         ev: &SseEvent,
@@ -264,10 +272,17 @@ impl StreamState {
         Ok(())
     }
 
-    fn push_text(&mut self, t: &str, request: &ChatRequest) {
-        let out = self.redactor.push(t);
-        self.delivered |= http::deliver(request, &out);
-        self.text.push_str(t);
+    fn is_over(&self) -> bool {
+        self.stopped
+    }
+
+    /// Only `message_stop` ends a message.
+    fn whole_at_end(&self) -> bool {
+        false
+    }
+
+    fn delivered(&self) -> bool {
+        self.delivered
     }
 
     fn into_response(mut self, request: &ChatRequest) -> ChatResponse {
@@ -305,34 +320,6 @@ impl StreamState {
             usage: self.usage.usage(),
             finish_reason: self.stop_reason,
         }
-    }
-}
-
-impl StreamFold for StreamState {
-    fn apply(
-        &mut self,
-        ev: &SseEvent,
-        request: &ChatRequest,
-        secret: Option<&Secret>,
-    ) -> Result<(), ModelError> {
-        StreamState::apply(self, ev, request, secret)
-    }
-
-    fn is_over(&self) -> bool {
-        self.stopped
-    }
-
-    /// Only `message_stop` ends a message.
-    fn whole_at_end(&self) -> bool {
-        false
-    }
-
-    fn delivered(&self) -> bool {
-        self.delivered
-    }
-
-    fn into_response(self, request: &ChatRequest) -> ChatResponse {
-        StreamState::into_response(self, request)
     }
 }
 

@@ -188,7 +188,7 @@ struct StreamState {
     redactor: StreamRedactor,
 }
 
-impl StreamState {
+impl StreamFold for StreamState {
     /// Applies one event; `Err` for an error the server sent in the stream
     /// or a chunk that does not parse.
     fn apply(
@@ -250,6 +250,20 @@ impl StreamState {
         Ok(())
     }
 
+    fn is_over(&self) -> bool {
+        self.done
+    }
+
+    /// A server that closes after its last `finish_reason` chunk without
+    /// `[DONE]` gave a whole answer.
+    fn whole_at_end(&self) -> bool {
+        self.finished
+    }
+
+    fn delivered(&self) -> bool {
+        self.delivered
+    }
+
     fn into_response(mut self, request: &ChatRequest) -> ChatResponse {
         let call_index = request.call_index;
         let rest = self.redactor.finish();
@@ -274,35 +288,6 @@ impl StreamState {
             usage: self.usage,
             finish_reason: self.finish_reason,
         }
-    }
-}
-
-impl StreamFold for StreamState {
-    fn apply(
-        &mut self,
-        ev: &SseEvent,
-        request: &ChatRequest,
-        secret: Option<&Secret>,
-    ) -> Result<(), ModelError> {
-        StreamState::apply(self, ev, request, secret)
-    }
-
-    fn is_over(&self) -> bool {
-        self.done
-    }
-
-    /// A server that closes after its last `finish_reason` chunk without
-    /// `[DONE]` gave a whole answer.
-    fn whole_at_end(&self) -> bool {
-        self.finished
-    }
-
-    fn delivered(&self) -> bool {
-        self.delivered
-    }
-
-    fn into_response(self, request: &ChatRequest) -> ChatResponse {
-        StreamState::into_response(self, request)
     }
 }
 
