@@ -333,3 +333,43 @@ fn approval_gates_are_checked_in_the_manifest() {
         Duration::from_secs(3600)
     );
 }
+
+/// A subscriber that decides the moment it reads `approval.requested`
+/// (from another thread than the run's) finds the call waiting: the call
+/// is parked before the event goes out. Many runs at once on two workers,
+/// each approved as soon as its request is read; every decision is taken
+/// and every run ends ok (a decision refused as `unknown_call` or
+/// `not_awaiting_approval` would leave its run parked for the hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_made_the_moment_the_request_is_read_is_taken() {
+    let spec = support::spec(
+        "name: gated\nmodel: scripted\ntools: [add]\napproval: [add]\nlimits: { approval_timeout: 1h }\nscript:\n  - { tool: add, args: { a: 2, b: 3 } }\n  - { text: \"done\" }\n",
+    );
+    let (host, _store) = support::host().await;
+    let agent = host.agent(spec).unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..500 {
+        let (handle, mut events) = host
+            .submit_streaming(&agent, Invocation::prompt("go"))
+            .await
+            .unwrap();
+        let run = handle.run_ref();
+        let decided = tokio::spawn(async move {
+            let ids = until_requested(&mut events, 1).await;
+            run.approve(Some(&ids[0])).map(|calls| calls.len())
+        });
+        runs.push((handle, decided));
+    }
+    for (handle, decided) in runs {
+        let covered = decided
+            .await
+            .unwrap()
+            .expect("the call waits when its request is read");
+        assert_eq!(covered, 1);
+        let r = tokio::time::timeout(Duration::from_secs(30), handle)
+            .await
+            .expect("an approved run ends");
+        assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    }
+    host.shutdown().await;
+}

@@ -41,19 +41,22 @@ impl RunState {
         for c in turn.iter_mut().filter(|c| c.gate == Gate::Pending) {
             let raw = c.arguments.take().unwrap_or_default();
             let arguments = cap_text(&crate::secrets::redact(&raw), SHOWN_ARGUMENTS);
+            // The call waits before anyone hears of it: a subscriber that
+            // decides as soon as it reads the event (on another thread)
+            // finds it waiting.
+            self.shared.partial().awaiting.push(PendingApproval {
+                call_id: c.outcome.call_id.clone(),
+                tool: c.outcome.tool.clone(),
+                arguments: arguments.clone(),
+                since_ms,
+                until_ms,
+            });
             self.event(RunEvent::ApprovalRequested {
                 iteration: self.iteration,
                 call_id: c.outcome.call_id.clone(),
                 tool: c.outcome.tool.clone(),
-                arguments: arguments.clone(),
-                timeout_ms: timeout.as_millis() as u64,
-            });
-            self.shared.partial().awaiting.push(PendingApproval {
-                call_id: c.outcome.call_id.clone(),
-                tool: c.outcome.tool.clone(),
                 arguments,
-                since_ms,
-                until_ms,
+                timeout_ms: timeout.as_millis() as u64,
             });
         }
         self.watch.park(self.now, self.now + timeout);
