@@ -28,17 +28,7 @@ impl Proc {
     /// User + system CPU seconds it has used (clock ticks of 1/100 s).
     pub(crate) fn cpu_seconds(&self) -> f64 {
         let stat = std::fs::read_to_string(self.path("stat")).unwrap_or_default();
-        // Fields start after the command name's last `)`; utime and stime
-        // are fields 14 and 15 of the line.
-        let after = stat.rsplit(')').next().unwrap_or("");
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        (ticks(11) + ticks(12)) / 100.0
+        agentvisor::soak::sampler::cpu_seconds_of(&stat)
     }
 
     /// Its open file descriptors (sockets included).
@@ -51,12 +41,7 @@ impl Proc {
     fn status_kib(&self, key: &str) -> u64 {
         std::fs::read_to_string(self.path("status"))
             .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with(key))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse().ok())
-            })
+            .and_then(|s| agentvisor::soak::sampler::kib_of(&s, key))
             .unwrap_or(0)
     }
 }

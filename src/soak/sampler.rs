@@ -13,8 +13,9 @@ pub fn cpu_seconds() -> f64 {
     cpu_seconds_of(&stat)
 }
 
-/// utime + stime of a `/proc/PID/stat` line, in seconds.
-fn cpu_seconds_of(stat: &str) -> f64 {
+/// utime + stime of a `/proc/PID/stat` line, in seconds (another
+/// process's, for a bench that watches a child).
+pub fn cpu_seconds_of(stat: &str) -> f64 {
     // The command name may hold spaces and parentheses: fields start after
     // the last `)`; utime and stime are fields 14 and 15 of the line.
     let after = stat.rsplit(')').next().unwrap_or("");
@@ -61,7 +62,9 @@ fn status_kib(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn kib_of(status: &str, key: &str) -> Option<u64> {
+/// The value of `key` (`VmRSS:`, `VmHWM:`…) in a `/proc/PID/status`
+/// text, in KiB.
+pub fn kib_of(status: &str, key: &str) -> Option<u64> {
     status
         .lines()
         .find(|l| l.starts_with(key))
