@@ -39,7 +39,10 @@ use crate::ports::model::{ChatModel, Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
 use crate::ports::tool::Tool;
 use crate::providers::{ModelResolver, ProviderConfig, ResolveError};
-use crate::record::{self, Delivery, Ending, HostRuns, RunIdentity, RunShared, SUBSCRIBER_BUFFER};
+use crate::record::{
+    self, Allowance, Allowances, Delivery, Ending, HostRuns, RunIdentity, RunShared,
+    SUBSCRIBER_BUFFER,
+};
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
 use crate::tools::{RegistryError, ToolRegistry};
@@ -54,7 +57,7 @@ pub use builder::{HostBuilder, HostError};
 pub use config::HostConfig;
 pub use recovery::{RecoverError, Recovery, MAX_RESUMES};
 
-use admission::check_attachments;
+use admission::check_invocation;
 
 /// Why a run could not be submitted (a caller error; nothing ran).
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +89,9 @@ pub enum SubmitError {
     /// An attachment is too large or not usable.
     #[error(transparent)]
     Attachment(#[from] crate::ports::model::AttachmentError),
+    /// The invocation's `budget_tokens` is 0 (a run needs at least one).
+    #[error("`budget_tokens` must be at least 1")]
+    ZeroBudget,
 }
 
 pub(crate) struct HostInner {
@@ -118,6 +124,9 @@ pub(crate) struct HostInner {
     next_key: AtomicU64,
     /// `config.default_caller`, shared by the runs that name no caller.
     default_caller: Arc<str>,
+    /// `config.allowance_tokens`: the allowance every top-level run of the
+    /// host spends against (sub-agents inherit their parent's list).
+    allowance: Option<Allowances>,
     /// The chat sessions open on this host, and their store.
     sessions: crate::session::table::SessionTable,
 }
@@ -325,7 +334,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
-        check_attachments(&invocation)?;
+        check_invocation(&invocation)?;
         let agent = self.resolve_async(agent.into()).await?;
         agent.spec().check_inputs(&invocation.inputs)?;
         Ok(self
@@ -341,7 +350,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
-        check_attachments(&invocation)?;
+        check_invocation(&invocation)?;
         let agent = self.resolve_async(agent.into()).await?;
         agent.spec().check_inputs(&invocation.inputs)?;
         let (handle, events) = self

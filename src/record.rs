@@ -54,8 +54,11 @@ use crate::ports::run::{
     unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 
+mod allowance;
 mod registry;
 mod subscribe;
+
+pub(crate) use allowance::{Allowance, Allowances};
 
 pub(crate) use registry::HostRuns;
 pub use registry::{HostEvent, HostFeed, FEED_CAPACITY};
@@ -320,6 +323,10 @@ pub(crate) struct RunShared {
     /// a host shutdown suspends it (no terminal record, checkpoint kept).
     durable: AtomicBool,
     host: Arc<HostRuns>,
+    /// The token allowances the run spends against besides its caller's
+    /// account (the host's, its ancestors', its own); its sub-agents
+    /// spend against them too.
+    pub(crate) allowances: Option<Allowances>,
 }
 
 /// What a new run's record is made with.
@@ -332,6 +339,7 @@ pub(crate) struct RunIdentity {
     pub(crate) tree_root: Option<RunId>,
     pub(crate) depth: u32,
     pub(crate) max_iterations: u32,
+    pub(crate) allowances: Option<Allowances>,
 }
 
 impl RunShared {
@@ -369,6 +377,7 @@ impl RunShared {
             seq: AtomicU32::new(0),
             durable: AtomicBool::new(false),
             host,
+            allowances: id.allowances,
         });
         shared.host.enter(&shared);
         (shared, result_rx)

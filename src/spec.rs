@@ -78,11 +78,13 @@ pub enum SpecError {
     },
 }
 
-/// A caller budget a manifest may carry (the CLI's `--budget-tokens` wins).
+/// The budget of each run of a manifest: with the caller's limits, the
+/// invocation's `budget_tokens` and a command's `--budget-tokens`, the
+/// tightest applies (see `actors::budget`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
-    /// Token limit for the caller.
+    /// Tokens each run may spend, its sub-agents' included (1 or more).
     #[serde(default)]
     pub tokens: Option<u64>,
 }
@@ -124,7 +126,7 @@ pub struct AgentSpec {
     /// The scripted model's responses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub script: Vec<ScriptEntry>,
-    /// Caller budget.
+    /// Each run's budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
     /// Checkpoint after every step and resume after a crash (`Host::recover`).
@@ -374,6 +376,12 @@ impl AgentSpec {
         }
         if let Some(mcp) = &self.mcp {
             mcp.check()?;
+        }
+        if self.budget.and_then(|b| b.tokens) == Some(0) {
+            return Err(format!(
+                "`budget.tokens` must be at least 1{}",
+                line_of(source, "tokens")
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         for t in &self.tools {

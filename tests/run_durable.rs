@@ -314,6 +314,7 @@ fn checkpoint(run_id: RunId, resumes: u32) -> Checkpoint {
         iteration: 0,
         steps: Vec::new(),
         usage: Default::default(),
+        cost_micros: None,
         critic: Vec::new(),
         resumes,
         started_at: 1,
@@ -475,4 +476,85 @@ async fn a_durable_run_whose_first_checkpoint_fails_is_rejected_on_record() {
     assert_eq!(model.calls(), 0);
     host.shutdown().await;
     assert_eq!(terminal_count(&records(&audit, result.run_id).await), 1);
+}
+
+/// A recording model priced as `gpt-4o-mini`, so its runs cost something.
+struct Priced(Arc<RecordingModel>);
+
+#[async_trait]
+impl agentvisor::ports::model::ChatModel for Priced {
+    fn name(&self) -> &str {
+        "recorded"
+    }
+    fn price_id(&self) -> Option<&str> {
+        Some("gpt-4o-mini")
+    }
+    async fn complete(
+        &self,
+        request: agentvisor::ports::model::ChatRequest,
+    ) -> Result<agentvisor::ports::model::ChatResponse, agentvisor::ports::model::ModelError> {
+        agentvisor::ports::model::ChatModel::complete(&*self.0, request).await
+    }
+}
+
+impl Stores {
+    /// A host on these stores with a priced model and `ledger`.
+    async fn priced_host(
+        &self,
+        ledger: Arc<agentvisor::stores::MemoryBudgetLedger>,
+    ) -> agentvisor::Host {
+        let model = RecordingModel::new(&spec(SLOW_THIRD));
+        builder()
+            .model("recorded", Arc::new(Priced(model)))
+            .audit_store(self.audit.clone())
+            .checkpointer(self.checkpoints.clone())
+            .budget_ledger(ledger)
+            .build()
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resumed_run_is_not_charged_again_for_its_earlier_calls() {
+    use agentvisor::ports::budget::BudgetLedger;
+    let window = Duration::from_secs(24 * 3600);
+    let inv = || Invocation::prompt("add then shout").caller("alice");
+
+    // Uninterrupted: what the run costs its caller.
+    let whole = Stores::new();
+    let ledger = Arc::new(agentvisor::stores::MemoryBudgetLedger::new());
+    let host = whole.priced_host(ledger.clone()).await;
+    let once = host.submit(spec(SLOW_THIRD), inv()).await.unwrap().await;
+    assert_eq!(once.status, RunStatus::Ok, "{once:?}");
+    assert!(once.cost_micros > 0, "{once:?}");
+    host.shutdown().await;
+    let uninterrupted = ledger.spent("alice", window).await.unwrap();
+
+    // Interrupted after two steps, resumed by another host on the same
+    // stores and ledger.
+    let stores = Stores::new();
+    let ledger = Arc::new(agentvisor::stores::MemoryBudgetLedger::new());
+    let first = stores.priced_host(ledger.clone()).await;
+    let handle = first.submit(spec(SLOW_THIRD), inv()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stores
+        .saved_when(|all| all.iter().any(|c| c.iteration == 2))
+        .await;
+    first.shutdown().await;
+    assert_eq!(handle.await.status, RunStatus::Cancelled);
+    let second = stores.priced_host(ledger.clone()).await;
+    let resumed = second.recover().await.unwrap().resumed;
+    let result = resumed.into_iter().next().unwrap().await;
+    assert_eq!(result.status, RunStatus::Ok, "{result:?}");
+    second.shutdown().await;
+
+    assert_eq!(result.usage, once.usage);
+    assert_eq!(result.cost_micros, once.cost_micros, "the run's own cost");
+    let spent = ledger.spent("alice", window).await.unwrap();
+    assert_eq!(spent.tokens, uninterrupted.tokens);
+    assert_eq!(
+        spent.cost_micros, uninterrupted.cost_micros,
+        "the caller paid once for each call"
+    );
 }

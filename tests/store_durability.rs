@@ -180,6 +180,7 @@ fn durable_checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoin
         iteration: 0,
         steps: Vec::new(),
         usage: Default::default(),
+        cost_micros: None,
         critic: Vec::new(),
         resumes: 0,
         started_at: 1,

@@ -484,6 +484,7 @@ fn checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoint {
         iteration: 1,
         steps: Vec::new(),
         usage: Default::default(),
+        cost_micros: None,
         critic: Vec::new(),
         resumes: 0,
         started_at: 1,

@@ -297,14 +297,15 @@ async fn a_token_budget_holds_across_hosts_on_one_file() {
             .unwrap()
     };
 
-    // First process: one run spends more than the limit (admitted at 0).
+    // First process: one run spends more than the limit (admitted at 0;
+    // the reply that passed it ends the run).
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let host = host_on(store.clone()).await;
     let first = host
         .execute(hello(), Invocation::prompt("add"))
         .await
         .unwrap();
-    assert_eq!(first.status, RunStatus::Ok);
+    assert_eq!(first.status, RunStatus::BudgetExceeded, "{first:?}");
     assert!(first.usage.total() > 150, "{:?}", first.usage);
     host.shutdown().await;
     drop(host);
@@ -662,6 +663,7 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
         iteration,
         steps: Vec::new(),
         usage: Default::default(),
+        cost_micros: None,
         critic: Vec::new(),
         resumes: 0,
         started_at: 10,
@@ -872,6 +874,7 @@ fn insert_old_checkpoint(conn: &rusqlite::Connection, id: RunId) {
         iteration: 1,
         steps: Vec::new(),
         usage: Default::default(),
+        cost_micros: None,
         critic: Vec::new(),
         resumes: 0,
         started_at: 1,
@@ -1421,4 +1424,36 @@ async fn a_runs_steps_are_stored_once_and_read_back_whole() {
         assert_eq!(stored.contains(r#""steps":"tail""#), from_tail, "{stored}");
         assert_eq!(stored.contains(r#""steps":["#), !from_tail, "{stored}");
     }
+}
+
+#[tokio::test]
+async fn the_ledger_saturates_instead_of_storing_a_float() {
+    // Two commits of every token there is, into one minute's row: the sum
+    // stays an integer (SQLite would turn it into a floating-point value
+    // no reader takes), and the caller's spend still reads.
+    let dir = Scratch::new("ledger-overflow");
+    let store = SqliteStore::open(&dir.path("a.db")).await.unwrap();
+    let huge = Spend {
+        tokens: u64::MAX,
+        cost_micros: u64::MAX,
+        runtime_ms: 1,
+        runs: 1,
+    };
+    for _ in 0..2 {
+        store.commit(&[("greedy".to_string(), huge)]).await.unwrap();
+    }
+    let spent = store
+        .spent("greedy", Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(spent.tokens, i64::MAX as u64);
+    assert_eq!(spent.cost_micros, i64::MAX as u64);
+    assert_eq!(spent.runs, 2);
+    // Limits still read and write for that caller.
+    let limits = BudgetLimits {
+        tokens: Some(10),
+        ..Default::default()
+    };
+    store.set_limits("greedy", limits).await.unwrap();
+    assert_eq!(store.limits("greedy").await.unwrap().tokens, Some(10));
 }

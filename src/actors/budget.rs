@@ -44,6 +44,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use crate::ports::budget::{BudgetLedger, BudgetLimits, Spend};
+use crate::record::Allowance;
 
 /// "No limit" in an account's atomic limit fields.
 const UNLIMITED: u64 = u64::MAX;
@@ -198,6 +199,7 @@ impl Account {
                     return Ok(Ticket {
                         account: self.clone(),
                         held,
+                        others: Box::default(),
                         estimate,
                         unmetered: Spend::default(),
                         runtime_charged_ms: 0,
@@ -234,15 +236,45 @@ impl Denied {
     }
 }
 
-/// One admitted run's hold on its caller's account: its concurrency slot,
-/// its reservation, and the spend it has charged but not yet sent to the
-/// budget actor. Dropping it releases the slot and the reservation (so a
-/// panicked run releases them too).
+/// A budget a run may not spend past: which limit, and whose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spent {
+    /// Which limit.
+    pub denied: Denied,
+    /// Whose budget, in words (`caller `alice``, `run 01ab…`, `this
+    /// command`).
+    pub who: String,
+}
+
+impl Spent {
+    /// The budget's owner and limit, in words: "the token budget of
+    /// caller `a` is spent".
+    pub fn message(&self) -> String {
+        format!("the {} budget of {} is spent", self.denied.what(), self.who)
+    }
+}
+
+/// One allowance's hold: what the run's call reserved of it.
+#[derive(Debug)]
+struct Hold {
+    allowance: Arc<Allowance>,
+    held: u64,
+}
+
+/// One admitted run's hold on its caller's account and on the allowances
+/// above it (the host's, its ancestors', its own: see
+/// `record::Allowance`): its concurrency slot, its reservations, and the
+/// spend it has charged but not yet sent to the budget actor. All apply
+/// together; the tightest wins. Dropping it releases the slot and the
+/// reservations (so a panicked run releases them too).
 #[derive(Debug)]
 pub struct Ticket {
     account: Arc<Account>,
     /// Tokens reserved for the call about to start or in flight.
     held: u64,
+    /// The allowances besides the caller's account (none for most runs:
+    /// an empty list allocates nothing).
+    others: Box<[Hold]>,
     /// The next call's estimate.
     estimate: u64,
     unmetered: Spend,
@@ -250,44 +282,129 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// Adds the allowances a run spends against besides its caller's
+    /// account, reserving the first call's estimate of each; `Err` names
+    /// the first that is spent (the run may not start).
+    pub(crate) fn with_allowances(
+        mut self,
+        allowances: &[Arc<Allowance>],
+    ) -> Result<Ticket, Spent> {
+        let mut holds = Vec::with_capacity(allowances.len());
+        for a in allowances {
+            if !a.reserve(self.estimate) {
+                // Release the holds taken so far.
+                for h in &holds {
+                    let h: &Hold = h;
+                    h.allowance.release(h.held);
+                }
+                return Err(Spent {
+                    denied: Denied::Tokens,
+                    who: a.label().to_string(),
+                });
+            }
+            holds.push(Hold {
+                allowance: a.clone(),
+                held: self.estimate,
+            });
+        }
+        self.others = holds.into_boxed_slice();
+        Ok(self)
+    }
+
     /// Before a model call: charges the run time so far if the caller has
     /// a run-time limit, checks the cost and run-time limits, and reserves
-    /// the call's tokens (the first call's were reserved at admission).
-    /// `Some` says which budget is spent: the call must not start.
-    pub fn begin_call(&mut self, started: Instant) -> Option<Denied> {
+    /// the call's tokens of the caller's account and of every allowance
+    /// (the first call's were reserved at admission). `Some` says which
+    /// budget is spent: the call must not start.
+    pub fn begin_call(&mut self, started: Instant) -> Option<Spent> {
         let a = &self.account;
         if a.limit_runtime_ms.load(Ordering::Relaxed) != UNLIMITED {
             self.charge_runtime(started.elapsed());
         }
+        let caller = |denied| Spent {
+            denied,
+            who: format!("caller `{}`", self.account.caller),
+        };
         if let Some(d) = self.account.over_other() {
-            return Some(d);
+            return Some(caller(d));
         }
-        if self.held > 0 {
-            return None;
-        }
-        match self.account.reserve(self.estimate) {
-            Ok(held) => {
-                self.held = held;
-                None
+        if self.held == 0 {
+            match self.account.reserve(self.estimate) {
+                Ok(held) => self.held = held,
+                Err(d) => return Some(caller(d)),
             }
-            Err(d) => Some(d),
         }
+        for h in self.others.iter_mut() {
+            if h.held == 0 {
+                if !h.allowance.reserve(self.estimate) {
+                    return Some(Spent {
+                        denied: Denied::Tokens,
+                        who: h.allowance.label().to_string(),
+                    });
+                }
+                h.held = self.estimate;
+            }
+        }
+        None
     }
 
-    /// Charges a model call's tokens and cost to the caller and settles the
-    /// call's reservation; the call's tokens are the next call's estimate.
+    /// The most tokens the next call may spend before a budget is passed
+    /// (every token limit's rest, less what other calls hold of it); `None`
+    /// when no token limit applies. A model call asks for no longer a
+    /// reply than this.
+    pub fn room(&self) -> Option<u64> {
+        let a = &self.account;
+        let limit = a.limit_tokens.load(Ordering::Relaxed);
+        let mut room = (limit != UNLIMITED).then(|| {
+            let others = a.reserved.load(Ordering::Acquire).saturating_sub(self.held);
+            limit.saturating_sub(a.used(TOKENS).saturating_add(others))
+        });
+        for h in &self.others {
+            let r = h.allowance.room(h.held);
+            room = Some(room.map_or(r, |x| x.min(r)));
+        }
+        room
+    }
+
+    /// The first token budget more than spent, if any (checked after a
+    /// call's usage is charged: a reply that passed its budget).
+    pub fn passed(&self) -> Option<Spent> {
+        let a = &self.account;
+        let limit = a.limit_tokens.load(Ordering::Relaxed);
+        if limit != UNLIMITED && a.used(TOKENS) > limit {
+            return Some(Spent {
+                denied: Denied::Tokens,
+                who: format!("caller `{}`", a.caller),
+            });
+        }
+        self.others
+            .iter()
+            .find(|h| h.allowance.passed())
+            .map(|h| Spent {
+                denied: Denied::Tokens,
+                who: h.allowance.label().to_string(),
+            })
+    }
+
+    /// Charges a model call's tokens and cost to the caller and to every
+    /// allowance and settles the call's reservations; the call's tokens are
+    /// the next call's estimate.
     pub fn charge(&mut self, tokens: u64, cost_micros: u64) {
         let a = &self.account;
-        a.charged[TOKENS].fetch_add(tokens, Ordering::Relaxed);
+        add_saturating(&a.charged[TOKENS], tokens);
         if cost_micros > 0 {
-            a.charged[COST].fetch_add(cost_micros, Ordering::Relaxed);
+            add_saturating(&a.charged[COST], cost_micros);
         }
         // Charged first, released after (with `Release` ordering): whoever
         // sees the reservation gone sees the tokens spent (`reserve`).
         a.release(std::mem::take(&mut self.held));
+        for h in self.others.iter_mut() {
+            h.allowance.charge(tokens);
+            h.allowance.release(std::mem::take(&mut h.held));
+        }
         self.estimate = tokens;
-        self.unmetered.tokens += tokens;
-        self.unmetered.cost_micros += cost_micros;
+        self.unmetered.tokens = self.unmetered.tokens.saturating_add(tokens);
+        self.unmetered.cost_micros = self.unmetered.cost_micros.saturating_add(cost_micros);
     }
 
     /// Charges the run time up to `elapsed` (what was not charged yet).
@@ -296,8 +413,8 @@ impl Ticket {
         let new = ms.saturating_sub(self.runtime_charged_ms);
         if new > 0 {
             self.runtime_charged_ms = ms;
-            self.account.charged[RUNTIME].fetch_add(new, Ordering::Relaxed);
-            self.unmetered.runtime_ms += new;
+            add_saturating(&self.account.charged[RUNTIME], new);
+            self.unmetered.runtime_ms = self.unmetered.runtime_ms.saturating_add(new);
         }
     }
 
@@ -318,9 +435,19 @@ impl Ticket {
     }
 }
 
+/// Adds to a counter, stopping at `u64::MAX` instead of wrapping.
+fn add_saturating(counter: &AtomicU64, n: u64) {
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+        Some(c.saturating_add(n))
+    });
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.account.release(self.held);
+        for h in &self.others {
+            h.allowance.release(h.held);
+        }
         self.account.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -68,8 +68,8 @@ use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::{Checkpoint, EncodedJson};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
-    CallObserver, ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
-    ToolCallRequest, ToolSpec,
+    CallObserver, CallOptions, ChatRequest, ChatResponse, DeltaSink, Message, ModelError,
+    RetrySink, Role, ToolCallRequest, ToolSpec,
 };
 use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
@@ -305,6 +305,12 @@ impl RunState {
                 p.iterations = c.iteration;
                 p.steps = c.steps.clone();
                 p.usage = c.usage;
+                // What the earlier calls cost is charged already.
+                p.cost_micros = c.cost_micros.unwrap_or_else(|| {
+                    args.agent
+                        .price()
+                        .map_or(0, |price| price.cost_micros(&c.usage))
+                });
                 p.critic = c.critic.clone();
             }
         }
@@ -474,16 +480,14 @@ impl RunState {
 
     pub(crate) fn next_step(&mut self) {
         // Budget (see `actors::budget`): limits checked, tokens reserved.
+        let mut room = None;
         if let Some(t) = &mut self.ticket {
-            if let Some(d) = t.begin_call(self.started) {
+            if let Some(spent) = t.begin_call(self.started) {
                 let mut e = Ending::killed(KillReason::Budget);
-                e.error = Some(format!(
-                    "caller `{}` is over its {} budget",
-                    t.caller(),
-                    d.what()
-                ));
+                e.error = Some(spent.message());
                 return self.finish(e);
             }
+            room = t.room();
         }
         if self.iteration >= self.max_iterations {
             let e = Ending::failed(
@@ -538,7 +542,7 @@ impl RunState {
             // a retry layer then stops early rather than late).
             deadline: Some(self.watch.hard_deadline),
             on_retry: self.retry_sink(),
-            options: self.agent.call_options(),
+            options: capped_options(self.agent.call_options(), room),
             observer: self.call_observer(),
         };
         let done = |epoch, result| RunMsg::ModelDone { epoch, result };
@@ -654,8 +658,23 @@ impl RunState {
         tokens
     }
 
+    /// Charges a streamed model call cut before its end with what arrived
+    /// (see `observer`): its usage counts in the run's usage, cost and
+    /// budgets like a finished call's.
+    pub(crate) fn charge_cut_call(&mut self) {
+        let Some(o) = &self.observer else {
+            return;
+        };
+        if let Some(usage) = o.cut_usage(&self.transcript) {
+            self.charge(&usage, None);
+        }
+    }
+
     fn model_done(&mut self, result: Result<ChatResponse, ModelError>) {
-        let resp = match result {
+        if let Some(o) = &self.observer {
+            o.call_ended();
+        }
+        let resp = match checked_usage(result) {
             Ok(r) => r,
             Err(e) => {
                 self.beat(Beat::StepFinished { tokens: 0 });
@@ -666,6 +685,7 @@ impl RunState {
         let sent = self.transcript.len();
         self.compaction.observe(sent, resp.usage.input_tokens);
         let tokens = self.charge(&resp.usage, Some(&resp.text));
+        let passed = self.ticket.as_ref().and_then(|t| t.passed());
         if let (1, Some(id)) = (self.iteration, self.agent.unpriced_model()) {
             let message = format!("the price table has no model `{id}`: its cost counts as 0");
             self.event(RunEvent::Warning {
@@ -682,6 +702,16 @@ impl RunState {
             calls: resp.tool_calls.clone(),
             finish_reason: resp.finish_reason.clone(),
         });
+        if let Some(spent) = passed {
+            // The reply passed a budget: the run ends here, the reply's
+            // text kept as its output, its tool calls not run.
+            let mut e = Ending::killed(KillReason::Budget);
+            e.error = Some(spent.message());
+            if !resp.text.trim().is_empty() {
+                e.output = Some(resp.text);
+            }
+            return self.finish(e);
+        }
         if resp.tool_calls.is_empty() {
             self.transcript_mut()
                 .push(Message::text(Role::Assistant, resp.text.clone()));
@@ -776,7 +806,7 @@ impl RunState {
         let Some(d) = &self.durable else { return };
         let (steps, usage, critic) = {
             let p = self.shared.partial();
-            (p.steps.clone(), p.usage, p.critic.clone())
+            (p.steps.clone(), (p.usage, p.cost_micros), p.critic.clone())
         };
         let checkpoint = Checkpoint {
             run_id: self.shared.run_id,
@@ -786,7 +816,8 @@ impl RunState {
             transcript: self.transcript.clone(),
             iteration: self.iteration,
             steps,
-            usage,
+            usage: usage.0,
+            cost_micros: Some(usage.1),
             critic,
             resumes: d.resumes,
             started_at: d.started_at,
@@ -897,4 +928,46 @@ fn poll_once<F: Future + Unpin>(mut fut: F) -> Result<F::Output, F> {
 /// The text of a panic payload.
 pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     crate::panics::payload_text(p.as_ref()).to_string()
+}
+
+/// A model call's result with its usage checked (`Usage::check_call`): a
+/// reply that claims more tokens than a call can use is malformed.
+pub(crate) fn checked_usage(
+    result: Result<ChatResponse, ModelError>,
+) -> Result<ChatResponse, ModelError> {
+    let resp = result?;
+    match resp.usage.check_call() {
+        Ok(()) => Ok(resp),
+        Err(why) => Err(ModelError::Malformed(why)),
+    }
+}
+
+/// The largest reply cap a budget sends on its own (a manifest with no
+/// `max_tokens`): every chat model takes a cap this small, where a larger
+/// one can exceed a model's output limit and be refused; it is also the
+/// Anthropic provider's default. Above it, the budget is checked when the
+/// reply's usage is known.
+const BUDGET_CAP_MAX: u64 = 4096;
+
+/// The call options with the reply's token cap no larger than what the
+/// run's budgets leave (`room`, see `Ticket::room`), the manifest's own
+/// `max_tokens` the upper bound. The agent's options as they are (no
+/// copy) when no budget is tighter.
+fn capped_options(
+    options: Option<Arc<CallOptions>>,
+    room: Option<u64>,
+) -> Option<Arc<CallOptions>> {
+    let Some(room) = room else {
+        return options;
+    };
+    let set = options.as_ref().and_then(|o| o.max_tokens).map(u64::from);
+    let bound = set.unwrap_or(BUDGET_CAP_MAX);
+    if room >= bound {
+        return options;
+    }
+    let mut o = options.as_deref().cloned().unwrap_or_default();
+    // `room` is under a u32 bound here; at least 1 (0 means "no cap" to
+    // some servers).
+    o.max_tokens = Some(u32::try_from(room.max(1)).unwrap_or(u32::MAX));
+    Some(Arc::new(o))
 }

@@ -48,7 +48,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use agentvisor::ports::budget::BudgetLimits;
 use agentvisor::providers::{ModelResolver, ProviderConfig};
 use agentvisor::stores::{MemoryBudgetLedger, SqliteStore};
 use agentvisor::tools::RegistryError;
@@ -352,11 +351,12 @@ pub(crate) fn refuse(message: impl std::fmt::Display) -> ExitCode {
 /// Loads a manifest and prepares it on a host with the embedded defaults
 /// and the stores of `db`.
 ///
-/// A token budget given on the command line (`--budget-tokens`) or in the
-/// manifest (`budget.tokens`) is this invocation's allowance, counted from
-/// zero: it is metered in memory, so the same manifest behaves the same way
-/// every time it runs. Without one, the caller's limits and spend come from
-/// the database's ledger and hold across processes.
+/// Every budget applies together, the tightest winning: the caller's
+/// limits and spend in the database's ledger (which every token is
+/// recorded in, and which hold across processes), the manifest's
+/// `budget.tokens` (each run's own, see `Invocation::budget_tokens`) and a
+/// token budget given on the command line (`--budget-tokens`): this
+/// command's runs together, counted from zero (`HostConfig::allowance_tokens`).
 ///
 /// `model` (`--model`) runs the agent on that model spec instead of its
 /// manifest's (see [`providers`]).
@@ -405,27 +405,18 @@ pub(crate) async fn prepare_with(
 ) -> Result<(Host, Agent), ExitCode> {
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
     let base = customize(&spec, host_builder())?;
-    let tokens = budget_tokens.or(spec.budget.and_then(|b| b.tokens));
-    let limits = BudgetLimits {
-        tokens,
-        ..Default::default()
-    };
     let builder = match db {
-        Db::Memory => base.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits))),
+        Db::Memory => base.budget_ledger(Arc::new(MemoryBudgetLedger::new())),
         Db::File(path) => {
             let store = Arc::new(open_db(path).await?);
-            let builder = base
-                .config(sqlite_config(path))
+            base.config(sqlite_config(path))
                 .audit_store(store.clone())
                 .checkpointer(store.clone())
-                .session_store(store.clone());
-            if tokens.is_some() {
-                builder.budget_ledger(Arc::new(MemoryBudgetLedger::with_default_limits(limits)))
-            } else {
-                builder.budget_ledger(store)
-            }
+                .session_store(store.clone())
+                .budget_ledger(store)
         }
     };
+    let builder = builder.allowance_tokens(budget_tokens);
     let host = builder.build().await.map_err(refuse)?;
     let agent = host.prepare(spec).await.map_err(|e| {
         if let SubmitError::NoModel(_) = e {

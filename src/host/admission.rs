@@ -8,10 +8,16 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// A ticket from `account` (reserving `estimate` tokens for the first
-/// call), or why the caller may not run now.
-fn take_ticket(caller: &str, account: &Arc<Account>, estimate: u64) -> Result<Ticket, Ending> {
-    account.admit(estimate).map_err(|d| match d {
+/// A ticket from `account` and the run's `allowances` (reserving
+/// `estimate` tokens of each for the first call), or why the run may not
+/// start now.
+fn take_ticket(
+    caller: &str,
+    account: &Arc<Account>,
+    estimate: u64,
+    allowances: Option<&Allowances>,
+) -> Result<Ticket, Ending> {
+    let ticket = account.admit(estimate).map_err(|d| match d {
         Denied::Tokens | Denied::Cost | Denied::Runtime => Ending::failed(
             RunStatus::BudgetExceeded,
             "budget",
@@ -22,7 +28,13 @@ fn take_ticket(caller: &str, account: &Arc<Account>, estimate: u64) -> Result<Ti
             "caller_concurrency",
             format!("caller `{caller}` has as many runs in flight as it may"),
         ),
-    })
+    })?;
+    match allowances {
+        None => Ok(ticket),
+        Some(list) => ticket
+            .with_allowances(list)
+            .map_err(|spent| Ending::failed(RunStatus::BudgetExceeded, "budget", spent.message())),
+    }
 }
 
 /// A run started, or the rest of its admission to wait for.
@@ -59,6 +71,11 @@ struct Opening {
 }
 
 impl Opening {
+    /// The allowances the run spends against besides its caller's account.
+    fn allowances(&self) -> Option<&Allowances> {
+        self.args.shared.allowances.as_ref()
+    }
+
     /// Ends the run before it started: finalized with `ending`, its handle
     /// resolves.
     fn refuse(self, ending: Ending, audit: &ActorRef<AuditMsg>) -> (RunHandle, Option<RunEvents>) {
@@ -91,9 +108,12 @@ fn initial_transcript(
     t
 }
 
-/// Checks an invocation's attachments (size cap, image type and content)
-/// before anything runs.
-pub(super) fn check_attachments(inv: &Invocation) -> Result<(), SubmitError> {
+/// Checks an invocation before anything runs: its attachments (size cap,
+/// image type and content) and its budget.
+pub(super) fn check_invocation(inv: &Invocation) -> Result<(), SubmitError> {
+    if inv.budget_tokens == Some(0) {
+        return Err(SubmitError::ZeroBudget);
+    }
     for a in &inv.attachments {
         a.check()?;
     }
@@ -118,7 +138,7 @@ impl Host {
             Err(refused) => return Started::Now(refused),
         };
         if run.first_checkpoint.is_none() {
-            if let Some(admitted) = self.admit_cached(&run.caller) {
+            if let Some(admitted) = self.admit_cached(&run.caller, run.allowances()) {
                 return Started::Now(match admitted {
                     Ok(ticket) => self.launch(run, ticket),
                     Err(ending) => run.refuse(ending, &self.inner.audit),
@@ -142,7 +162,8 @@ impl Host {
                 return run.refuse(ending, &self.inner.audit);
             }
         }
-        match self.admit(&run.caller).await {
+        let allowances = run.args.shared.allowances.clone();
+        match self.admit(&run.caller, allowances.as_ref()).await {
             Ok(ticket) => self.launch(run, ticket),
             Err(ending) => run.refuse(ending, &self.inner.audit),
         }
@@ -182,6 +203,13 @@ impl Host {
             .as_ref()
             .map(|p| p.tree_root.unwrap_or(p.root_run_id))
             .or(inv.root_run_id);
+        let allowances = self.allowances(
+            &agent,
+            &inv,
+            run_id,
+            parent.as_ref(),
+            resumed.as_ref().map(|(c, _)| &**c),
+        );
         // Runs go round the shards; a run's key is unique on its host.
         let key = h.next_key.fetch_add(1, Ordering::Relaxed);
         let shard = h.shards.route(key);
@@ -195,6 +223,7 @@ impl Host {
                 tree_root: inv.root_run_id,
                 depth: parent.as_ref().map_or(0, |p| p.depth + 1),
                 max_iterations: limits.max_iterations,
+                allowances,
             },
             shard.mailbox,
             key,
@@ -363,6 +392,7 @@ impl Host {
                     iteration: 0,
                     steps: Vec::new(),
                     usage: Default::default(),
+                    cost_micros: Some(0),
                     critic: Vec::new(),
                     resumes: 0,
                     started_at: d.started_at,
@@ -406,6 +436,37 @@ impl Host {
             handle,
             events,
             first_checkpoint,
+        })
+    }
+
+    /// The token allowances a run spends against besides its caller's
+    /// account: its parent's (a sub-agent), else the host's, and its own
+    /// when the manifest (`budget.tokens`) or the invocation
+    /// (`budget_tokens`) gives one — the smaller of the two. A resumed
+    /// run's own allowance counts what its checkpoint spent.
+    fn allowances(
+        &self,
+        agent: &Agent,
+        inv: &Invocation,
+        run_id: RunId,
+        parent: Option<&Arc<RunShared>>,
+        resumed: Option<&Checkpoint>,
+    ) -> Option<Allowances> {
+        let above = match parent {
+            Some(p) => p.allowances.clone(),
+            None => self.inner.allowance.clone(),
+        };
+        let manifest = agent.spec().budget.as_ref().and_then(|b| b.tokens);
+        let own = match (manifest, inv.budget_tokens) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(n), None) | (None, Some(n)) => n,
+            (None, None) => return above,
+        };
+        let spent = resumed.map_or(0, |c| c.usage.total());
+        let own = Allowance::new(format!("run {run_id}"), own, spent);
+        Some(match above {
+            None => Arc::new([own]),
+            Some(list) => list.iter().cloned().chain(std::iter::once(own)).collect(),
         })
     }
 
@@ -524,17 +585,26 @@ impl Host {
 
     /// Takes a ticket from the caller's account if it is cached (no
     /// waiting); `None` when it must be loaded first ([`Host::admit`]).
-    fn admit_cached(&self, caller: &Arc<str>) -> Option<Result<Ticket, Ending>> {
+    fn admit_cached(
+        &self,
+        caller: &Arc<str>,
+        allowances: Option<&Allowances>,
+    ) -> Option<Result<Ticket, Ending>> {
         let account = self.inner.accounts.get(caller).map(|a| a.clone())?;
         Some(take_ticket(
             caller,
             &account,
             self.inner.config.budget_reserve_tokens,
+            allowances,
         ))
     }
 
     /// Finds (or loads) the caller's account and takes a ticket from it.
-    pub(super) async fn admit(&self, caller: &Arc<str>) -> Result<Ticket, Ending> {
+    pub(super) async fn admit(
+        &self,
+        caller: &Arc<str>,
+        allowances: Option<&Allowances>,
+    ) -> Result<Ticket, Ending> {
         let h = &self.inner;
         let cached = h.accounts.get(caller).map(|a| a.clone());
         let account = match cached {
@@ -568,6 +638,6 @@ impl Host {
                 }
             }
         };
-        take_ticket(caller, &account, h.config.budget_reserve_tokens)
+        take_ticket(caller, &account, h.config.budget_reserve_tokens, allowances)
     }
 }

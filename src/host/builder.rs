@@ -62,6 +62,14 @@ impl HostBuilder {
         self
     }
 
+    /// Sets [`HostConfig::allowance_tokens`]: tokens every run of the host
+    /// may spend together (apply after [`config`](Self::config), which
+    /// replaces every setting).
+    pub fn allowance_tokens(mut self, tokens: Option<u64>) -> Self {
+        self.config.allowance_tokens = tokens;
+        self
+    }
+
     /// Adds a tool.
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.extra_tools.push(tool);
@@ -236,6 +244,11 @@ impl HostBuilder {
                 .map_err(spawn_err("critic"))?;
         }
         let default_caller = Arc::from(c.default_caller.as_str());
+        let allowance = c
+            .allowance_tokens
+            .map(|limit| -> crate::record::Allowances {
+                Arc::new([crate::record::Allowance::new("this host's runs", limit, 0)])
+            });
         Ok(Host {
             inner: Arc::new(HostInner {
                 #[cfg(feature = "mcp")]
@@ -259,6 +272,7 @@ impl HostBuilder {
                 closed: AtomicBool::new(false),
                 next_key: AtomicU64::new(0),
                 default_caller,
+                allowance,
                 sessions: crate::session::table::SessionTable::new(
                     self.sessions
                         .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),

@@ -30,6 +30,11 @@ pub struct HostConfig {
     /// its caller's token limit (later calls reserve what the run's
     /// previous call used): see `actors::budget`.
     pub budget_reserve_tokens: u64,
+    /// Tokens every run of this host may spend together, counted from
+    /// zero when the host starts (`--budget-tokens` of one command): an
+    /// allowance on top of each caller's limits and each run's own budget
+    /// (the tightest wins). `None`: no such allowance (default).
+    pub allowance_tokens: Option<u64>,
     /// The admission round trip's timeout.
     pub admission_timeout: Duration,
     /// Runs in flight at once on this host (`None`: no cap).
@@ -72,6 +77,7 @@ impl Default for HostConfig {
             budget_flush_every: Duration::from_millis(100),
             budget_refresh_every: Duration::from_secs(60),
             budget_reserve_tokens: 1000,
+            allowance_tokens: None,
             admission_timeout: Duration::from_secs(5),
             max_concurrent_runs: None,
             default_caller: "anonymous".into(),

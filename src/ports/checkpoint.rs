@@ -125,6 +125,12 @@ pub struct Checkpoint {
     pub steps: Vec<StepRecord>,
     /// Usage so far.
     pub usage: Usage,
+    /// Cost so far in micro-dollars, as the run priced it (`None` in
+    /// checkpoints written before it was kept: the usage is priced again
+    /// on resume). A resumed run starts from it, so its earlier calls are
+    /// not charged again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
     /// Critic decisions so far.
     pub critic: Vec<CriticDecision>,
     /// How many times the run was resumed.

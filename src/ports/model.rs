@@ -332,6 +332,10 @@ pub trait CallObserver: Send + Sync {
     /// Streamed answer text (already redacted), as the listener gets it.
     fn text(&self, _piece: &str) {}
 
+    /// The server reported the call's usage, or part of it, mid-stream
+    /// (a usage chunk): a call cut before its end is charged it.
+    fn usage(&self, _usage: &crate::ports::run::Usage) {}
+
     /// The call went on despite something (`kind` is a stable snake_case
     /// name such as `response_format_unsupported`).
     fn warning(&self, _kind: &str, _message: &str) {}

@@ -252,19 +252,49 @@ fn is_false(b: &bool) -> bool {
 }
 
 impl Usage {
-    /// Input plus output tokens: what budgets count.
+    /// The most tokens one model call may claim, input and output each: a
+    /// reply that reports more is malformed (no model reads or writes a
+    /// billion tokens in one call), so one absurd report cannot lock a
+    /// caller out of its budget.
+    pub const MAX_CALL_TOKENS: u64 = 1_000_000_000;
+
+    /// Input plus output tokens: what budgets count (saturating).
     pub fn total(&self) -> u64 {
-        self.input_tokens + self.output_tokens
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 
-    /// Adds another usage into this one.
+    /// Adds another usage into this one (saturating).
     pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cache_read_tokens += other.cache_read_tokens;
-        self.cache_write_tokens += other.cache_write_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(other.reasoning_tokens);
         self.estimated |= other.estimated;
+    }
+
+    /// Checks one call's usage as a provider reported it: no count past
+    /// [`MAX_CALL_TOKENS`](Self::MAX_CALL_TOKENS). `Err` says which count
+    /// and what it claimed.
+    pub fn check_call(&self) -> Result<(), String> {
+        let counts = [
+            ("input", self.input_tokens),
+            ("output", self.output_tokens),
+            ("cache read", self.cache_read_tokens),
+            ("cache write", self.cache_write_tokens),
+            ("reasoning", self.reasoning_tokens),
+        ];
+        match counts.iter().find(|(_, n)| *n > Self::MAX_CALL_TOKENS) {
+            Some((what, n)) => Err(format!(
+                "the reply claims {n} {what} tokens, more than one call can use ({})",
+                Self::MAX_CALL_TOKENS
+            )),
+            None => Ok(()),
+        }
     }
 }
 

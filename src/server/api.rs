@@ -28,8 +28,11 @@ pub struct SubmitRun {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub inputs: BTreeMap<String, serde_json::Value>,
-    /// A token ceiling for this run: it is killed (`budget`) once it has
-    /// used more.
+    /// This run's own token budget (its sub-agents' tokens count toward
+    /// it). It applies with the manifest's `budget.tokens` and the
+    /// caller's limits (the tightest wins): a model call asks for no
+    /// longer a reply than what is left, and the run ends
+    /// `budget_exceeded` (kill reason `budget`) when it is spent.
     #[serde(default)]
     #[schema(minimum = 1)]
     pub budget_tokens: Option<u64>,

@@ -19,9 +19,7 @@ use super::body::{JsonAnswer, JsonBody};
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use crate::ports::audit::AuditEntry;
-use crate::{
-    Agent, AgentSpec, Invocation, KillReason, RunEvent, RunId, RunRef, RunResult, RunStatus,
-};
+use crate::{Agent, AgentSpec, Invocation, RunId, RunRef, RunResult, RunStatus};
 
 /// The longest `?wait=` honoured.
 const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -249,6 +247,7 @@ async fn start(
         caller_id: Some(caller.id.to_string()),
         prompt: body.input.unwrap_or_default(),
         inputs: body.inputs,
+        budget_tokens: body.budget_tokens,
         ..Default::default()
     };
     let handle = st
@@ -266,8 +265,6 @@ async fn start(
                 return Err(e);
             }
         }
-    } else if let Some(limit) = body.budget_tokens {
-        tokio::spawn(cap_tokens(run.clone(), limit));
     }
     Ok(run)
 }
@@ -298,21 +295,6 @@ fn refusal(r: &RunResult) -> Option<ApiError> {
     };
     e.run_id = Some(r.run_id.to_string());
     Some(e)
-}
-
-/// Kills `run` (`budget`) once it has used more than `limit` tokens.
-async fn cap_tokens(run: RunRef, limit: u64) {
-    let mut events = run.subscribe_from(0);
-    while let Some(ev) = events.next().await {
-        if matches!(
-            ev.event,
-            RunEvent::StepFinish { .. } | RunEvent::TranscriptCompacted { .. }
-        ) && run.live().tokens > limit
-        {
-            run.kill(KillReason::Budget);
-            return;
-        }
-    }
 }
 
 /// A run: its live state, or its result.

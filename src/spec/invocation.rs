@@ -40,6 +40,11 @@ pub struct Invocation {
     pub attachments: Vec<Attachment>,
     /// Limit overrides for this run only.
     pub limits: LimitsSpec,
+    /// This run's own token budget (its sub-agents' tokens count toward
+    /// it): with the manifest's `budget.tokens`, the smaller applies, on
+    /// top of the caller's limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens: Option<u64>,
     /// Earlier turns the run starts from, between the system prompt and
     /// the prompt (a chat session's history: see `crate::session`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -171,6 +171,8 @@ impl ChatModel for PanickingModel {
 pub(crate) struct RecordingModel {
     inner: ScriptedModel,
     requests: Mutex<Vec<Vec<Message>>>,
+    /// The reply cap (`max_tokens`) each request asked for.
+    caps: Mutex<Vec<Option<u32>>>,
 }
 
 impl RecordingModel {
@@ -178,7 +180,13 @@ impl RecordingModel {
         Arc::new(RecordingModel {
             inner: ScriptedModel::new(spec.script.clone()),
             requests: Mutex::new(Vec::new()),
+            caps: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The reply cap (`max_tokens`) of each call so far.
+    pub(crate) fn reply_caps(&self) -> Vec<Option<u32>> {
+        self.caps.lock().unwrap().clone()
     }
 
     /// How many model calls were made.
@@ -212,6 +220,10 @@ impl ChatModel for RecordingModel {
             .lock()
             .unwrap()
             .push(request.messages.as_ref().clone());
+        self.caps
+            .lock()
+            .unwrap()
+            .push(request.options.as_ref().and_then(|o| o.max_tokens));
         self.inner.complete(request).await
     }
 }

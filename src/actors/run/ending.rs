@@ -19,7 +19,10 @@ impl RunState {
         }
         self.done = true;
         match self.inflight.take() {
-            Some(Inflight::Model(h)) => h.abort(),
+            Some(Inflight::Model(h)) => {
+                h.abort();
+                self.charge_cut_call();
+            }
             // The task itself gives the calls `kill_grace`, then drops them.
             Some(Inflight::Tools { cancel, .. }) => cancel.cancel(),
             None => {}

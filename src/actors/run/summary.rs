@@ -33,7 +33,7 @@ impl RunState {
         let Some(due) = self.compaction.take_pending() else {
             return self.next_step();
         };
-        let summary = match result {
+        let summary = match super::checked_usage(result) {
             Err(e) => Err(format!("{}: {e}", e.kind())),
             Ok(resp) => {
                 self.charge(&resp.usage, None);

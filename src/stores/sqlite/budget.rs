@@ -79,24 +79,37 @@ impl BudgetLedger for SqliteStore {
     async fn spent(&self, caller: &str, window: Duration) -> Result<Spend, BudgetLedgerError> {
         let since = unix_ms().saturating_sub(window.as_millis() as u64) / MINUTE_MS;
         let who = caller.to_string();
-        let sums: [i64; 4] = self
+        // Summed here, saturating: SQLite's SUM fails on an overflow. A
+        // value stored as floating point (by an older version, from an
+        // absurd usage report) is read back as the integer it rounds to,
+        // at most i64::MAX.
+        let rows: Vec<[i64; 4]> = self
             .read(move |c| {
-                c.query_row(
-                    "SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(cost_micros), 0), \
-                     COALESCE(SUM(runtime_ms), 0), COALESCE(SUM(runs), 0) \
-                     FROM budget_spend WHERE caller = ?1 AND minute >= ?2",
-                    rusqlite::params![who, to_i64(since)],
-                    |r| Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?]),
-                )
-                .map_err(unavailable)
+                let mut stmt = c
+                    .prepare_cached(
+                        "SELECT CAST(tokens AS INTEGER), CAST(cost_micros AS INTEGER), \
+                         CAST(runtime_ms AS INTEGER), CAST(runs AS INTEGER) \
+                         FROM budget_spend WHERE caller = ?1 AND minute >= ?2",
+                    )
+                    .map_err(unavailable)?;
+                let rows = stmt
+                    .query_map(rusqlite::params![who, to_i64(since)], |r| {
+                        Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+                    })
+                    .map_err(unavailable)?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(unavailable)
             })
             .await?;
-        Ok(Spend {
-            tokens: to_u64(sums[0]),
-            cost_micros: to_u64(sums[1]),
-            runtime_ms: to_u64(sums[2]),
-            runs: to_u64(sums[3]),
-        })
+        let mut spend = Spend::default();
+        for r in rows {
+            spend.add(&Spend {
+                tokens: to_u64(r[0]),
+                cost_micros: to_u64(r[1]),
+                runtime_ms: to_u64(r[2]),
+                runs: to_u64(r[3]),
+            });
+        }
+        Ok(spend)
     }
 
     async fn commit(&self, spends: &[(String, Spend)]) -> Result<(), BudgetLedgerError> {

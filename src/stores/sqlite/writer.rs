@@ -50,6 +50,24 @@ use super::{
 };
 use crate::ports::budget::Spend;
 
+/// The SQL for `budget_spend.COL + excluded.COL`, stopping at `i64::MAX`
+/// instead of overflowing (into a floating-point value, in SQLite).
+macro_rules! saturating_sum {
+    ($col:ident) => {
+        concat!(
+            "CASE WHEN budget_spend.",
+            stringify!($col),
+            " > 9223372036854775807 - excluded.",
+            stringify!($col),
+            " THEN 9223372036854775807 ELSE budget_spend.",
+            stringify!($col),
+            " + excluded.",
+            stringify!($col),
+            " END"
+        )
+    };
+}
+
 /// One audit segment (a run's consecutive records of one batch), ready to
 /// bind (owned: moved into the query).
 pub(super) struct SegmentRow {
@@ -268,15 +286,22 @@ impl Writer {
         minute: i64,
     ) -> Result<(), WriteError> {
         self.write(move |tx| {
-            let mut add = tx.prepare_cached(
+            // Each column saturates at i64::MAX: SQLite turns an integer
+            // sum that overflows into a floating-point value, which no
+            // reader takes as a count.
+            let mut add = tx.prepare_cached(concat!(
                 "INSERT INTO budget_spend (caller, minute, tokens, cost_micros, runtime_ms, runs) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
                  ON CONFLICT (caller, minute) DO UPDATE SET \
-                 tokens = budget_spend.tokens + excluded.tokens, \
-                 cost_micros = budget_spend.cost_micros + excluded.cost_micros, \
-                 runtime_ms = budget_spend.runtime_ms + excluded.runtime_ms, \
-                 runs = budget_spend.runs + excluded.runs",
-            )?;
+                 tokens = ",
+                saturating_sum!(tokens),
+                ", cost_micros = ",
+                saturating_sum!(cost_micros),
+                ", runtime_ms = ",
+                saturating_sum!(runtime_ms),
+                ", runs = ",
+                saturating_sum!(runs),
+            ))?;
             for (caller, s) in &spends {
                 add.execute(params![
                     caller,
