@@ -261,6 +261,24 @@ async fn a_server_that_cannot_start_fails_the_run_with_its_stderr() {
     host.shutdown().await;
 }
 
+/// A server that closes its pipes first and says why only as it exits: the
+/// failed `initialize` (a broken pipe, at once) is not the end of the
+/// story, its last words on stderr are still in the error.
+#[tokio::test]
+async fn a_start_failure_waits_for_the_servers_last_words() {
+    let host = host_with(McpConfig::default()).await;
+    let script =
+        "exec </dev/null >/dev/null; sleep 0.3; echo 'bad configuration, said late' >&2; exit 2";
+    let yaml = format!(
+        "name: late\nmcp:\n  servers:\n    - {{ name: t, command: [sh, -c, {script:?}] }}\nscript:\n  - {{ text: done }}\n"
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.error_kind.as_deref(), Some("mcp_server_start_failed"));
+    let err = r.error.unwrap_or_default();
+    assert!(err.contains("said late"), "{err}");
+    host.shutdown().await;
+}
+
 #[tokio::test]
 async fn results_map_errors_media_and_size() {
     let host = host_with(McpConfig::default()).await;

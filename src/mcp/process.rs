@@ -55,20 +55,26 @@ use tokio::sync::watch;
 pub(crate) type ExitCode = Option<i32>;
 
 /// The last bytes a server wrote to stderr.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct StderrTail {
     inner: Arc<Mutex<std::collections::VecDeque<u8>>>,
     cap: usize,
     secrets: Arc<Vec<String>>,
+    /// Becomes `true` when the stream has ended (every writer closed it).
+    ended: watch::Receiver<bool>,
 }
 
 impl StderrTail {
-    fn new(cap: usize, secrets: Vec<String>) -> Self {
-        StderrTail {
+    /// A tail and the sender its reader says "ended" with.
+    fn new(cap: usize, secrets: Vec<String>) -> (Self, watch::Sender<bool>) {
+        let (tx, ended) = watch::channel(false);
+        let tail = StderrTail {
             inner: Arc::default(),
             cap,
             secrets: Arc::new(secrets),
-        }
+            ended,
+        };
+        (tail, tx)
     }
 
     fn push(&self, bytes: &[u8]) {
@@ -85,6 +91,15 @@ impl StderrTail {
             Err(_) => Vec::new(),
         };
         super::env::scrub(&String::from_utf8_lossy(&bytes), &self.secrets)
+    }
+
+    /// The tail once the stream has ended, or once `limit` has passed (a
+    /// descendant that left the process group may hold it open): what a
+    /// server says as it exits arrives after its pipes may have closed.
+    pub(crate) async fn last_words(&self, limit: Duration) -> String {
+        let mut ended = self.ended.clone();
+        let _ = tokio::time::timeout(limit, ended.wait_for(|e| *e)).await;
+        self.text()
     }
 }
 
@@ -139,7 +154,7 @@ pub(crate) async fn spawn(
         kill_group(pid, libc::SIGKILL);
         return Err(std::io::Error::other("the child's pipes are missing"));
     };
-    let stderr = StderrTail::new(tail, secrets);
+    let (stderr, ended) = StderrTail::new(tail, secrets);
     let sink = stderr.clone();
     // Read stderr to the end, whatever its volume: a full pipe would block
     // the server.
@@ -151,6 +166,7 @@ pub(crate) async fn spawn(
                 Ok(n) => sink.push(&buf[..n]),
             }
         }
+        let _ = ended.send(true);
     });
     let (tx, exit) = watch::channel(None);
     tokio::spawn(async move {
