@@ -9,7 +9,8 @@
 //! `--grandchild` (starts a `sleep` child in its process group; `pid`
 //! reports it), `--http ADDR` (streamable HTTP on ADDR instead of stdio;
 //! prints the URL), `--parent` (not a server: starts a host whose agent
-//! uses this server, prints the server's pid, then waits to be killed).
+//! uses this server, prints what its `pid` tool reports, then waits to be
+//! killed; with `--grandchild` its server gets `--grandchild` too).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -242,7 +243,7 @@ pub(crate) async fn main() {
             .cloned()
     };
     if has("--parent") {
-        return parent().await;
+        return parent(has("--grandchild")).await;
     }
     if has("--fail-start") {
         eprintln!("test server: bad configuration, giving up");
@@ -295,15 +296,17 @@ async fn http(server: TestServer, addr: &str) {
     let _ = axum::serve(listener, router).await;
 }
 
-/// A host whose agent uses this very program as its MCP server: prints the
-/// server's pid once a run has called it, then waits to be killed.
-async fn parent() {
+/// A host whose agent uses this very program as its MCP server (with
+/// `--grandchild` when `grandchild`): prints what the server's `pid` tool
+/// reports once a run has called it, then waits to be killed.
+async fn parent(grandchild: bool) {
     use agentvisor::{AgentSpec, Host, Invocation};
     let me = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_default();
+    let flag = if grandchild { ", \"--grandchild\"" } else { "" };
     let yaml = format!(
-        "name: parent\nmcp:\n  servers:\n    - {{ name: t, command: [{me:?}] }}\n\
+        "name: parent\nmcp:\n  servers:\n    - {{ name: t, command: [{me:?}{flag}] }}\n\
          script:\n  - {{ tool: t__pid, args: {{}} }}\n  - {{ text: done }}\n"
     );
     let spec = match AgentSpec::from_yaml(&yaml) {

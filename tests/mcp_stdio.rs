@@ -261,6 +261,24 @@ async fn a_server_that_cannot_start_fails_the_run_with_its_stderr() {
     host.shutdown().await;
 }
 
+/// A server that closes its pipes first and says why only as it exits: the
+/// failed `initialize` (a broken pipe, at once) is not the end of the
+/// story, its last words on stderr are still in the error.
+#[tokio::test]
+async fn a_start_failure_waits_for_the_servers_last_words() {
+    let host = host_with(McpConfig::default()).await;
+    let script =
+        "exec </dev/null >/dev/null; sleep 0.3; echo 'bad configuration, said late' >&2; exit 2";
+    let yaml = format!(
+        "name: late\nmcp:\n  servers:\n    - {{ name: t, command: [sh, -c, {script:?}] }}\nscript:\n  - {{ text: done }}\n"
+    );
+    let (r, _) = run(&host, &yaml).await;
+    assert_eq!(r.error_kind.as_deref(), Some("mcp_server_start_failed"));
+    let err = r.error.unwrap_or_default();
+    assert!(err.contains("said late"), "{err}");
+    host.shutdown().await;
+}
+
 #[tokio::test]
 async fn results_map_errors_media_and_size() {
     let host = host_with(McpConfig::default()).await;
@@ -521,11 +539,16 @@ async fn no_orphan_after_the_host_is_dropped() {
     none_outlives_the_host(p).await;
 }
 
+/// A host process (the test server's `--parent` mode) whose server starts
+/// a grandchild (`--grandchild`, a `sleep`) is SIGKILLed: the server and
+/// the grandchild both end with it. The parent-death signal reaches the
+/// server alone; its group is killed whole only because the host forks
+/// each server under a guard that outlives the host to do it.
 #[tokio::test]
-async fn no_orphan_after_the_host_process_is_sigkilled() {
+async fn nothing_a_server_started_outlives_a_sigkilled_host() {
     use tokio::io::AsyncBufReadExt;
     let mut parent = tokio::process::Command::new(server())
-        .arg("--parent")
+        .args(["--parent", "--grandchild"])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -538,14 +561,23 @@ async fn no_orphan_after_the_host_process_is_sigkilled() {
         .expect("read")
         .expect("a line");
     let p = pids(&line);
-    assert_eq!(p.len(), 1, "{line}");
-    assert!(alive(p[0]));
+    assert_eq!(p.len(), 2, "the server and its grandchild: {line}");
+    assert!(alive(p[0]) && alive(p[1]));
     parent.start_kill().expect("SIGKILL");
     let _ = parent.wait().await;
-    assert!(
-        gone_within(p[0], Duration::from_secs(5)).await,
-        "the server outlived its host"
-    );
+    let mut survivors = Vec::new();
+    for pid in p {
+        if !gone_within(pid, Duration::from_secs(5)).await {
+            survivors.push(pid);
+        }
+    }
+    // Whatever failed the test is not left running for an hour.
+    for pid in &survivors {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(survivors.is_empty(), "{survivors:?} outlived the host");
 }
 
 #[tokio::test]

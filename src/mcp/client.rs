@@ -92,6 +92,10 @@ pub(crate) struct Connection {
     pub(crate) tools: Vec<rmcp::model::Tool>,
 }
 
+/// How long a server that failed to start is given to exit by itself and
+/// finish its stderr, for the error to carry its reason.
+const LAST_WORDS: Duration = Duration::from_secs(1);
+
 /// Starts server `spec` and lists its tools within `config.start_timeout`.
 pub(crate) async fn connect(
     spec: &McpServerSpec,
@@ -131,9 +135,7 @@ pub(crate) async fn connect(
         let outcome = tokio::select! {
             r = tokio::time::timeout(config.start_timeout, started) => r,
             code = exited => {
-                // Give the stderr reader a moment to take the last words.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let tail = proc.stderr.text();
+                let tail = proc.stderr.last_words(LAST_WORDS).await;
                 return Err(failed(format!("it exited ({}) before it was ready", describe(code)), tail));
             }
         };
@@ -157,8 +159,12 @@ pub(crate) async fn connect(
                 Err(failed(format!("tools/list failed: {e}"), tail))
             }
             Ok(Err(e)) => {
-                let tail = proc.stderr.text();
-                proc.stop(Duration::ZERO, config.term_grace).await;
+                // A failed handshake is mostly a server on its way out (its
+                // pipes closed, its reason not yet written): it gets a
+                // moment to go by itself and say why.
+                let stderr = proc.stderr.clone();
+                proc.stop(LAST_WORDS, config.term_grace).await;
+                let tail = stderr.last_words(LAST_WORDS).await;
                 Err(failed(format!("initialize failed: {e}"), tail))
             }
             Err(_) => {

@@ -1,24 +1,47 @@
-//! A stdio server's process: spawned in its own process group with a
-//! parent-death signal and an allowlisted environment, its stderr tail kept,
-//! its exit watched, and stopped by the sequence stdin closed → grace →
-//! SIGTERM to the group → grace → SIGKILL.
+//! A stdio server's process: spawned in its own process group under a
+//! guard that kills the group when the host dies, with an allowlisted
+//! environment, its stderr tail kept, its exit watched, and stopped by the
+//! sequence stdin closed → grace → SIGTERM to the group → grace → SIGKILL.
 //!
 //! # Why `unsafe` here
-//! Two things std and tokio do not offer safely: signalling a whole process
-//! group (`killpg`, so a server's own children go with it) and asking the
-//! kernel to kill the child when its parent dies (`prctl(PR_SET_PDEATHSIG)`,
-//! which must run in the child between fork and exec: a `pre_exec` hook).
-//! Both are single system calls on plain integers; the hook calls only
-//! async-signal-safe functions and allocates nothing. This is the crate's
-//! only `unsafe` code.
+//! Three things std and tokio do not offer safely: signalling a whole
+//! process group (`killpg`, so a server's own children go with it), asking
+//! the kernel for a signal when a parent dies (`prctl(PR_SET_PDEATHSIG)`)
+//! and forking the guard, both of which must run in the child between fork
+//! and exec (a `pre_exec` hook). All are system calls on plain integers and
+//! stack values; the hook calls only async-signal-safe functions and
+//! allocates nothing. This is the crate's only `unsafe` code.
 //!
-//! # Parent death
+//! # Nothing outlives the host
+//! The parent-death signal reaches one process, and a server's own
+//! children (a shell's commands, a language server's workers) are not it:
+//! when the host is SIGKILLed nobody is left to signal the group. So on
+//! Linux the child forked for a server is not the server but its *guard*:
+//! it leads the process group, forks once more (that child execs the
+//! server, in the group, with SIGKILL as its own parent-death signal),
+//! closes every descriptor, and waits. When the host dies (the guard's
+//! parent-death signal, SIGHUP, with a new parent) it SIGKILLs the group,
+//! itself included; when the server exits it steps into the host's group,
+//! SIGKILLs the server's, and exits with the server's code (or by SIGKILL
+//! if a signal ended the server). The host holds the guard as its child,
+//! so its own `killpg` reaches the guard, the server and every descendant
+//! at once, and the exit it sees is the server's. Each server costs one
+//! more, idle, process: a copy-on-write fork of the host that touches
+//! almost none of its memory.
+//!
+//! What the group cannot hold: a descendant that leaves it (`setsid`, a
+//! daemon's double fork into a new session) escapes the kill; only a
+//! cgroup would catch it. Elsewhere than Linux there is no guard: the
+//! server leads its group and notices its parent's death by EOF on stdin.
+//!
+//! # Parent death and threads
 //! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends,
 //! not the process. Children are therefore forked on one keeper thread
-//! that lives as long as the process, so the signal means "the host
-//! process died". A child whose parent died before the hook ran exits at
-//! once (the hook compares the parent pid). Elsewhere than Linux the child
-//! notices its parent's death by EOF on stdin only.
+//! that lives as long as the process; and the guard acts on the signal
+//! only when its parent pid has changed (if the keeper thread could not be
+//! started, the forking thread's end is then ignored). A guard whose host
+//! died before the hook ran exits at once (the hook compares the parent
+//! pid), and so does a server whose guard did.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -32,20 +55,26 @@ use tokio::sync::watch;
 pub(crate) type ExitCode = Option<i32>;
 
 /// The last bytes a server wrote to stderr.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct StderrTail {
     inner: Arc<Mutex<std::collections::VecDeque<u8>>>,
     cap: usize,
     secrets: Arc<Vec<String>>,
+    /// Becomes `true` when the stream has ended (every writer closed it).
+    ended: watch::Receiver<bool>,
 }
 
 impl StderrTail {
-    fn new(cap: usize, secrets: Vec<String>) -> Self {
-        StderrTail {
+    /// A tail and the sender its reader says "ended" with.
+    fn new(cap: usize, secrets: Vec<String>) -> (Self, watch::Sender<bool>) {
+        let (tx, ended) = watch::channel(false);
+        let tail = StderrTail {
             inner: Arc::default(),
             cap,
             secrets: Arc::new(secrets),
-        }
+            ended,
+        };
+        (tail, tx)
     }
 
     fn push(&self, bytes: &[u8]) {
@@ -63,11 +92,22 @@ impl StderrTail {
         };
         super::env::scrub(&String::from_utf8_lossy(&bytes), &self.secrets)
     }
+
+    /// The tail once the stream has ended, or once `limit` has passed (a
+    /// descendant that left the process group may hold it open): what a
+    /// server says as it exits arrives after its pipes may have closed.
+    pub(crate) async fn last_words(&self, limit: Duration) -> String {
+        let mut ended = self.ended.clone();
+        let _ = tokio::time::timeout(limit, ended.wait_for(|e| *e)).await;
+        self.text()
+    }
 }
 
 /// A running stdio server process (the pipes for its protocol are
 /// returned beside it by [`spawn`]).
 pub(crate) struct ServerProcess {
+    /// The host's child: on Linux the guard, elsewhere the server; either
+    /// way the leader of the server's process group.
     pid: i32,
     exit: watch::Receiver<Option<ExitCode>>,
     pub(crate) stderr: StderrTail,
@@ -79,8 +119,8 @@ pub(crate) struct ServerProcess {
 pub(crate) type Spawned = (ServerProcess, ChildStdout, ChildStdin);
 
 /// Starts `command` with exactly the environment `env`, in a process
-/// group of its own, stderr kept (the last `tail` bytes, `secrets`
-/// scrubbed).
+/// group of its own under a guard (see the module docs), stderr kept (the
+/// last `tail` bytes, `secrets` scrubbed).
 pub(crate) async fn spawn(
     command: &[String],
     env: Vec<(String, String)>,
@@ -102,7 +142,7 @@ pub(crate) async fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(false);
-    set_parent_death_signal(&mut cmd);
+    guard_the_group(&mut cmd);
     let mut child = fork_on_keeper(cmd).await?;
     let pid = child
         .id()
@@ -114,7 +154,7 @@ pub(crate) async fn spawn(
         kill_group(pid, libc::SIGKILL);
         return Err(std::io::Error::other("the child's pipes are missing"));
     };
-    let stderr = StderrTail::new(tail, secrets);
+    let (stderr, ended) = StderrTail::new(tail, secrets);
     let sink = stderr.clone();
     // Read stderr to the end, whatever its volume: a full pipe would block
     // the server.
@@ -126,6 +166,7 @@ pub(crate) async fn spawn(
                 Ok(n) => sink.push(&buf[..n]),
             }
         }
+        let _ = ended.send(true);
     });
     let (tx, exit) = watch::channel(None);
     tokio::spawn(async move {
@@ -216,29 +257,175 @@ fn kill_group(pgid: i32, signal: i32) {
     }
 }
 
+/// The guard's parent-death signal: blocked and waited for, and acted on
+/// only when the host is really gone (the guard's parent changed).
+#[cfg(target_os = "linux")]
+const HOST_GONE: libc::c_int = libc::SIGHUP;
+
+/// Forks every server under a guard (see the module docs): the pre-exec
+/// hook turns the forked child into the guard and returns only in the
+/// guard's own child, which then execs the server.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn set_parent_death_signal(cmd: &mut Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the hook runs in the forked child before exec; it calls only
-    // `prctl`, `getppid` and `_exit`, which are async-signal-safe, and
-    // allocates nothing.
+fn guard_the_group(cmd: &mut Command) {
+    let host = std::process::id() as libc::pid_t;
+    // SAFETY: the hook runs in the forked child before exec and calls only
+    // system calls (`sigprocmask`, `sigaction`, `prctl`, `getppid`,
+    // `getpid`, `fork`, and in the guard `close_range`/`close`,
+    // `sigwaitinfo`, `waitpid`, `getpgid`, `setpgid`, `kill`, `_exit`),
+    // all async-signal-safe; it allocates nothing and touches only its
+    // own stack and the one integer it captured.
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(std::io::Error::last_os_error());
+        cmd.pre_exec(move || split_off_the_guard(host));
+    }
+}
+
+/// In the child forked for a server (which leads the server's process
+/// group): blocks the signals the guard waits for, asks for [`HOST_GONE`]
+/// when the host dies, and forks again. The new child unblocks them, asks
+/// for SIGKILL when the guard dies, and returns to exec the server; this
+/// process never returns: it is the guard ([`guard`]).
+///
+/// # Safety
+/// Only in a child just forked from the host (a pre-exec hook).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+#[deny(unsafe_op_in_unsafe_fn)]
+unsafe fn split_off_the_guard(host: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: we are the freshly forked child (the caller's contract):
+    // system calls on our own stack's values only, nothing allocated.
+    unsafe {
+        let mut waited: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut waited);
+        libc::sigaddset(&mut waited, libc::SIGCHLD);
+        libc::sigaddset(&mut waited, HOST_GONE);
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        // Blocked before the second fork, so a server that exits at once is
+        // still heard.
+        if libc::sigprocmask(libc::SIG_BLOCK, &waited, &mut before) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The host may have set SIGCHLD to be ignored, and then no child is
+        // ever waited for; the server gets the default too.
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGCHLD, &default, std::ptr::null_mut());
+        if libc::prctl(libc::PR_SET_PDEATHSIG, HOST_GONE as libc::c_ulong) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The host died between the fork and the prctl: no server, go now.
+        if libc::getppid() != host {
+            libc::_exit(1);
+        }
+        let guard_pid = libc::getpid();
+        match libc::fork() {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => {
+                // The server: its signal mask as the host gave it, and SIGKILL
+                // if the guard dies (the guard never has a second thread).
+                libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != guard_pid {
+                    libc::_exit(1);
+                }
+                Ok(())
             }
-            // The parent died between fork and prctl: go now.
-            if libc::getppid() != parent {
-                libc::_exit(1);
+            server => guard(server, host, &waited),
+        }
+    }
+}
+
+/// The guard: holds no descriptor (the spawning parent waits for EOF on
+/// its exec-error channel, and the server's pipes must close when the
+/// server's side does), waits for the server to exit or the host to die,
+/// then kills the server's whole process group. Its exit status is the
+/// server's: a code is passed on (the guard steps out of the group into
+/// the host's before the kill, so the kill spares it), a death by signal
+/// is a death by SIGKILL.
+///
+/// # Safety
+/// Only in the guard process of [`split_off_the_guard`], `waited` blocked.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+#[deny(unsafe_op_in_unsafe_fn)]
+unsafe fn guard(server: libc::pid_t, host: libc::pid_t, waited: &libc::sigset_t) -> ! {
+    // SAFETY: we are the guard (the caller's contract), single-threaded
+    // and owning nothing another part of the program could still use.
+    unsafe {
+        close_every_descriptor();
+        // The guard leads the group (`process_group(0)` ran before the hook).
+        let group = libc::getpid();
+        let status = loop {
+            let signal = libc::sigwaitinfo(waited, std::ptr::null_mut());
+            if signal == HOST_GONE {
+                // Also sent when the thread that forked the guard ends while
+                // the host lives on (the guard is then another thread's
+                // child, and hears of that one's end too): only a new parent
+                // means the host died.
+                if libc::getppid() != host {
+                    libc::kill(-group, libc::SIGKILL);
+                    libc::_exit(1);
+                }
+                continue;
             }
-            Ok(())
-        });
+            // SIGCHLD (or an interrupted wait): has the server ended?
+            let mut status: libc::c_int = 0;
+            match libc::waitpid(server, &mut status, libc::WNOHANG) {
+                0 => continue,
+                r if r == server => break Some(status),
+                _ => {
+                    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                        continue;
+                    }
+                    break None;
+                }
+            }
+        };
+        let stepped_out = libc::setpgid(0, libc::getpgid(host)) == 0;
+        libc::kill(-group, libc::SIGKILL);
+        match status {
+            Some(s) if stepped_out && libc::WIFEXITED(s) => libc::_exit(libc::WEXITSTATUS(s)),
+            _ => {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+                libc::_exit(1)
+            }
+        }
+    }
+}
+
+/// Closes every open descriptor of the calling process (the guard's).
+///
+/// # Safety
+/// Only where no code of the process uses a descriptor any more.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+#[deny(unsafe_op_in_unsafe_fn)]
+unsafe fn close_every_descriptor() {
+    // SAFETY: no descriptor is used after this (the caller's contract);
+    // `rlimit` is a plain struct the kernel fills.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) == 0 {
+            return;
+        }
+        // Kernels before 5.9: one by one, up to the descriptor limit.
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        let top = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+            && limit.rlim_cur != libc::RLIM_INFINITY
+        {
+            limit.rlim_cur.min(1 << 20) as libc::c_int
+        } else {
+            1 << 16
+        };
+        for fd in 0..top {
+            libc::close(fd);
+        }
     }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_parent_death_signal(_cmd: &mut Command) {}
+fn guard_the_group(_cmd: &mut Command) {}
 
 type ForkJob = Box<dyn FnOnce() + Send>;
 
