@@ -324,9 +324,10 @@ pub struct CallOptions {
 /// Told about a call as it goes (see the module doc). Every method has a
 /// default that does nothing, so an observer implements what it needs.
 pub trait CallObserver: Send + Sync {
-    /// Something arrived from the server: a streamed chunk (text, tool-call
-    /// arguments, reasoning) or a whole body. A sign of life, and the end
-    /// of the wait for the first token.
+    /// Content arrived from the server: a streamed chunk that carries some
+    /// (text, a tool-call part, reasoning, usage) or a whole body. A sign
+    /// of life, and the end of the wait for the first token. Keep-alives
+    /// (SSE comments, empty deltas, `ping` events) are not reported.
     fn alive(&self) {}
 
     /// Streamed answer text (already redacted), as the listener gets it.
