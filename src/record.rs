@@ -203,6 +203,9 @@ pub(crate) enum Command {
     /// Another host took this durable run over: stop it and write nothing
     /// more of it (see [`Ending::fenced`]).
     Fence,
+    /// The parent run's hard deadline is now this: a sub-agent's cap
+    /// follows it.
+    ParentDeadline(tokio::time::Instant),
 }
 
 /// Where a run's commands go: its critic shard. The shard implements it;

@@ -26,6 +26,12 @@
 //! also ends the wait). A stall kill during that wait is told apart:
 //! `error_kind` [`FIRST_TOKEN_TIMEOUT`].
 //!
+//! A sub-agent's run is capped at its parent's hard deadline as it is now:
+//! a parent whose deadline moves tells its children, and a child that
+//! reaches the cap while its parent is still in flight goes on (the parent
+//! ends it when it ends); it ends `killed`/`parent` only once its parent
+//! has ended (see `crate::actors::run::parent`).
+//!
 //! Deadlines sit in one ordered timer set per shard (`BTreeSet<(Instant,
 //! key)>`) and one sleeper task per shard wakes the critic at the earliest
 //! one: no task per timer, no scan of every run per tick. Timers are lazy:
@@ -388,10 +394,14 @@ impl Critic {
             Command::Extend(by) => {
                 self.with_run(myself, st, key, now, |critic, run| {
                     run.watch.extend(run.started, by);
+                    run.tell_children_deadline();
                     let detail = Some(format!("{}ms", by.as_millis()));
                     let d = decision(run, CriticAction::Extend, "operator", detail);
                     critic.record(run, d);
                 });
+            }
+            Command::ParentDeadline(at) => {
+                self.with_run(myself, st, key, now, |_, run| run.parent_deadline_moved(at));
             }
             Command::Stop(reason) => {
                 self.with_run(myself, st, key, now, |critic, run| match reason {
@@ -516,7 +526,7 @@ impl Critic {
             return;
         }
         let w = &mut run.watch;
-        let trigger = if now >= w.hard_deadline {
+        let trigger = if now >= w.deadline() {
             Trigger::HardDeadline
         } else if now >= w.last_beat + w.stall_bound(&run.limits) {
             // Whatever is decided, the next stall is judged a whole stall
@@ -536,6 +546,9 @@ impl Critic {
             return;
         };
         if trigger == Trigger::HardDeadline {
+            if run.watch.at_parent_deadline() {
+                return self.parent_deadline(run);
+            }
             return self.hard_deadline(run);
         }
         self.ask(myself, run, trigger);
@@ -562,16 +575,22 @@ impl Critic {
             Verdict::Now(d @ Decision::Kill(_)) => d,
             _ => Decision::Kill(KillReason::Deadline),
         };
-        if run.watch.at_parent_deadline() {
-            // The cause is the parent's deadline, not the run's own.
-            let dec = decision(run, CriticAction::Kill, "parent", None);
-            return self.stop(run, Ending::killed(KillReason::Parent), Some(dec));
-        }
         self.apply(run, Trigger::HardDeadline, d);
-        if !run.done && run.now >= run.watch.hard_deadline {
+        if !run.done && run.now >= run.watch.deadline() {
             // The extension did not move it (the 24 h cap).
             let dec = decision(run, CriticAction::Kill, "deadline", None);
             self.stop(run, Ending::killed(KillReason::Deadline), Some(dec));
+        }
+    }
+
+    /// A sub-agent's run reached its parent's deadline as it knows it: it
+    /// ends `killed`/`parent` if the parent has ended, and goes on while
+    /// the parent is in flight (see `crate::actors::run::parent`). No
+    /// policy is asked: the cause is not the run's.
+    fn parent_deadline(&self, run: &mut RunState) {
+        if run.at_parent_cap() {
+            let dec = decision(run, CriticAction::Kill, "parent", None);
+            self.stop(run, Ending::killed(KillReason::Parent), Some(dec));
         }
     }
 
@@ -648,6 +667,7 @@ impl Critic {
                 }
                 run.watch.extensions += 1;
                 run.watch.extend(run.started, by);
+                run.tell_children_deadline();
                 let detail = Some(format!("{}ms", by.as_millis()));
                 let dec = decision(run, CriticAction::Extend, reason, detail);
                 self.record(run, dec);

@@ -43,8 +43,9 @@
 //! The loop stays in this file (its messages, its state and the step
 //! handlers that read and write that state); what stands apart has a file
 //! of its own under `run/`: a turn's tool calls (`tools`), the summary call
-//! (`summary`), how a run ends (`ending`) and what a model call reports
-//! while it runs (`observer`).
+//! (`summary`), how a run ends (`ending`), what a model call reports
+//! while it runs (`observer`) and how a sub-agent's deadline follows its
+//! parent's (`parent`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -81,6 +82,7 @@ use crate::spec::Limits;
 mod approval;
 mod ending;
 mod observer;
+pub(crate) mod parent;
 pub(crate) mod spans;
 mod summary;
 mod tools;
@@ -540,7 +542,7 @@ impl RunState {
             on_delta,
             // The deadline as this run knows it (the critic may extend it;
             // a retry layer then stops early rather than late).
-            deadline: Some(self.watch.hard_deadline),
+            deadline: Some(self.watch.deadline()),
             on_retry: self.retry_sink(),
             options: capped_options(self.agent.call_options(), room),
             observer: self.call_observer(),

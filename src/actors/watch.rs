@@ -39,10 +39,14 @@ pub enum Beat {
 
 /// The critic's record of one run (C8: small; it lives in the run's state).
 pub struct Watched {
+    /// The run's own hard deadline (its limits and extensions, within the
+    /// 24 h cap); the one in force is [`Watched::deadline`].
     pub(crate) hard_deadline: Instant,
-    /// The parent run's deadline, for a sub-agent's run: its own hard
-    /// deadline never passes it, and reaching it ends the run
-    /// `killed`/`parent`.
+    /// For a sub-agent's run, its parent's hard deadline as the run last
+    /// heard of it: the deadline in force never passes it. It follows the
+    /// parent (a parent whose deadline moves tells its children), and
+    /// reaching it ends the run only once the parent has ended (see
+    /// `crate::actors::run::parent`).
     pub(crate) parent_deadline: Option<Instant>,
     pub(crate) next_soft: Instant,
     pub(crate) last_beat: Instant,
@@ -148,7 +152,15 @@ impl Watched {
             return until;
         }
         let stall = self.last_beat + self.stall_bound(limits);
-        self.hard_deadline.min(stall).min(self.next_soft)
+        self.deadline().min(stall).min(self.next_soft)
+    }
+
+    /// The hard deadline in force: the run's own, capped at its parent's.
+    pub(crate) fn deadline(&self) -> Instant {
+        match self.parent_deadline {
+            Some(p) => self.hard_deadline.min(p),
+            None => self.hard_deadline,
+        }
     }
 
     /// The run waits for an operator until `until`: its clocks stop.
@@ -156,9 +168,9 @@ impl Watched {
         self.parked = Some((now, until));
     }
 
-    /// The run goes on: its hard deadline (within its 24 h cap and its
-    /// parent's deadline) and its next soft decision move by the time it
-    /// waited, and a fresh stall window opens. Returns how long it waited.
+    /// The run goes on: its own hard deadline (within its 24 h cap; its
+    /// parent's still caps it) and its next soft decision move by the time
+    /// it waited, and a fresh stall window opens. Returns how long it waited.
     pub(crate) fn unpark(&mut self, started: Instant, now: Instant) -> Duration {
         let Some((since, _)) = self.parked.take() else {
             return Duration::ZERO;
@@ -166,9 +178,6 @@ impl Watched {
         let waited = now.saturating_duration_since(since);
         let cap = started + ABSOLUTE_DEADLINE;
         self.hard_deadline = (self.hard_deadline + waited).min(cap);
-        if let Some(p) = self.parent_deadline {
-            self.hard_deadline = self.hard_deadline.min(p);
-        }
         self.next_soft = (self.next_soft + waited).min(cap);
         self.last_beat = now;
         waited
@@ -180,21 +189,21 @@ impl Watched {
         // not be: never overflow the clock.
         let by = by.min(ABSOLUTE_DEADLINE);
         self.hard_deadline = (self.hard_deadline + by).min(cap);
-        if let Some(p) = self.parent_deadline {
-            self.hard_deadline = self.hard_deadline.min(p);
-        }
     }
 
-    /// Caps the run's deadline at its parent's.
-    pub(crate) fn cap_at_parent(&mut self, parent: Instant) {
+    /// Caps the run's deadline at its parent's, or moves the cap to where
+    /// the parent's deadline is now (it only moves later). Returns whether
+    /// the deadline in force moved.
+    pub(crate) fn cap_at_parent(&mut self, parent: Instant) -> bool {
+        let before = self.deadline();
+        let parent = self.parent_deadline.map_or(parent, |p| p.max(parent));
         self.parent_deadline = Some(parent);
-        self.hard_deadline = self.hard_deadline.min(parent);
+        self.deadline() != before
     }
 
-    /// Whether the hard deadline reached is the parent's.
+    /// Whether the deadline in force is the parent's (not the run's own).
     pub(crate) fn at_parent_deadline(&self) -> bool {
-        self.parent_deadline
-            .is_some_and(|p| self.hard_deadline >= p)
+        self.parent_deadline.is_some_and(|p| p < self.hard_deadline)
     }
 
     /// The process was paused for `gap`: the stall window moves by it (the

@@ -8,8 +8,10 @@
 //! - A child that fails is an error result carrying its `status`,
 //!   `kill_reason`/`error_kind`, error and partial output: the parent's
 //!   model reads it and goes on; the parent never fails because of it.
-//! - Time: the child's hard deadline never passes its parent's (reaching
-//!   it ends the child `killed`/`parent`); while the parent waits, each of
+//! - Time: the child's hard deadline never passes its parent's as it is
+//!   now: it starts capped at the parent's deadline and follows it when
+//!   the parent is extended (see `crate::actors::run::parent`); the child
+//!   ends `killed`/`parent` when the parent ends. While the parent waits, each of
 //!   the child's events is a heartbeat of the parent's call, so a working
 //!   child keeps its parent from `stalled`; the parent's own deadline holds.
 //! - A parent that is killed, cancelled or times out ends its children

@@ -324,9 +324,10 @@ pub struct CallOptions {
 /// Told about a call as it goes (see the module doc). Every method has a
 /// default that does nothing, so an observer implements what it needs.
 pub trait CallObserver: Send + Sync {
-    /// Something arrived from the server: a streamed chunk (text, tool-call
-    /// arguments, reasoning) or a whole body. A sign of life, and the end
-    /// of the wait for the first token.
+    /// Content arrived from the server: a streamed chunk that carries some
+    /// (text, a tool-call part, reasoning, usage) or a whole body. A sign
+    /// of life, and the end of the wait for the first token. Keep-alives
+    /// (SSE comments, empty deltas, `ping` events) are not reported.
     fn alive(&self) {}
 
     /// Streamed answer text (already redacted), as the listener gets it.
@@ -514,7 +515,9 @@ impl ModelError {
     }
 }
 
-/// A chat model. Object-safe; used as `Arc<dyn ChatModel>`.
+/// A chat model. Object-safe; used as `Arc<dyn ChatModel>`. A model that
+/// wraps another implements [`ModelWrapper`] instead, which forwards every
+/// capability below by default.
 #[async_trait]
 pub trait ChatModel: Send + Sync + 'static {
     /// The model's name, for results and logs (e.g. `scripted`, `openai:gpt-4o-mini`).
@@ -559,6 +562,99 @@ pub trait ChatModel: Send + Sync + 'static {
     /// only such a run has a first-token phase (`first_token_timeout`).
     fn streams(&self) -> bool {
         false
+    }
+}
+
+/// A decorator of a [`ChatModel`] (a retry layer, a circuit breaker, fault
+/// injection, a session's call numbering): it changes how calls are made
+/// and forwards everything else to the model it wraps, in the spirit of
+/// tower's `Layer`. Every `ModelWrapper` is a [`ChatModel`] (the blanket
+/// impl below); each capability defaults to asking [`inner`](Self::inner),
+/// so a wrapper overrides only what it changes and cannot forget a
+/// capability. A capability added to `ChatModel` is added here too, with a
+/// default that asks `inner()`, and forwarded by the blanket impl.
+#[async_trait]
+pub trait ModelWrapper: Send + Sync + 'static {
+    /// The model this one wraps.
+    fn inner(&self) -> &dyn ChatModel;
+
+    /// Performs one call (usually through `inner()`). Must be cancel-safe.
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError>;
+
+    /// See [`ChatModel::name`]; default: the wrapped model's.
+    fn name(&self) -> &str {
+        self.inner().name()
+    }
+
+    /// See [`ChatModel::admit`]; default: the wrapped model's.
+    fn admit(&self) -> Result<(), ModelError> {
+        self.inner().admit()
+    }
+
+    /// See [`ChatModel::price_id`]; default: the wrapped model's.
+    fn price_id(&self) -> Option<&str> {
+        self.inner().price_id()
+    }
+
+    /// See [`ChatModel::answers_at_once`]; default: the wrapped model's.
+    fn answers_at_once(&self) -> bool {
+        self.inner().answers_at_once()
+    }
+
+    /// See [`ChatModel::reports_retries`]; default: the wrapped model's.
+    fn reports_retries(&self) -> bool {
+        self.inner().reports_retries()
+    }
+
+    /// See [`ChatModel::streams`]; default: the wrapped model's.
+    fn streams(&self) -> bool {
+        self.inner().streams()
+    }
+}
+
+/// Every wrapper is a model: each capability is the wrapper's answer,
+/// which is the wrapped model's unless the wrapper overrides it. `complete`
+/// hands on the wrapper's boxed future as it is (no second allocation).
+impl<W: ModelWrapper> ChatModel for W {
+    fn name(&self) -> &str {
+        ModelWrapper::name(self)
+    }
+
+    fn complete<'life0, 'async_trait>(
+        &'life0 self,
+        request: ChatRequest,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<ChatResponse, ModelError>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        ModelWrapper::complete(self, request)
+    }
+
+    fn admit(&self) -> Result<(), ModelError> {
+        ModelWrapper::admit(self)
+    }
+
+    fn price_id(&self) -> Option<&str> {
+        ModelWrapper::price_id(self)
+    }
+
+    fn answers_at_once(&self) -> bool {
+        ModelWrapper::answers_at_once(self)
+    }
+
+    fn reports_retries(&self) -> bool {
+        ModelWrapper::reports_retries(self)
+    }
+
+    fn streams(&self) -> bool {
+        ModelWrapper::streams(self)
     }
 }
 

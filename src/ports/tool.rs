@@ -104,7 +104,8 @@ impl ToolContext {
     }
 
     /// The run's hard deadline as it stood when the call started (a
-    /// sub-agent's run may not outlive it).
+    /// sub-agent's run starts capped at it, and then follows the run's
+    /// deadline as it moves).
     pub fn deadline(&self) -> Option<tokio::time::Instant> {
         self.deadline
     }

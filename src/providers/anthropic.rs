@@ -24,7 +24,10 @@
 //! (`text_delta`, `input_json_delta`) / `content_block_stop` →
 //! `message_delta` → `message_stop`; `ping` and unknown events (thinking
 //! blocks, signatures) are skipped, an `error` event is a typed error.
-//! Every chunk is a sign of life for the request's observer; text goes to
+//! A chunk is a sign of life for the request's observer only when it
+//! carries content (text, a tool-use block or its input, thinking, the
+//! closing `message_delta`): `message_start`, `ping`, `:` comments and
+//! empty deltas are keep-alives, not progress; text goes to
 //! the listener and the observer redacted (see [`crate::secrets`]). A
 //! stream that ends before `message_stop` is a `Transport` error, wrapped in
 //! `Interrupted` once text reached the listener.

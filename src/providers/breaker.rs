@@ -38,7 +38,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
+use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError, ModelWrapper};
 
 /// When a breaker opens and for how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,31 +282,16 @@ impl CircuitBreaking {
     }
 }
 
+/// Forwards every capability; admission asks the breaker first.
 #[async_trait]
-impl ChatModel for CircuitBreaking {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl ModelWrapper for CircuitBreaking {
+    fn inner(&self) -> &dyn ChatModel {
+        &*self.inner
     }
 
     fn admit(&self) -> Result<(), ModelError> {
         self.breaker.admit()?;
         self.inner.admit()
-    }
-
-    fn price_id(&self) -> Option<&str> {
-        self.inner.price_id()
-    }
-
-    fn answers_at_once(&self) -> bool {
-        self.inner.answers_at_once()
-    }
-
-    fn reports_retries(&self) -> bool {
-        self.inner.reports_retries()
-    }
-
-    fn streams(&self) -> bool {
-        self.inner.streams()
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {

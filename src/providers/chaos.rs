@@ -42,7 +42,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::ports::model::{
-    ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolCallRequest,
+    ChatModel, ChatRequest, ChatResponse, Message, ModelError, ModelWrapper, Role, ToolCallRequest,
 };
 
 /// The id prefix of an injected malformed tool call.
@@ -226,31 +226,16 @@ fn malformed_answers(messages: &[Message]) -> u32 {
         .count() as u32
 }
 
+/// A fault-injecting wrapper stays transparent: every capability is the
+/// wrapped model's; only its name says chaos.
 #[async_trait]
-impl ChatModel for ChaosModel {
+impl ModelWrapper for ChaosModel {
+    fn inner(&self) -> &dyn ChatModel {
+        &*self.inner
+    }
+
     fn name(&self) -> &str {
         &self.name
-    }
-
-    // A fault-injecting wrapper stays transparent to admission and pricing.
-    fn admit(&self) -> Result<(), ModelError> {
-        self.inner.admit()
-    }
-
-    fn price_id(&self) -> Option<&str> {
-        self.inner.price_id()
-    }
-
-    fn answers_at_once(&self) -> bool {
-        self.inner.answers_at_once()
-    }
-
-    fn reports_retries(&self) -> bool {
-        self.inner.reports_retries()
-    }
-
-    fn streams(&self) -> bool {
-        self.inner.streams()
     }
 
     async fn complete(&self, mut request: ChatRequest) -> Result<ChatResponse, ModelError> {
@@ -412,8 +397,18 @@ mod tests {
             Message::text(Role::Tool, "error: bad arguments"),
             turn(again),
         ];
-        assert_eq!(pass.complete(request(transcript, 2)).await?.text, "0");
-        assert_eq!(pass.complete(request(Vec::new(), 1)).await?.text, "1");
+        assert_eq!(
+            ChatModel::complete(&pass, request(transcript, 2))
+                .await?
+                .text,
+            "0"
+        );
+        assert_eq!(
+            ChatModel::complete(&pass, request(Vec::new(), 1))
+                .await?
+                .text,
+            "1"
+        );
         Ok(())
     }
 
@@ -427,7 +422,7 @@ mod tests {
             let started = tokio::time::Instant::now();
             let answer = tokio::time::timeout(
                 Duration::from_secs(3600),
-                model.complete(request(Vec::new(), i)),
+                ChatModel::complete(&model, request(Vec::new(), i)),
             )
             .await;
             let after = model.counts();
@@ -450,7 +445,7 @@ mod tests {
         }
         assert_eq!(seen.len(), 4, "{seen:?}");
         assert_eq!(model.counts().calls, 64);
-        assert_eq!(model.name(), "chaos(echo)");
+        assert_eq!(ChatModel::name(&model), "chaos(echo)");
         Ok(())
     }
 }

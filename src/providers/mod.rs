@@ -525,4 +525,97 @@ mod tests {
         spec.api_key_env = None;
         assert!(r.resolve(&spec).is_ok(), "no key is fine by default");
     }
+
+    /// A model whose every capability is set one way or the other.
+    struct Probe {
+        on: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl ChatModel for Probe {
+        fn name(&self) -> &str {
+            "probe"
+        }
+
+        async fn complete(
+            &self,
+            _: crate::ports::model::ChatRequest,
+        ) -> Result<crate::ports::model::ChatResponse, crate::ports::model::ModelError> {
+            Ok(Default::default())
+        }
+
+        fn admit(&self) -> Result<(), crate::ports::model::ModelError> {
+            if self.on {
+                Ok(())
+            } else {
+                Err(crate::ports::model::ModelError::Quota("probe".into()))
+            }
+        }
+
+        fn price_id(&self) -> Option<&str> {
+            self.on.then_some("probe-1")
+        }
+
+        fn answers_at_once(&self) -> bool {
+            self.on
+        }
+
+        fn reports_retries(&self) -> bool {
+            self.on
+        }
+
+        fn streams(&self) -> bool {
+            self.on
+        }
+    }
+
+    /// Every wrapper of a model, around `inner`, with its name.
+    fn every_wrapper(inner: Arc<dyn ChatModel>) -> Vec<(&'static str, Arc<dyn ChatModel>)> {
+        let breaker = Arc::new(Breaker::new("probe", BreakerPolicy::default()));
+        let chaos = chaos::ChaosConfig {
+            rate: 0.0,
+            seed: 1,
+            slow: std::time::Duration::ZERO,
+        };
+        vec![
+            (
+                "retry",
+                Arc::new(Retrying::new(inner.clone(), RetryPolicy::default())),
+            ),
+            (
+                "breaker",
+                Arc::new(CircuitBreaking::new(inner.clone(), breaker)),
+            ),
+            (
+                "chaos",
+                Arc::new(chaos::ChaosModel::new(inner.clone(), chaos).unwrap()),
+            ),
+            (
+                "session",
+                Arc::new(crate::session::table::SessionModel::new(inner, 0)),
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_wrapper_forwards_every_capability() {
+        for on in [true, false] {
+            let inner: Arc<dyn ChatModel> = Arc::new(Probe { on });
+            for (wrapper, m) in every_wrapper(inner.clone()) {
+                assert_eq!(m.admit().is_ok(), on, "{wrapper}: admit");
+                assert_eq!(m.price_id(), inner.price_id(), "{wrapper}: price_id");
+                assert_eq!(m.answers_at_once(), on, "{wrapper}: answers_at_once");
+                assert_eq!(m.streams(), on, "{wrapper}: streams");
+                // The retry layer reports its retries whatever it wraps.
+                let retries = on || wrapper == "retry";
+                assert_eq!(m.reports_retries(), retries, "{wrapper}: reports_retries");
+                let name = if wrapper == "chaos" {
+                    "chaos(probe)"
+                } else {
+                    "probe"
+                };
+                assert_eq!(m.name(), name, "{wrapper}: name");
+            }
+        }
+    }
 }

@@ -28,8 +28,10 @@
 //!
 //! Streaming (`stream: true`, `stream_options.include_usage`) is used when
 //! [`StreamMode`] says so — by default, when someone listens to the run's
-//! deltas or observes the call (a run does, for its heartbeats). Every
-//! chunk is a sign of life for the request's observer; text deltas go to
+//! deltas or observes the call (a run does, for its heartbeats). A chunk
+//! is a sign of life for the request's observer only when it carries
+//! content (text, a tool-call part, reasoning, usage, a `finish_reason`):
+//! `:` comments and empty deltas are keep-alives, not progress; text deltas go to
 //! the request's sink and observer as they come (redacted, see
 //! [`crate::secrets`]); tool-call
 //! deltas are reassembled by their `index` (id and name arrive first, the

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
+use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError, ModelWrapper};
 
 /// How the retry layer retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,30 +90,15 @@ impl Retrying {
     }
 }
 
+/// Forwards every capability but one: it reports the retries it makes.
 #[async_trait]
-impl ChatModel for Retrying {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn admit(&self) -> Result<(), ModelError> {
-        self.inner.admit()
-    }
-
-    fn price_id(&self) -> Option<&str> {
-        self.inner.price_id()
-    }
-
-    fn answers_at_once(&self) -> bool {
-        self.inner.answers_at_once()
+impl ModelWrapper for Retrying {
+    fn inner(&self) -> &dyn ChatModel {
+        &*self.inner
     }
 
     fn reports_retries(&self) -> bool {
         true
-    }
-
-    fn streams(&self) -> bool {
-        self.inner.streams()
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {

@@ -18,14 +18,16 @@ use crate::ports::model::{ChatRequest, ChatResponse, ModelError};
 /// A model's answer folded from its stream's events, one provider's wire
 /// format; [`read_stream`] drives it.
 pub(crate) trait StreamFold: Default {
-    /// Folds one event in; `Err` for an error the server sent in the
-    /// stream or an event that does not parse.
+    /// Folds one event in and says whether it carried content (text, a
+    /// tool-call part, reasoning, usage, the reason the answer stopped):
+    /// only such an event is progress. `Err` for an error the server sent
+    /// in the stream or an event that does not parse.
     fn apply(
         &mut self,
         ev: &SseEvent,
         request: &ChatRequest,
         secret: Option<&Secret>,
-    ) -> Result<(), ModelError>;
+    ) -> Result<bool, ModelError>;
     /// The stream has said its last word (`[DONE]`, `message_stop`).
     fn is_over(&self) -> bool;
     /// Whether a body that ends here, without that last word, still holds
@@ -38,8 +40,12 @@ pub(crate) trait StreamFold: Default {
 }
 
 /// Reads a streamed response to its end, folding its events into `S`.
-/// Every chunk is a sign of life (text, tool-call arguments, reasoning, a
-/// keep-alive comment). A body that ends before the answer is whole fails
+/// A chunk is a sign of life for the request's observer (a heartbeat, and
+/// the end of the wait for the first token) only when an event in it
+/// carried content ([`StreamFold::apply`]): keep-alives — `:` comments, an
+/// empty delta, Anthropic's `ping` — are not, so a server that holds a
+/// request open with them and says nothing stalls the run as silence
+/// would. A body that ends before the answer is whole fails
 /// with `Transport(cut)`; any failure after text reached the listener is
 /// `Interrupted` (the listener has seen a part that will not be kept).
 pub(crate) async fn read_stream<S: StreamFold>(
@@ -64,15 +70,19 @@ pub(crate) async fn read_stream<S: StreamFold>(
             Ok(None) => break,
             Err(e) => return Err(fail(&st, http::transport(e, secret))),
         };
-        request.alive();
         parser.feed(&chunk, &mut events);
+        let mut content = false;
         for ev in events.drain(..) {
-            if let Err(e) = st.apply(&ev, request, secret) {
-                return Err(fail(&st, e));
+            match st.apply(&ev, request, secret) {
+                Ok(c) => content |= c,
+                Err(e) => return Err(fail(&st, e)),
             }
             if st.is_over() {
                 return Ok(st.into_response(request));
             }
+        }
+        if content {
+            request.alive();
         }
     }
     if st.whole_at_end() {

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::agent::Agent;
 use crate::handle::RunRef;
-use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError};
+use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError, ModelWrapper};
 use crate::ports::session::{SessionMeta, SessionState, SessionStore};
 
 /// The sessions open on one host: one shared state per session id, held
@@ -66,11 +66,7 @@ pub(super) struct SessionInner {
 
 impl SessionInner {
     pub(super) fn new(store: Arc<dyn SessionStore>, agent: Agent, meta: SessionMeta) -> Arc<Self> {
-        let model = Arc::new(SessionModel {
-            inner: agent.model().clone(),
-            offset: AtomicU64::new(meta.model_calls),
-            made: AtomicU64::new(0),
-        });
+        let model = Arc::new(SessionModel::new(agent.model().clone(), meta.model_calls));
         let agent = Agent::new(
             agent.spec_arc(),
             model.clone(),
@@ -109,7 +105,7 @@ impl SessionInner {
 /// continues across the session's prompts (a scripted model plays on
 /// through its script), and the calls a prompt makes are counted.
 /// Everything else is the wrapped model's.
-pub(super) struct SessionModel {
+pub(crate) struct SessionModel {
     inner: Arc<dyn ChatModel>,
     /// Calls the session made before the prompt in flight.
     offset: AtomicU64,
@@ -118,6 +114,15 @@ pub(super) struct SessionModel {
 }
 
 impl SessionModel {
+    /// Wraps a session's model; `calls` were made in earlier prompts.
+    pub(crate) fn new(inner: Arc<dyn ChatModel>, calls: u64) -> Self {
+        SessionModel {
+            inner,
+            offset: AtomicU64::new(calls),
+            made: AtomicU64::new(0),
+        }
+    }
+
     /// A prompt starts: `calls` were made before it. Prompts run one at a
     /// time (the session's gate), so no run sees another's numbering.
     pub(super) fn begin(&self, calls: u64) {
@@ -130,10 +135,12 @@ impl SessionModel {
     }
 }
 
+/// Forwards every capability (that it streams, too: a session's prompt is
+/// supervised as a plain run is); only the call index changes.
 #[async_trait]
-impl ChatModel for SessionModel {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl ModelWrapper for SessionModel {
+    fn inner(&self) -> &dyn ChatModel {
+        &*self.inner
     }
 
     async fn complete(&self, mut request: ChatRequest) -> Result<ChatResponse, ModelError> {
@@ -141,21 +148,5 @@ impl ChatModel for SessionModel {
         let offset = u32::try_from(self.offset.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
         request.call_index = request.call_index.saturating_add(offset);
         self.inner.complete(request).await
-    }
-
-    fn admit(&self) -> Result<(), ModelError> {
-        self.inner.admit()
-    }
-
-    fn price_id(&self) -> Option<&str> {
-        self.inner.price_id()
-    }
-
-    fn answers_at_once(&self) -> bool {
-        self.inner.answers_at_once()
-    }
-
-    fn reports_retries(&self) -> bool {
-        self.inner.reports_retries()
     }
 }

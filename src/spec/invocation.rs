@@ -49,9 +49,11 @@ pub struct Invocation {
     /// the prompt (a chat session's history: see `crate::session`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<crate::ports::model::Message>,
-    /// A deadline the run may not outlive (a sub-agent's parent's): its
-    /// hard deadline is capped at it, and reaching it ends the run
-    /// `killed`/`parent`. In-process only (not serialized).
+    /// A deadline the run may not outlive (a sub-agent's parent's, as it
+    /// was when the child was started): its hard deadline is capped at it.
+    /// For a sub-agent the cap then follows its parent's deadline as it
+    /// moves, and the run ends `killed`/`parent` when its parent ends.
+    /// In-process only (not serialized).
     #[serde(skip)]
     pub deadline: Option<tokio::time::Instant>,
 }

@@ -27,6 +27,14 @@ pub(crate) enum Reply {
     /// A 200 event stream that sends these pieces and then drops the
     /// connection mid-body.
     SseThenDrop(Vec<String>),
+    /// A 200 event stream that sends `head`, then `keep` every `every`
+    /// for as long as the client reads (a server that holds a request
+    /// open with keep-alives).
+    SseKeepAlive {
+        head: Vec<String>,
+        keep: String,
+        every: std::time::Duration,
+    },
 }
 
 impl Reply {
@@ -155,7 +163,22 @@ fn respond(reply: Reply) -> Response {
         }
         Reply::Sse(pieces) => sse(pieces, false),
         Reply::SseThenDrop(pieces) => sse(pieces, true),
+        Reply::SseKeepAlive { head, keep, every } => sse_keep_alive(head, keep, every),
     }
+}
+
+fn sse_keep_alive(head: Vec<String>, keep: String, every: std::time::Duration) -> Response {
+    use futures_util::StreamExt;
+    let head = futures_util::stream::iter(head.into_iter().map(Ok::<_, std::io::Error>));
+    let pings = futures_util::stream::unfold(keep, move |keep| async move {
+        tokio::time::sleep(every).await;
+        Some((Ok(keep.clone()), keep))
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(head.chain(pings)))
+        .unwrap()
 }
 
 fn sse(pieces: Vec<String>, drop_after: bool) -> Response {

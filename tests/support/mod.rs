@@ -5,14 +5,16 @@
 //!
 //! Every test binary includes this module with `mod support;` and uses only
 //! part of it, hence `dead_code` is allowed here. Scratch directories are in
-//! [`scratch`], running the binary in [`cli`]; a server on a loopback
-//! socket (`loopback`) needs the `cli` feature.
+//! [`scratch`], running the binary in [`cli`], a model that streams in
+//! [`streaming`]; a server on a loopback socket (`loopback`) needs the
+//! `cli` feature.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, missing_docs)]
 
 pub(crate) mod cli;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
 pub(crate) mod scratch;
+pub(crate) mod streaming;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -144,6 +144,7 @@ impl RunState {
             return;
         };
         let waited = self.watch.unpark(self.started, self.now);
+        self.tell_children_deadline();
         tracing::debug!(run_id = %self.shared.run_id, waited_ms = waited.as_millis() as u64, "approval decided; the run goes on");
         if let Some(outcomes) = self.run_tools(turn.calls) {
             self.tools_done(outcomes);

@@ -144,7 +144,7 @@ impl RunState {
                 ctx = ctx
                     .with_cancel(cancel.get_or_insert_with(CancellationToken::new).clone())
                     .with_beat(beat)
-                    .with_deadline(self.watch.hard_deadline)
+                    .with_deadline(self.watch.deadline())
                     .with_events(sink);
             }
             let call = prepared.execute(ctx, timeout, cap);

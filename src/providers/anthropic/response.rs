@@ -171,6 +171,9 @@ struct WireDelta {
     text: Option<String>,
     #[serde(default)]
     partial_json: Option<String>,
+    /// A `thinking_delta`'s text (not kept: progress only).
+    #[serde(default)]
+    thinking: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -197,12 +200,16 @@ impl StreamState {
 }
 
 impl StreamFold for StreamState {
+    /// Content is a text, tool-use or thinking block's start or delta that
+    /// carries something, or a `message_delta` (usage, the stop reason);
+    /// `message_start` (the envelope, before any token), `ping`, a block's
+    /// stop and an empty delta are none.
     fn apply(
         &mut self,
         ev: &SseEvent,
         request: &ChatRequest,
         secret: Option<&Secret>,
-    ) -> Result<(), ModelError> {
+    ) -> Result<bool, ModelError> {
         let data = ev.data.as_bytes();
         // The type is in the data too; servers that leave out `event:` work.
         let kind = if ev.event.is_empty() {
@@ -214,46 +221,58 @@ impl StreamFold for StreamState {
             ev.event.clone()
         };
         let parse_err = |e: serde_json::Error| http::malformed(&kind, &e, data, secret);
-        match kind.as_str() {
+        let said = |t: &Option<String>| t.as_deref().is_some_and(|t| !t.is_empty());
+        let content = match kind.as_str() {
             "message_start" => {
                 let s: StartEvent = serde_json::from_slice(data).map_err(parse_err)?;
                 if let Some(u) = s.message.usage {
                     self.usage.merge(u);
                 }
+                false
             }
             "content_block_start" => {
                 let s: BlockStart = serde_json::from_slice(data).map_err(parse_err)?;
-                let block = match s.content_block.kind.as_str() {
+                let (block, content) = match s.content_block.kind.as_str() {
                     "text" => {
+                        let content = said(&s.content_block.text);
                         if let Some(t) = s.content_block.text.filter(|t| !t.is_empty()) {
                             self.push_text(&t, request);
                         }
-                        OpenBlock::Text
+                        (OpenBlock::Text, content)
                     }
-                    "tool_use" => OpenBlock::Tool {
-                        id: s.content_block.id.unwrap_or_default(),
-                        name: s.content_block.name.unwrap_or_default(),
-                        initial: s.content_block.input,
-                        json: String::new(),
-                    },
-                    _ => OpenBlock::Other,
+                    "tool_use" => (
+                        OpenBlock::Tool {
+                            id: s.content_block.id.unwrap_or_default(),
+                            name: s.content_block.name.unwrap_or_default(),
+                            initial: s.content_block.input,
+                            json: String::new(),
+                        },
+                        true,
+                    ),
+                    _ => (OpenBlock::Other, false),
                 };
                 self.blocks.insert(s.index, block);
+                content
             }
             "content_block_delta" => {
                 let d: BlockDelta = serde_json::from_slice(data).map_err(parse_err)?;
                 match d.delta.kind.as_str() {
                     "text_delta" => {
+                        let content = said(&d.delta.text);
                         if let Some(t) = d.delta.text {
                             self.push_text(&t, request);
                         }
+                        content
                     }
                     "input_json_delta" => {
+                        let content = said(&d.delta.partial_json);
                         if let Some(OpenBlock::Tool { json, .. }) = self.blocks.get_mut(&d.index) {
                             json.push_str(d.delta.partial_json.as_deref().unwrap_or_default());
                         }
+                        content
                     }
-                    _ => {}
+                    "thinking_delta" => said(&d.delta.thinking),
+                    _ => false,
                 }
             }
             "message_delta" => {
@@ -264,12 +283,16 @@ impl StreamFold for StreamState {
                 if let Some(reason) = d.delta.and_then(|d| d.stop_reason) {
                     self.stop_reason = Some(reason);
                 }
+                true
             }
-            "message_stop" => self.stopped = true,
+            "message_stop" => {
+                self.stopped = true;
+                false
+            }
             "error" => return Err(http::stream_error(data, secret)),
-            _ => {}
-        }
-        Ok(())
+            _ => false,
+        };
+        Ok(content)
     }
 
     fn is_over(&self) -> bool {
@@ -351,6 +374,89 @@ mod tests {
         assert_eq!(r.usage.cache_write_tokens, 20);
         assert_eq!(r.text, "hi");
         assert_eq!(r.finish_reason, None, "the body gave no stop_reason");
+    }
+
+    #[test]
+    fn only_events_with_content_are_progress() {
+        let request = ChatRequest::new(
+            std::sync::Arc::new(Vec::new()),
+            std::sync::Arc::from(Vec::new()),
+            0,
+        );
+        let mut st = StreamState::default();
+        let mut apply = |event: &str, data: &str| {
+            let ev = SseEvent {
+                event: event.to_string(),
+                data: data.to_string(),
+            };
+            st.apply(&ev, &request, None).unwrap()
+        };
+        for (event, data, content) in [
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"content":[],"usage":{"input_tokens":5}}}"#,
+                false,
+            ),
+            ("ping", r#"{"type":"ping"}"#, false),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}"#,
+                false,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":""}}"#,
+                false,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"so"}}"#,
+                true,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+                false,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#,
+                false,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":""}}"#,
+                false,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                true,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t","name":"add","input":{}}}"#,
+                true,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+                false,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{}"}}"#,
+                true,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":3}}"#,
+                true,
+            ),
+            ("", r#"{"type":"ping"}"#, false),
+        ] {
+            assert_eq!(apply(event, data), content, "{event} {data}");
+        }
     }
 
     #[test]

@@ -39,6 +39,21 @@ struct WireMessage {
     content: Option<Value>,
     #[serde(default)]
     tool_calls: Option<Vec<WireToolCall>>,
+    /// Reasoning text, as servers that stream it name it (DeepSeek, vLLM,
+    /// llama.cpp: `reasoning_content`; others: `reasoning`). Not kept: a
+    /// streamed piece of it is progress.
+    #[serde(default)]
+    reasoning_content: Option<Value>,
+    #[serde(default)]
+    reasoning: Option<Value>,
+}
+
+impl WireMessage {
+    /// Whether it carries reasoning text.
+    fn reasons(&self) -> bool {
+        let said = |v: &Option<Value>| !content_text(v).is_empty();
+        said(&self.reasoning_content) || said(&self.reasoning)
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -190,20 +205,22 @@ struct StreamState {
 
 impl StreamFold for StreamState {
     /// Applies one event; `Err` for an error the server sent in the stream
-    /// or a chunk that does not parse.
+    /// or a chunk that does not parse. Content is text, a tool-call part,
+    /// reasoning, usage or a `finish_reason`; a chunk with an empty delta
+    /// (a keep-alive, or the opening `role` chunk) is none.
     fn apply(
         &mut self,
         ev: &SseEvent,
         request: &ChatRequest,
         secret: Option<&Secret>,
-    ) -> Result<(), ModelError> {
+    ) -> Result<bool, ModelError> {
         let data = ev.data.trim();
         if data.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         if data == "[DONE]" {
             self.done = true;
-            return Ok(());
+            return Ok(false);
         }
         let v: Value = serde_json::from_str(data)
             .map_err(|e| http::malformed("stream chunk", &e, data.as_bytes(), secret))?;
@@ -212,24 +229,31 @@ impl StreamFold for StreamState {
         }
         let chunk: WireResponse = serde_json::from_value(v)
             .map_err(|e| http::malformed("stream chunk", &e, data.as_bytes(), secret))?;
+        let mut content = false;
         if let Some(u) = chunk.usage {
             self.usage = u.into_usage();
+            content = true;
         }
         for choice in chunk.choices {
             if choice.finish_reason.is_some() {
                 self.finished = true;
                 self.finish_reason = choice.finish_reason.clone();
+                content = true;
             }
             let Some(delta) = choice.delta.or(choice.message) else {
                 continue;
             };
+            content |= delta.reasons();
             let piece = content_text(&delta.content);
             if !piece.is_empty() {
                 let out = self.redactor.push(&piece);
                 self.delivered |= http::deliver(request, &out);
                 self.text.push_str(&piece);
+                content = true;
             }
-            for (j, tc) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
+            let calls = delta.tool_calls.unwrap_or_default();
+            content |= !calls.is_empty();
+            for (j, tc) in calls.into_iter().enumerate() {
                 let index = tc.index.unwrap_or(j as u32);
                 let call = self.calls.entry(index).or_default();
                 if let Some(id) = tc.id.filter(|s| !s.is_empty()) {
@@ -247,7 +271,7 @@ impl StreamFold for StreamState {
                 }
             }
         }
-        Ok(())
+        Ok(content)
     }
 
     fn is_over(&self) -> bool {
@@ -346,6 +370,39 @@ mod tests {
         assert_eq!(resp.usage.input_tokens, 50);
         assert_eq!(resp.usage.cache_read_tokens, 10);
         assert_eq!(resp.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    #[test]
+    fn only_chunks_with_content_are_progress() {
+        let mut st = StreamState::default();
+        let r = request();
+        let mut apply = |data: &str| {
+            let ev = SseEvent {
+                event: String::new(),
+                data: data.to_string(),
+            };
+            st.apply(&ev, &r, None).unwrap()
+        };
+        for nothing in [
+            "",
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":""}}]}"#,
+            r#"{"choices":[]}"#,
+        ] {
+            assert!(!apply(nothing), "{nothing}");
+        }
+        for content in [
+            r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"add"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"hmm"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1}}"#,
+        ] {
+            assert!(apply(content), "{content}");
+        }
+        assert!(!apply("[DONE]"));
     }
 
     #[test]
