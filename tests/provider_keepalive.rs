@@ -4,7 +4,9 @@
 //! or events that carry nothing (an empty delta, Anthropic's `ping`), is
 //! killed `stalled` at the run's stall bound — `first_token_timeout` before
 //! any content, `stall_timeout` after some — not kept alive to its hard
-//! deadline. Events with content still are heartbeats.
+//! deadline. Events with content still are heartbeats. A stream cut so
+//! counts the tokens that arrived: the server's usage where it sent one
+//! (Anthropic's `message_start`), else an estimate, marked `estimated`.
 //!
 //! Real sockets, so real time: the bounds are short (300 ms stall, 600 ms
 //! first token) against a hard deadline of seconds, and the assertions are
@@ -180,6 +182,15 @@ async fn keep_alives_after_some_text_are_a_stall() {
             assert_eq!(r.error_kind.as_deref(), Some("stalled"), "{case}");
             assert_eq!(r.output.as_deref(), Some("Hello"), "{case}");
             assert!(took < Duration::from_millis(2500), "{case}");
+            // The cut call is charged what arrived.
+            assert!(r.usage.output_tokens >= 1, "{case}");
+            assert!(r.usage.estimated, "{case}");
+            match wire {
+                // Reported in `message_start`.
+                Wire::Anthropic => assert_eq!(r.usage.input_tokens, 5, "{case}"),
+                // Estimated over the request ("hi").
+                Wire::OpenAi => assert!(r.usage.input_tokens >= 1, "{case}"),
+            }
         }
     }
 }

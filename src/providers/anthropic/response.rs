@@ -227,6 +227,9 @@ impl StreamFold for StreamState {
                 let s: StartEvent = serde_json::from_slice(data).map_err(parse_err)?;
                 if let Some(u) = s.message.usage {
                     self.usage.merge(u);
+                    if let Some(o) = &request.observer {
+                        o.usage(&self.usage.usage());
+                    }
                 }
                 false
             }
@@ -279,6 +282,9 @@ impl StreamFold for StreamState {
                 let d: MessageDelta = serde_json::from_slice(data).map_err(parse_err)?;
                 if let Some(u) = d.usage {
                     self.usage.merge(u);
+                    if let Some(o) = &request.observer {
+                        o.usage(&self.usage.usage());
+                    }
                 }
                 if let Some(reason) = d.delta.and_then(|d| d.stop_reason) {
                     self.stop_reason = Some(reason);

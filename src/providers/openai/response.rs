@@ -232,6 +232,10 @@ impl StreamFold for StreamState {
         let mut content = false;
         if let Some(u) = chunk.usage {
             self.usage = u.into_usage();
+            // A call cut after this is charged it (`CallObserver::usage`).
+            if let Some(o) = &request.observer {
+                o.usage(&self.usage);
+            }
             content = true;
         }
         for choice in chunk.choices {
