@@ -1,6 +1,6 @@
 //! A server that restarts after a crash, as processes: `agentvisor serve`
 //! recovers the durable runs of the server that died (unless
-//! `--no-recover`), and a durable
+//! `--no-recover`), keeps its chat sessions in the database, and a durable
 //! run parked for approval survives it all — `agentvisor recover` leaves
 //! it parked and returns at once, `runs approve|deny ID` against the
 //! database records a decision the next resume applies, and a restarted
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use support::cli::{agentvisor, command, ok_json};
+use support::loopback::{events_of, read_sse};
 use support::scratch::Scratch;
 use support::serving::Serving;
 
@@ -48,12 +49,21 @@ script:
   - { text: "done" }
 "#;
 
+const CHAT: &str = r#"
+name: chat
+model: scripted
+script:
+  - { text: "hello Ada" }
+  - { text: "your name is Ada" }
+"#;
+
 /// A scratch directory with the agents above in `agents/`.
 fn setup(name: &str) -> Scratch {
     let dir = Scratch::new(name);
     std::fs::create_dir_all(dir.path("agents")).unwrap();
     dir.file("agents/slow.yaml", SLOW);
     dir.file("agents/gated.yaml", GATED);
+    dir.file("agents/chat.yaml", CHAT);
     dir
 }
 
@@ -326,4 +336,64 @@ async fn a_durable_run_parked_for_approval_outlives_its_server_and_recover_does_
     let s = recover(&db).await;
     assert_eq!(s["resumed"], 0, "{s}");
     assert_eq!(s["awaiting_approval"], json!([]), "{s}");
+}
+
+/// Sends `text` to session `id` and reads the whole answer: the status,
+/// and the text of its `run.end` event.
+async fn say(s: &Serving, id: &str, text: &str) -> (u16, String) {
+    let resp = support::loopback::http_client()
+        .post(format!("{}/v1/sessions/{id}/messages", s.base))
+        .header("content-type", "application/json")
+        .body(json!({ "text": text }).to_string())
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    let events = events_of(&read_sse(resp, 10_000).await);
+    let end = events
+        .iter()
+        .find(|e| e["type"] == "run.end")
+        .cloned()
+        .unwrap_or_default();
+    (code, end["output"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_its_sessions() {
+    let dir = setup("serve-sessions");
+    let db = dir.path("serve.db");
+    let agents = dir.path("agents");
+
+    let first = Serving::start(&db, &agents, &[]);
+    let (code, v) = first
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({ "agent": "chat", "id": "ada", "on_busy": "wait" })),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    let (code, answer) = say(&first, "ada", "my name is Ada").await;
+    assert_eq!((code, answer.as_str()), (200, "hello Ada"));
+    first.stop().await;
+
+    let second = Serving::start(&db, &agents, &[]);
+    let (code, v) = second.call("GET", "/v1/sessions/ada", None).await;
+    assert_eq!(code, 200, "the session is still there: {v}");
+    assert_eq!(v["on_busy"], "wait", "{v}");
+    assert_eq!(v["prompts"], 1, "{v}");
+    let texts: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, vec!["my name is Ada", "hello Ada"], "{v}");
+    // The conversation goes on (the script too).
+    let (code, answer) = say(&second, "ada", "what is my name?").await;
+    assert_eq!((code, answer.as_str()), (200, "your name is Ada"));
+    let (_, v) = second.call("GET", "/v1/sessions/ada", None).await;
+    assert_eq!(v["prompts"], 2, "{v}");
+    assert_eq!(v["messages"].as_array().unwrap().len(), 4, "{v}");
+    second.stop().await;
 }

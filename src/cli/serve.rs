@@ -15,7 +15,9 @@
 //! unfinished runs of those hosts end on record, and a run parked for
 //! approval resumes parked, approvable through the API
 //! (`POST /v1/runs/{id}/approve|deny`, `agentvisor runs approve|deny
-//! --server`). `--no-recover` skips it.
+//! --server`). `--no-recover` skips it. Chat sessions live in the
+//! database with the runs (their history, state and `on_busy`), so a
+//! restarted server serves them on.
 //!
 //! Prints `listening on http://ADDR` once it accepts connections. Exit 2
 //! when the database, the agents, the tokens or the address are refused.
@@ -147,6 +149,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
                 .config(super::sqlite_config(path))
                 .audit_store(store.clone())
                 .checkpointer(store.clone())
+                .session_store(store.clone())
                 .budget_ledger(store.clone())
                 .build()
                 .await;
