@@ -55,7 +55,9 @@ mod recovery;
 
 pub use builder::{HostBuilder, HostError};
 pub use config::HostConfig;
-pub use recovery::{RecoverError, Recovery, MAX_RESUMES};
+pub use recovery::{
+    decide_on_record, ParkedRuns, RecordDecisionError, RecoverError, Recovery, MAX_RESUMES,
+};
 
 use admission::check_invocation;
 

@@ -91,8 +91,8 @@ pub use actors::critic::Fault;
 pub use agent::Agent;
 pub use handle::{ApprovalError, LiveState, PendingApproval, RunEvents, RunHandle, RunRef};
 pub use host::{
-    AgentSource, Host, HostBuilder, HostConfig, HostError, RecoverError, Recovery, SubmitError,
-    MAX_RESUMES,
+    decide_on_record, AgentSource, Host, HostBuilder, HostConfig, HostError, ParkedRuns,
+    RecordDecisionError, RecoverError, Recovery, SubmitError, MAX_RESUMES,
 };
 pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};

@@ -44,7 +44,9 @@
 //! - **One prompt at a time.** A second prompt while one runs waits for it
 //!   ([`OnBusy::Wait`], the default) or is refused at once with
 //!   `session_busy` ([`OnBusy::Refuse`], per handle:
-//!   [`Session::on_busy`]). The gate is per host: two processes prompting
+//!   [`Session::on_busy`]). A rule can also be kept with the session in
+//!   its store ([`Session::keep_on_busy`]) for a host that serves it (the
+//!   HTTP server applies it to every message). The gate is per host: two processes prompting
 //!   one session of a shared store at once are caught by the store's
 //!   sequence check (`session_store`, the second answer is not kept).
 //! - **A started prompt finishes.** Dropping the future of
@@ -84,15 +86,7 @@ use table::SessionInner;
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_LEN: usize = 128;
 
-/// What a prompt does when another prompt of its session is running.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OnBusy {
-    /// Wait for it to end, then run (prompts run in the order they came).
-    #[default]
-    Wait,
-    /// Refuse at once with [`SessionError::Busy`] (`session_busy`).
-    Refuse,
-}
+pub use crate::ports::session::OnBusy;
 
 /// How [`Host::open_session`] opens a session.
 #[derive(Clone, Debug, Default)]
@@ -271,6 +265,7 @@ impl Host {
                     model_calls: 0,
                     usage: Default::default(),
                     last_run_id: None,
+                    on_busy: None,
                 };
                 match table.store.create(&meta).await {
                     Ok(()) => meta,
@@ -389,6 +384,25 @@ impl Session {
             .get(&inner.id)
             .await?
             .ok_or_else(|| SessionError::NotFound(inner.id.clone()))
+    }
+
+    /// Keeps `on_busy` with the session in its store
+    /// ([`SessionMeta::on_busy`]), for whoever serves it: the HTTP server
+    /// applies it to every message (a library handle keeps its own rule,
+    /// [`Session::on_busy`]). A change waits for a prompt in flight to end
+    /// (its end rewrites the metadata).
+    pub async fn keep_on_busy(&self, on_busy: Option<OnBusy>) -> Result<(), SessionError> {
+        if self.meta().await?.on_busy == on_busy {
+            return Ok(());
+        }
+        let _gate = self.inner.gate.clone().lock_owned().await;
+        let mut meta = self.meta().await?;
+        if meta.on_busy != on_busy {
+            meta.on_busy = on_busy;
+            meta.updated_at = unix_ms().max(meta.updated_at);
+            self.inner.store.update(&meta).await?;
+        }
+        Ok(())
     }
 
     /// The session's history (user and assistant turns, in order).

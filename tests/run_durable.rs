@@ -1,7 +1,8 @@
 //! Durable runs: a checkpoint after every step, cleared with the terminal
 //! record, kept by a shutdown; `Host::recover` resumes what an earlier host
 //! left, ends crash loops, and gives every interrupted run exactly one
-//! terminal record.
+//! terminal record. A run parked for approval is kept parked across
+//! hosts, with its decisions, and takes those recorded meanwhile.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -15,7 +16,9 @@ use agentvisor::ports::checkpoint::{
 };
 use agentvisor::ports::model::Role;
 use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer};
-use agentvisor::{Invocation, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES};
+use agentvisor::{
+    decide_on_record, Invocation, ParkedRuns, RecoverError, RunEvent, RunId, RunStatus, MAX_RESUMES,
+};
 use async_trait::async_trait;
 use support::{audited_events, builder, records, spec, terminal_count, RecordingModel};
 use tokio::sync::Notify;
@@ -319,6 +322,7 @@ fn checkpoint(run_id: RunId, resumes: u32) -> Checkpoint {
         resumes,
         started_at: 1,
         saved_at: 1,
+        parked: None,
     }
 }
 
@@ -557,4 +561,158 @@ async fn a_resumed_run_is_not_charged_again_for_its_earlier_calls() {
         spent.cost_micros, uninterrupted.cost_micros,
         "the caller paid once for each call"
     );
+}
+
+/// A durable run whose first turn calls two gated tools: it parks until
+/// both are decided (an hour at most).
+const GATED: &str = r#"
+name: gated
+model: recorded
+durable: true
+prompt: go
+tools: [add, upper]
+approval: [add, upper]
+limits: { approval_timeout: 1h, max_runtime: 10m, stall_timeout: 5m }
+script:
+  - { tools: [ { tool: add, args: { a: 2, b: 3 } }, { tool: upper, args: { text: hi } } ] }
+  - { text: "done" }
+"#;
+
+/// Submits GATED on a host of `stores`, lets an operator approve its
+/// `upper` call, and shuts the host down with the `add` call still
+/// waiting: the run's id.
+async fn parked_with_one_decision(stores: &Stores) -> RunId {
+    let (host, model) = stores.host(GATED).await;
+    let handle = host
+        .submit(spec(GATED), Invocation::default())
+        .await
+        .unwrap();
+    let run_id = handle.run_id();
+    let saved = stores
+        .saved_when(|all| all.iter().any(|c| c.parked.is_some()))
+        .await;
+    let parked = saved[0].parked.clone().unwrap();
+    let waiting: Vec<&str> = parked.waiting.iter().map(|w| &*w.call_id).collect();
+    assert_eq!(waiting, vec!["call_0_0", "call_0_1"]);
+    assert_eq!(saved[0].iteration, 1, "saved with the turn that asks");
+    handle.run_ref().approve(Some("call_0_1")).unwrap();
+    // The decision is saved with the turn: it survives the host.
+    stores
+        .saved_when(|all| {
+            all.iter()
+                .any(|c| c.parked.as_ref().is_some_and(|p| p.decisions.len() == 1))
+        })
+        .await;
+    host.shutdown().await;
+    let suspended = handle.await;
+    assert_eq!(suspended.error_kind.as_deref(), Some("shutdown"));
+    assert_eq!(model.calls(), 1);
+    run_id
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_run_is_left_parked_and_goes_on_with_a_decision_recorded_meanwhile() {
+    let stores = Stores::new();
+    let run_id = parked_with_one_decision(&stores).await;
+
+    // Nobody to decide: left parked, not resumed, not ended.
+    let (second, second_model) = stores.host(GATED).await;
+    let recovery = second.recover_with(ParkedRuns::Leave).await.unwrap();
+    assert_eq!(recovery.awaiting_approval, vec![run_id]);
+    assert!(recovery.resumed.is_empty());
+    second.shutdown().await;
+    assert_eq!(second_model.calls(), 0);
+    assert_eq!(terminal_count(&records(&stores.audit, run_id).await), 0);
+    assert_eq!(stores.saved().await.len(), 1, "kept on record");
+
+    // A decision recorded on the checkpoint.
+    let checkpoints = stores.checkpoints.as_ref();
+    let unknown = decide_on_record(checkpoints, run_id, Some("call_9_9"), true, None).await;
+    assert_eq!(unknown.unwrap_err().kind(), "unknown_call");
+    let decided = decide_on_record(checkpoints, run_id, None, false, Some("no".into()))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = decided.iter().map(|w| &*w.call_id).collect();
+    assert_eq!(ids, vec!["call_0_0"], "the call still waiting");
+    let again = decide_on_record(checkpoints, run_id, None, true, None).await;
+    assert_eq!(again.unwrap_err().kind(), "not_awaiting_approval");
+
+    // Nothing waits: the next recovery resumes it, and it goes on with
+    // both decisions, without asking the model for that turn again.
+    let (third, third_model) = stores.host(GATED).await;
+    let recovery = third.recover_with(ParkedRuns::Leave).await.unwrap();
+    assert!(recovery.awaiting_approval.is_empty());
+    let result = recovery.resumed.into_iter().next().unwrap().await;
+    assert_eq!(result.status, RunStatus::Ok, "{result:?}");
+    let steps: Vec<(&str, bool, Option<&str>)> = result
+        .steps
+        .iter()
+        .map(|s| (&*s.tool, s.ok, s.error.as_deref()))
+        .collect();
+    assert_eq!(
+        steps,
+        vec![
+            (
+                "add",
+                false,
+                Some("approval_denied: denied by operator: no")
+            ),
+            ("upper", true, None),
+        ]
+    );
+    assert_eq!(third_model.calls(), 1, "only the answer after the turn");
+    third.shutdown().await;
+    assert!(stores.saved().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_that_stays_up_resumes_a_parked_run_parked_and_approvable() {
+    let stores = Stores::new();
+    let run_id = parked_with_one_decision(&stores).await;
+    for _ in 0..MAX_RESUMES + 1 {
+        // Waiting is not crashing: resumed parked again and again, it never
+        // ends in a crash loop.
+        let (host, model) = stores.host(GATED).await;
+        let recovery = host.recover().await.unwrap();
+        assert_eq!(recovery.crash_loops, Vec::<RunId>::new());
+        let handle = recovery.resumed.into_iter().next().unwrap();
+        let run = handle.run_ref();
+        stores
+            .saved_when(|all| all.iter().any(|c| c.resumes == 0 && c.parked.is_some()))
+            .await;
+        let waiting: Vec<String> = run
+            .pending_approvals()
+            .iter()
+            .map(|p| p.call_id.to_string())
+            .collect();
+        assert_eq!(
+            waiting,
+            vec!["call_0_0"],
+            "the decided call is not asked again"
+        );
+        assert_eq!(model.calls(), 0);
+        host.shutdown().await;
+        let _ = handle.await;
+    }
+    let (host, model) = stores.host(GATED).await;
+    let handle = host
+        .recover()
+        .await
+        .unwrap()
+        .resumed
+        .into_iter()
+        .next()
+        .unwrap();
+    assert_eq!(handle.run_id(), run_id);
+    let run = handle.run_ref();
+    stores
+        .saved_when(|all| all.iter().any(|c| c.resumes == 0 && c.parked.is_some()))
+        .await;
+    let decided = run.approve(None).unwrap();
+    assert_eq!(decided.len(), 1);
+    let result = handle.await;
+    assert_eq!(result.status, RunStatus::Ok, "{result:?}");
+    assert!(result.steps.iter().all(|s| s.ok), "{result:?}");
+    assert_eq!(model.calls(), 1);
+    host.shutdown().await;
 }

@@ -104,6 +104,7 @@ fn meta(id: &str, updated_at: u64) -> SessionMeta {
         model_calls: 0,
         usage: Default::default(),
         last_run_id: None,
+        on_busy: None,
     }
 }
 

@@ -185,6 +185,7 @@ fn durable_checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoin
         resumes: 0,
         started_at: 1,
         saved_at: 2,
+        parked: None,
     }
 }
 

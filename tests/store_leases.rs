@@ -489,5 +489,6 @@ fn checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoint {
         resumes: 0,
         started_at: 1,
         saved_at: 2,
+        parked: None,
     }
 }

@@ -668,6 +668,7 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
         resumes: 0,
         started_at: 10,
         saved_at: 20 + u64::from(iteration),
+        parked: None,
     };
     let (a, b) = (RunId::new(), RunId::new());
     let lease = agentvisor::ports::checkpoint::Lease {
@@ -879,6 +880,7 @@ fn insert_old_checkpoint(conn: &rusqlite::Connection, id: RunId) {
         resumes: 0,
         started_at: 1,
         saved_at: 2,
+        parked: None,
     };
     // The manifest and the invocation were nested as the same objects.
     let mut state = serde_json::to_value(&now).unwrap();

@@ -66,7 +66,7 @@ use crate::agent::Agent;
 use crate::compaction::{self, Compaction, Due};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
-use crate::ports::checkpoint::{Checkpoint, EncodedJson};
+use crate::ports::checkpoint::{Checkpoint, EncodedJson, ParkedCalls};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, CallOptions, ChatRequest, ChatResponse, DeltaSink, Message, ModelError,
@@ -284,6 +284,9 @@ pub struct RunState {
     pub(crate) watch: Watched,
     /// A turn waiting for an operator's approval (see `approval`).
     parked: Option<Box<approval::ParkedTurn>>,
+    /// A resumed run that was parked for approval when it was saved: its
+    /// first step dispatches that turn again (see `approval`).
+    resumed_turn: Option<Box<ParkedCalls>>,
     span: tracing::Span,
 }
 
@@ -358,6 +361,11 @@ impl RunState {
             retry: None,
             observer: None,
             parked: None,
+            resumed_turn: args
+                .resumed
+                .as_ref()
+                .and_then(|c| c.parked.clone())
+                .map(Box::new),
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -481,6 +489,12 @@ impl RunState {
     }
 
     pub(crate) fn next_step(&mut self) {
+        // A resumed run that was parked goes back to its parked turn.
+        if let Some(parked) = self.resumed_turn.take() {
+            if self.resume_parked(*parked) {
+                return;
+            }
+        }
         // Budget (see `actors::budget`): limits checked, tokens reserved.
         let mut room = None;
         if let Some(t) = &mut self.ticket {
@@ -741,7 +755,7 @@ impl RunState {
         }
         // The calls start (each polled once in place) before the assistant
         // message takes them into the transcript: no copy of the list.
-        let ready = self.dispatch_tools(&resp.tool_calls);
+        let ready = self.dispatch_tools(&resp.tool_calls, &[]);
         self.transcript_mut().push(Message {
             role: Role::Assistant,
             content: resp.text,
@@ -751,6 +765,9 @@ impl RunState {
         });
         if let Some(outcomes) = ready {
             self.tools_done(outcomes);
+        } else if self.parked.is_some() {
+            // Parked: saved with the turn, so a resumed run waits again.
+            self.checkpoint();
         }
     }
 
@@ -821,9 +838,12 @@ impl RunState {
             usage: usage.0,
             cost_micros: Some(usage.1),
             critic,
-            resumes: d.resumes,
+            // A run parked for approval is at rest, not crashing: its
+            // resumes no longer count toward a crash loop.
+            resumes: if self.parked.is_some() { 0 } else { d.resumes },
             started_at: d.started_at,
             saved_at: unix_ms(),
+            parked: self.parked_calls(),
         };
         let _ = self.audit.cast(AuditMsg::Checkpoint {
             checkpoint: Box::new(checkpoint),

@@ -4,6 +4,18 @@
 //! interrupted run on record, so each run in the database has exactly one
 //! terminal record. Prints what it did (`--json`: one object).
 //!
+//! Runs parked for approval: nobody can decide here, so a run that was
+//! parked and still waits is left parked on record (its checkpoint kept)
+//! and listed as `awaiting_approval`, and a resumed run that parks on a
+//! gated call is no longer waited for: the command returns, and the run
+//! is kept parked on record the same way. Decide with `agentvisor runs
+//! approve|deny ID` against the database (then `recover` again resumes
+//! it), or start `agentvisor serve` on it (which resumes it, approvable
+//! through its API).
+//!
+//! [`at_start`] is the recovery `serve` runs when it starts, the same
+//! call with parked runs resumed (the server's operators decide them).
+//!
 //! Exit 0 once recovery is done, whatever the resumed runs' statuses (they
 //! are in the summary and in `agentvisor runs`); 1 when the stores cannot
 //! be read or records could not be written; 2 when the database cannot be
@@ -16,7 +28,7 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 
-use agentvisor::RunId;
+use agentvisor::{Host, ParkedRuns, RunEvent, RunHandle, RunId, RunStatus};
 
 /// Flags of `agentvisor recover`.
 #[derive(Args, Debug)]
@@ -37,6 +49,83 @@ struct Summary {
     interrupted: Vec<RunId>,
     /// Durable runs another live host holds (not resumed here).
     leased: Vec<RunId>,
+    /// Durable runs parked for approval, kept parked on record: left so,
+    /// or resumed and parked again on a gated call.
+    awaiting_approval: Vec<RunId>,
+}
+
+/// Recovery at a host's start (`recover`, `serve`): [`Host::recover_with`]
+/// on the host's stores, its failure printed (exit 1).
+pub(crate) async fn at_start(
+    host: &Host,
+    path: &std::path::Path,
+    parked: ParkedRuns,
+) -> Result<agentvisor::Recovery, ExitCode> {
+    host.recover_with(parked).await.map_err(|e| {
+        errln!("error: cannot recover from {}: {e}", path.display());
+        ExitCode::from(1)
+    })
+}
+
+/// One line on what a recovery did (`serve` prints it at its start).
+pub(crate) fn summary_line(r: &agentvisor::Recovery) -> String {
+    format!(
+        "recovered: {} run(s) resumed; {} already finished; {} crash loop(s); {} unrecoverable; {} interrupted (not durable); {} held by a live host; {} awaiting approval",
+        r.resumed.len(),
+        r.already_finished.len(),
+        r.crash_loops.len(),
+        r.unrecoverable.len(),
+        r.interrupted.len(),
+        r.leased.len(),
+        r.awaiting_approval.len()
+    )
+}
+
+/// How a resumed run's wait ended.
+enum Waited {
+    /// It ended, with this status.
+    Ended(RunStatus),
+    /// It parked for approval (its handle is let go: the host's shutdown
+    /// keeps it parked on record).
+    Parked(RunId),
+}
+
+/// Waits for a resumed run to end, or to park for approval (nobody here
+/// decides: waiting would last its `approval_timeout`).
+async fn until_ended_or_parked(mut handle: RunHandle) -> Waited {
+    let run = handle.run_ref();
+    let mut events = handle.subscribe();
+    let parked = async {
+        // The stream starts with the records of the run before it was
+        // resumed (an old request among them): what counts comes after
+        // `run.resumed`, and only while a call does wait.
+        let mut resumed = false;
+        while let Some(ev) = events.next().await {
+            match ev.event {
+                RunEvent::Resumed { .. } => resumed = true,
+                RunEvent::ApprovalRequested { .. }
+                    if resumed && !run.pending_approvals().is_empty() =>
+                {
+                    return;
+                }
+                _ => {}
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    let ended = tokio::select! {
+        biased;
+        result = &mut handle => Some(result),
+        () = parked => None,
+    };
+    match ended {
+        Some(result) => Waited::Ended(result.status),
+        None => {
+            // Dropped unfinished, a handle cancels its run.
+            handle.detach();
+            Waited::Parked(run.run_id())
+        }
+    }
 }
 
 pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
@@ -62,12 +151,11 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
         Ok(h) => h,
         Err(code) => return code,
     };
-    let recovery = match host.recover().await {
+    let recovery = match at_start(&host, path, ParkedRuns::Leave).await {
         Ok(r) => r,
-        Err(e) => {
-            errln!("error: cannot recover from {}: {e}", path.display());
+        Err(code) => {
             host.shutdown().await;
-            return ExitCode::from(1);
+            return code;
         }
     };
     let mut summary = Summary {
@@ -78,10 +166,16 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
         unrecoverable: recovery.unrecoverable,
         interrupted: recovery.interrupted,
         leased: recovery.leased,
+        awaiting_approval: recovery.awaiting_approval,
     };
-    let results = futures_util::future::join_all(recovery.resumed).await;
-    for r in &results {
-        *summary.by_status.entry(r.status.to_string()).or_default() += 1;
+    let waits = recovery.resumed.into_iter().map(until_ended_or_parked);
+    for waited in futures_util::future::join_all(waits).await {
+        match waited {
+            Waited::Ended(status) => {
+                *summary.by_status.entry(status.to_string()).or_default() += 1;
+            }
+            Waited::Parked(run_id) => summary.awaiting_approval.push(run_id),
+        }
     }
     let stats = host.shutdown().await;
     let lost = super::report_unwritten(&host, &stats);
@@ -89,16 +183,20 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
         outln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     } else {
         outln!(
-            "resumed {} run(s); {} already finished; {} crash loop(s); {} unrecoverable; {} interrupted (not durable); {} held by a live host",
+            "resumed {} run(s); {} already finished; {} crash loop(s); {} unrecoverable; {} interrupted (not durable); {} held by a live host; {} awaiting approval",
             summary.resumed,
             summary.already_finished,
             summary.crash_loop.len(),
             summary.unrecoverable.len(),
             summary.interrupted.len(),
-            summary.leased.len()
+            summary.leased.len(),
+            summary.awaiting_approval.len()
         );
         for (status, n) in &summary.by_status {
             outln!("  {status}: {n}");
+        }
+        for run_id in &summary.awaiting_approval {
+            outln!("  awaiting approval: {run_id} (agentvisor runs approve|deny {run_id})");
         }
     }
     if lost {

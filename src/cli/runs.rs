@@ -17,6 +17,13 @@
 //!   "children": […]}]}`. Finished runs only (the database has no other).
 //! - `runs kill|steer|extend|cancel|approve|deny RUN_ID`: commands to a
 //!   run in flight; they need `--server` (sent by `super::client`).
+//! - `runs approve|deny RUN_ID [--call ID] [--reason R]` without
+//!   `--server`: a durable run parked for approval that no host runs (its
+//!   process ended, `recover` left it parked) gets the decision recorded
+//!   in the database; the next host to resume it (`recover`, or `serve`
+//!   at its start) applies it. Exit 1 when the run is not parked on
+//!   record, has no such waiting call, or a live host holds it (decide
+//!   through that server then).
 //!
 //! Exit codes: 0 on success; 1 when `show` finds no such run; 2 when the
 //! database is missing or cannot be opened, `--db :memory:` (which keeps no
@@ -150,10 +157,15 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
 }
 
 pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
-    if let RunsCommand::Control(_) = a.command {
-        return super::refuse(
-            "a run in flight lives in its server's process: give --server URL (or AGENTVISOR_URL)",
-        );
+    if let RunsCommand::Control(c) = a.command {
+        return match c {
+            ControlCommand::Approve { .. } | ControlCommand::Deny { .. } => {
+                decide_on_record(c, db).await
+            }
+            _ => super::refuse(
+                "a run in flight lives in its server's process: give --server URL (or AGENTVISOR_URL)",
+            ),
+        };
     }
     let path = match db {
         Db::Memory => {
@@ -172,6 +184,56 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
     };
     store.close().await;
     code
+}
+
+/// `runs approve|deny ID` against the database: the decision is recorded
+/// on the parked run's checkpoint (see the module doc).
+async fn decide_on_record(c: ControlCommand, db: &Db) -> ExitCode {
+    let (run_id, call, approve, reason) = match c {
+        ControlCommand::Approve { run_id, call } => (run_id, call, true, None),
+        ControlCommand::Deny {
+            run_id,
+            call,
+            reason,
+        } => (run_id, call, false, reason),
+        _ => return ExitCode::from(2),
+    };
+    let path = match db {
+        Db::Memory => {
+            return super::refuse(
+                "--db :memory: keeps no parked run: name a database file, or give --server URL",
+            )
+        }
+        Db::File(p) => p,
+    };
+    let id = match parse_run_id(&run_id) {
+        Ok(id) => id,
+        Err(code) => return code,
+    };
+    let store = match super::open_existing_db(path).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let decided = agentvisor::decide_on_record(&store, id, call.as_deref(), approve, reason).await;
+    store.close().await;
+    let action = if approve { "approve" } else { "deny" };
+    match decided {
+        Ok(calls) => {
+            outln!("{action}: recorded for run {id}; it applies when the run is resumed (agentvisor recover, or serve)");
+            for c in calls {
+                outln!("  {} {}({})", c.call_id, c.tool, c.arguments);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ agentvisor::RecordDecisionError::HeldBy { .. }) => {
+            errln!("error: {e} (give --server URL)");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            errln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// A run id as the user gave it (32 hex digits), or the refusal.

@@ -8,6 +8,17 @@
 //! the runs in flight finish for `--drain`, then end the rest `cancelled`
 //! (durable runs keep their checkpoint for `agentvisor recover`); exit 0.
 //!
+//! At its start, on a database file, it recovers as `agentvisor recover`
+//! does (the same call, `super::recover::at_start`) before it accepts a
+//! request: the durable runs whose hosts are gone (their leases expired,
+//! or their process ended on this machine) resume here, the other
+//! unfinished runs of those hosts end on record, and a run parked for
+//! approval resumes parked, approvable through the API
+//! (`POST /v1/runs/{id}/approve|deny`, `agentvisor runs approve|deny
+//! --server`). `--no-recover` skips it. Chat sessions live in the
+//! database with the runs (their history, state and `on_busy`), so a
+//! restarted server serves them on.
+//!
 //! Prints `listening on http://ADDR` once it accepts connections. Exit 2
 //! when the database, the agents, the tokens or the address are refused.
 
@@ -51,6 +62,10 @@ pub(crate) struct ServeArgs {
     /// Event-stream subscribers per run.
     #[arg(long, default_value_t = 64)]
     max_subscribers: usize,
+    /// Do not recover at start: the durable runs an earlier process left
+    /// stay on record for `agentvisor recover`.
+    #[arg(long)]
+    no_recover: bool,
 }
 
 /// Flags of `agentvisor token`.
@@ -134,13 +149,32 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
                 .config(super::sqlite_config(path))
                 .audit_store(store.clone())
                 .checkpointer(store.clone())
+                .session_store(store.clone())
                 .budget_ledger(store.clone())
                 .build()
                 .await;
-            match host {
-                Ok(h) => (h, store),
+            let host = match host {
+                Ok(h) => h,
                 Err(e) => return super::refuse(e),
+            };
+            // Before any run is submitted (recovery runs once, at boot).
+            if !a.no_recover {
+                let parked = agentvisor::ParkedRuns::Resume;
+                match super::recover::at_start(&host, path, parked).await {
+                    Ok(recovery) => {
+                        eprintln!("{}", super::recover::summary_line(&recovery));
+                        // They go on here; a dropped handle would cancel them.
+                        for run in recovery.resumed {
+                            run.detach();
+                        }
+                    }
+                    Err(code) => {
+                        host.shutdown().await;
+                        return code;
+                    }
+                }
             }
+            (host, store)
         }
     };
     let config = ServerConfig {
@@ -165,6 +199,9 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
         }
     };
     let local = listener.local_addr().unwrap_or(a.addr);
+    // Caught from before the line that says it serves: a SIGTERM sent as
+    // soon as it is read drains too.
+    let signals = Signals::install();
     println!("listening on http://{local}");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = {
@@ -178,7 +215,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
                 .await
         })
     };
-    wait_for_stop(&server, &a).await;
+    signals.wait_for_stop(&server, &a).await;
     // Stop accepting; refuse new runs; let the runs in flight finish.
     server.start_draining();
     let _ = stop_tx.send(());
@@ -202,35 +239,57 @@ fn load(server: &Server, a: &ServeArgs) -> Result<(), ExitCode> {
     Ok(())
 }
 
-/// Waits for SIGTERM or Ctrl-C, reloading on SIGHUP meanwhile.
-#[cfg(unix)]
-async fn wait_for_stop(server: &Server, a: &ServeArgs) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = tokio::signal::ctrl_c() => return,
-            _ = hup.recv() => {
-                if load(server, a).is_ok() {
-                    eprintln!("reloaded: {} agents", server_agents(server));
-                } else {
-                    eprintln!("reload refused; the previous agents and tokens stay");
+/// The signals `serve` stops (SIGTERM, Ctrl-C) and reloads on (SIGHUP).
+struct Signals {
+    #[cfg(unix)]
+    caught: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    /// Catches them from now on.
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let caught = match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::hangup()),
+            ) {
+                (Ok(term), Ok(hup)) => Some((term, hup)),
+                _ => None,
+            };
+            Signals { caught }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// Waits for SIGTERM or Ctrl-C, reloading on SIGHUP meanwhile.
+    #[cfg(unix)]
+    async fn wait_for_stop(self, server: &Server, a: &ServeArgs) {
+        let Some((mut term, mut hup)) = self.caught else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => return,
+                _ = tokio::signal::ctrl_c() => return,
+                _ = hup.recv() => {
+                    if load(server, a).is_ok() {
+                        eprintln!("reloaded: {} agents", server_agents(server));
+                    } else {
+                        eprintln!("reload refused; the previous agents and tokens stay");
+                    }
                 }
             }
         }
     }
-}
 
-#[cfg(not(unix))]
-async fn wait_for_stop(_server: &Server, _a: &ServeArgs) {
-    let _ = tokio::signal::ctrl_c().await;
+    #[cfg(not(unix))]
+    async fn wait_for_stop(self, _server: &Server, _a: &ServeArgs) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 fn server_agents(server: &Server) -> usize {

@@ -3,7 +3,8 @@
 //! - `sessions list [--limit N] [--json]`: sessions, the most recently
 //!   updated first; `--json` prints one array of session metadata (`id`,
 //!   `agent`, `state`, `caller_id`, `created_at`, `updated_at`, `prompts`,
-//!   `messages`, `model_calls`, `usage`, `last_run_id`; the stored manifest
+//!   `messages`, `model_calls`, `usage`, `last_run_id`, and `on_busy` when
+//!   the session keeps one (a server's); the stored manifest
 //!   is left out).
 //! - `sessions show ID [--json]`: the session's metadata, then its history
 //!   in order; `--json` prints `{"session": …, "messages": [{"seq", "role",

@@ -397,6 +397,7 @@ impl Host {
                     resumes: 0,
                     started_at: d.started_at,
                     saved_at: unix_ms(),
+                    parked: None,
                 },
             }));
             Some(d)

@@ -3,9 +3,37 @@
 //! checkpoints (whose manifest and invocation are decoded here: the port
 //! keeps them as JSON); the unfinished runs of hosts that are gone end
 //! with one terminal record each; the runs of live hosts are left to them.
+//!
+//! Runs parked for approval ([`ParkedCalls`]): a host that stays up with
+//! an operator (`agentvisor serve`) resumes them, and they wait again,
+//! approvable there ([`ParkedRuns::Resume`]); a host about to exit with
+//! nobody to decide (`agentvisor recover`) leaves them parked on record,
+//! checkpoint and lease-free, and lists them ([`ParkedRuns::Leave`]).
+//! A decision on such a run is recorded on its checkpoint
+//! ([`decide_on_record`]: `agentvisor runs approve|deny ID` against the
+//! database); once no call of its turn waits, the next `recover` resumes
+//! it and the decisions apply.
 
 #[allow(unused_imports)]
 use super::*;
+
+use crate::ports::checkpoint::{CallDecision, CheckpointError, ParkedCalls, WaitingCall};
+
+/// What [`Host::recover_with`] does with a durable run that was parked
+/// for approval and still waits for a decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParkedRuns {
+    /// Resume it: it parks again on this host, approvable
+    /// ([`RunRef::approve`](crate::RunRef::approve)); for a host that
+    /// stays up (a server).
+    #[default]
+    Resume,
+    /// Leave it parked on record (checkpoint and decisions kept), listed
+    /// in [`Recovery::awaiting_approval`]; for a host about to exit with
+    /// nobody to decide.
+    Leave,
+}
 
 /// How many times `recover` resumes one run at most; a run interrupted
 /// again after that ends `error`/`crash_loop`.
@@ -29,6 +57,9 @@ pub struct Recovery {
     /// Runs another live host runs, left to it: durable runs whose lease it
     /// holds, and unfinished runs of a host whose host lease is live.
     pub leased: Vec<RunId>,
+    /// Runs parked for approval, still waiting for a decision, left parked
+    /// on record ([`ParkedRuns::Leave`]).
+    pub awaiting_approval: Vec<RunId>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -40,6 +71,7 @@ impl std::fmt::Debug for Recovery {
             .field("unrecoverable", &self.unrecoverable.len())
             .field("interrupted", &self.interrupted.len())
             .field("leased", &self.leased.len())
+            .field("awaiting_approval", &self.awaiting_approval.len())
             .finish()
     }
 }
@@ -90,7 +122,18 @@ impl Host {
     /// otherwise it must expire first ([`HostConfig::lease_ttl`]). A
     /// terminal record still in the spool (`HostConfig::audit_spool`)
     /// counts as finished.
+    ///
+    /// A run parked for approval is resumed too and waits again
+    /// ([`ParkedRuns::Resume`]; see [`recover_with`](Self::recover_with)).
     pub async fn recover(&self) -> Result<Recovery, RecoverError> {
+        self.recover_with(ParkedRuns::Resume).await
+    }
+
+    /// [`recover`](Self::recover), with the runs parked for approval that
+    /// still wait for a decision resumed or left parked on record as
+    /// `parked` says. A parked run every call of whose turn is decided
+    /// (see [`decide_on_record`]) is resumed either way, and goes on.
+    pub async fn recover_with(&self, parked: ParkedRuns) -> Result<Recovery, RecoverError> {
         let h = &self.inner;
         if h.booted.swap(true, Ordering::AcqRel) {
             return Err(RecoverError::NotAtBoot);
@@ -129,6 +172,13 @@ impl Host {
                     cleared.push(c.run_id);
                 }
                 out.already_finished.push(c.run_id);
+                continue;
+            }
+            // Nobody here to decide: it stays parked on record (its lease
+            // is released with this host's).
+            let waits = c.parked.as_ref().is_some_and(ParkedCalls::is_waiting);
+            if waits && parked == ParkedRuns::Leave {
+                out.awaiting_approval.push(c.run_id);
                 continue;
             }
             let next_seq = records
@@ -328,4 +378,144 @@ impl Host {
             durable: true,
         });
     }
+}
+
+/// Why [`decide_on_record`] recorded nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordDecisionError {
+    /// No checkpoint of the run is parked for approval with calls waiting
+    /// (it finished, is not durable, or waits for nothing).
+    #[error("run {0} is not parked for approval on record")]
+    NotParked(RunId),
+    /// The run's parked turn has no waiting call with this id.
+    #[error("run {run_id} awaits no approval of call `{call_id}`")]
+    UnknownCall {
+        /// The run.
+        run_id: RunId,
+        /// The call id given.
+        call_id: String,
+    },
+    /// A live host runs it: decide there (its server's API).
+    #[error("run {run_id} is held by a live host ({owner}): decide through its server")]
+    HeldBy {
+        /// The run.
+        run_id: RunId,
+        /// The host holding it.
+        owner: String,
+    },
+    /// The checkpoints could not be read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+impl RecordDecisionError {
+    /// A stable snake_case kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RecordDecisionError::NotParked(_) => "not_awaiting_approval",
+            RecordDecisionError::UnknownCall { .. } => "unknown_call",
+            RecordDecisionError::HeldBy { .. } => "held_by_live_host",
+            RecordDecisionError::Checkpoint(_) => "checkpoint_unavailable",
+        }
+    }
+}
+
+/// Records an operator's decision on a durable run parked for approval
+/// that no host runs (its checkpoint is on file, its lease free or its
+/// host gone): on call `call_id` of its parked turn, or on every waiting
+/// call (`None`). The calls decided leave the waiting list and their
+/// decisions are kept with the checkpoint, under a lease taken for the
+/// write and released after it; the next host to resume the run (a
+/// server at its start, or `recover` once nothing waits) applies them.
+/// Returns the calls decided.
+///
+/// A run a live host holds is refused ([`RecordDecisionError::HeldBy`]):
+/// it is decided through that host ([`RunRef::approve`](crate::RunRef::approve)).
+pub async fn decide_on_record(
+    checkpointer: &dyn Checkpointer,
+    run_id: RunId,
+    call_id: Option<&str>,
+    approve: bool,
+    reason: Option<String>,
+) -> Result<Vec<WaitingCall>, RecordDecisionError> {
+    let parked_of = |c: &Checkpoint| c.parked.as_ref().is_some_and(ParkedCalls::is_waiting);
+    let find = |all: Vec<Checkpoint>| all.into_iter().find(|c| c.run_id == run_id);
+    if !find(checkpointer.load_all().await?).is_some_and(|c| parked_of(&c)) {
+        return Err(RecordDecisionError::NotParked(run_id));
+    }
+    let lease = Lease {
+        owner: lease_owner(),
+        ttl: Duration::from_secs(60),
+    };
+    match checkpointer.claim(run_id, &lease).await? {
+        Claim::Claimed => {}
+        Claim::Missing => return Err(RecordDecisionError::NotParked(run_id)),
+        Claim::HeldBy { owner, .. } => {
+            let retaken = owner_is_gone(&owner)
+                && checkpointer.release(&owner).await.is_ok()
+                && checkpointer.claim(run_id, &lease).await? == Claim::Claimed;
+            if !retaken {
+                return Err(RecordDecisionError::HeldBy { run_id, owner });
+            }
+        }
+    }
+    let decided = record_decision(checkpointer, &lease, run_id, call_id, approve, reason).await;
+    // The lease was only for this write.
+    let released = checkpointer.release(&lease.owner).await;
+    let decided = decided?;
+    released?;
+    Ok(decided)
+}
+
+/// The write of [`decide_on_record`], under `lease` (claimed): read again
+/// now that it is ours.
+async fn record_decision(
+    checkpointer: &dyn Checkpointer,
+    lease: &Lease,
+    run_id: RunId,
+    call_id: Option<&str>,
+    approve: bool,
+    reason: Option<String>,
+) -> Result<Vec<WaitingCall>, RecordDecisionError> {
+    let mut c = checkpointer
+        .load_all()
+        .await?
+        .into_iter()
+        .find(|c| c.run_id == run_id)
+        .ok_or(RecordDecisionError::NotParked(run_id))?;
+    let Some(parked) = c.parked.as_mut().filter(|p| p.is_waiting()) else {
+        return Err(RecordDecisionError::NotParked(run_id));
+    };
+    let (decided, waiting): (Vec<WaitingCall>, Vec<WaitingCall>) = parked
+        .waiting
+        .drain(..)
+        .partition(|w| call_id.is_none_or(|id| *w.call_id == *id));
+    parked.waiting = waiting;
+    if decided.is_empty() {
+        return Err(RecordDecisionError::UnknownCall {
+            run_id,
+            call_id: call_id.unwrap_or_default().chars().take(128).collect(),
+        });
+    }
+    let at_ms = unix_ms();
+    let reason = reason.filter(|r| !r.trim().is_empty());
+    parked
+        .decisions
+        .extend(decided.iter().map(|w| CallDecision {
+            call_id: w.call_id.clone(),
+            approve,
+            reason: reason.clone(),
+            by: "operator".to_string(),
+            at_ms,
+        }));
+    c.saved_at = at_ms.max(c.saved_at);
+    let lost = checkpointer.save(std::slice::from_ref(&c), lease).await?;
+    if !lost.is_empty() {
+        return Err(RecordDecisionError::HeldBy {
+            run_id,
+            owner: "another host".to_string(),
+        });
+    }
+    Ok(decided)
 }

@@ -140,6 +140,69 @@ pub struct Checkpoint {
     /// Unix ms of this save.
     #[serde(default)]
     pub saved_at: u64,
+    /// Set when the run was parked for approval at this save: its
+    /// transcript then ends with the turn whose calls wait (see
+    /// [`ParkedCalls`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<ParkedCalls>,
+}
+
+/// A durable run parked for approval when it was saved: the model's turn
+/// that asked for gated tool calls is the last message of the checkpoint's
+/// transcript, and none of its calls has run.
+///
+/// A resumed run does not call the model again: it dispatches that turn
+/// anew (the same call ids), applies [`decisions`](Self::decisions) in
+/// order without asking again, and parks for what is still undecided.
+/// While no host runs it, a decision is recorded here
+/// (`agentvisor runs approve|deny ID` against the database): the call
+/// leaves [`waiting`](Self::waiting) and its decision joins the list.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ParkedCalls {
+    /// The calls waiting for a decision.
+    pub waiting: Vec<WaitingCall>,
+    /// The decisions taken on the turn's calls so far, in order.
+    #[serde(default)]
+    pub decisions: Vec<CallDecision>,
+}
+
+impl ParkedCalls {
+    /// Whether a call still waits (a resumed run parks again).
+    pub fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+}
+
+/// A tool call of a parked turn, waiting for an operator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaitingCall {
+    /// The model's call id.
+    pub call_id: Arc<str>,
+    /// The tool.
+    pub tool: Arc<str>,
+    /// Its arguments as an operator is shown them (secrets redacted,
+    /// capped).
+    #[serde(default)]
+    pub arguments: String,
+    /// Unix ms when it began to wait.
+    #[serde(default)]
+    pub since_ms: u64,
+}
+
+/// A decision on one call of a parked turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallDecision {
+    /// The call.
+    pub call_id: Arc<str>,
+    /// Approved (it runs), or denied (the model reads why).
+    pub approve: bool,
+    /// Why, as the operator gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who decided (`operator`).
+    pub by: String,
+    /// Unix ms of the decision.
+    pub at_ms: u64,
 }
 
 impl Checkpoint {

@@ -75,6 +75,17 @@ impl std::str::FromStr for SessionState {
     }
 }
 
+/// What a prompt does when another prompt of its session is running.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBusy {
+    /// Wait for it to end, then run (prompts run in the order they came).
+    #[default]
+    Wait,
+    /// Refuse at once (`session_busy`).
+    Refuse,
+}
+
 /// What a session is, without its messages.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionMeta {
@@ -112,6 +123,11 @@ pub struct SessionMeta {
     /// The last prompt's run.
     #[serde(default)]
     pub last_run_id: Option<RunId>,
+    /// The busy rule kept with the session (`None`: none was given): what
+    /// a host serving it applies to a prompt that comes while another
+    /// runs (the HTTP server's `on_busy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_busy: Option<OnBusy>,
 }
 
 /// One message of a session's history.

@@ -120,8 +120,6 @@ pub(crate) struct AppState {
     pub(crate) rate: RateLimiter,
     pub(crate) streams: StreamCaps,
     pub(crate) idempotency: IdempotencyKeys,
-    /// The sessions whose messages wait for each other (`on_busy: wait`).
-    pub(crate) sessions: sessions::BusyModes,
     draining: AtomicBool,
     /// Who every request is when no token table is set (the host's default
     /// caller, as admin): built once, not per request.
@@ -171,7 +169,6 @@ impl Server {
                 rate: RateLimiter::new(config.rate_per_sec, config.rate_burst),
                 streams: StreamCaps::new(config.max_subscribers),
                 idempotency: IdempotencyKeys::new(config.idempotency_keys),
-                sessions: Default::default(),
                 anonymous,
                 config,
                 catalog: RwLock::new(Arc::new(Catalog::default())),

@@ -10,12 +10,13 @@
 //! One message at a time: a message sent while another runs is refused
 //! with 409 `session_busy`, unless the session was created with
 //! `on_busy: wait` (then it waits for the other to end). That choice is
-//! kept by this server process (a restarted server refuses again until
-//! the session is reopened with it).
+//! kept with the session in the host's session store
+//! ([`SessionMeta::on_busy`]), as its history is: on a database file
+//! (`agentvisor serve --db`) a restarted server serves the session on,
+//! history, state and `on_busy` included.
 
-use std::collections::HashSet;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -33,32 +34,11 @@ use crate::ports::model::Role;
 use crate::ports::session::SessionMeta;
 use crate::session::{check_session_id, OnBusy, Session, SessionError, SessionOptions};
 
-/// The sessions created with `on_busy: wait` (the others refuse).
-#[derive(Default)]
-pub(crate) struct BusyModes {
-    waiting: Mutex<HashSet<String>>,
-}
-
-impl BusyModes {
-    fn get(&self, id: &str) -> BusyMode {
-        let w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if w.contains(id) {
-            BusyMode::Wait
-        } else {
-            BusyMode::Refuse
-        }
-    }
-
-    fn set(&self, id: &str, mode: BusyMode) {
-        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        match mode {
-            BusyMode::Wait => {
-                w.insert(id.to_string());
-            }
-            BusyMode::Refuse => {
-                w.remove(id);
-            }
-        }
+/// The server's busy mode of a session's rule (none kept: refuse).
+fn busy_mode(meta: &SessionMeta) -> BusyMode {
+    match meta.on_busy {
+        Some(OnBusy::Wait) => BusyMode::Wait,
+        Some(OnBusy::Refuse) | None => BusyMode::Refuse,
     }
 }
 
@@ -89,8 +69,12 @@ fn not_found(id: &str) -> ApiError {
     not_found_message(format!("no session `{shown}`"))
 }
 
-/// The session `id` if `caller` may use it (else 404).
-async fn owned(st: &AppState, caller: &Caller, id: &str) -> Result<Session, ApiError> {
+/// The session `id` if `caller` may use it (else 404), and its metadata.
+async fn owned(
+    st: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(Session, SessionMeta), ApiError> {
     if check_session_id(id).is_err() {
         return Err(not_found(id));
     }
@@ -106,11 +90,12 @@ async fn owned(st: &AppState, caller: &Caller, id: &str) -> Result<Session, ApiE
     if !caller.may_see(meta.caller_id.as_deref()) {
         return Err(not_found(id));
     }
-    st.host.session(id).await.map_err(session_error)
+    let session = st.host.session(id).await.map_err(session_error)?;
+    Ok((session, meta))
 }
 
 /// The view of a session.
-async fn view(st: &AppState, session: &Session) -> Result<SessionView, ApiError> {
+async fn view(session: &Session) -> Result<SessionView, ApiError> {
     let meta: SessionMeta = session.meta().await.map_err(session_error)?;
     let history = session.history().await.map_err(session_error)?;
     let messages = history
@@ -129,12 +114,13 @@ async fn view(st: &AppState, session: &Session) -> Result<SessionView, ApiError>
             at_ms: m.at_ms,
         })
         .collect();
+    let on_busy = busy_mode(&meta);
     Ok(SessionView {
         session_id: meta.id.clone(),
         agent: meta.agent,
         caller_id: meta.caller_id,
         state: session.state().into(),
-        on_busy: st.sessions.get(&meta.id),
+        on_busy,
         created_at: meta.created_at,
         updated_at: meta.updated_at,
         prompts: meta.prompts,
@@ -214,9 +200,16 @@ pub(crate) async fn create(
         return Err(taken(session.id()));
     }
     if let Some(mode) = body.on_busy {
-        st.sessions.set(session.id(), mode);
+        let rule = match mode {
+            BusyMode::Wait => OnBusy::Wait,
+            BusyMode::Refuse => OnBusy::Refuse,
+        };
+        session
+            .keep_on_busy(Some(rule))
+            .await
+            .map_err(session_error)?;
     }
-    let v = view(&st, &session).await?;
+    let v = view(&session).await?;
     let status = if existed {
         StatusCode::OK
     } else {
@@ -241,8 +234,8 @@ pub(crate) async fn get_session(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = owned(&st, &caller, &id).await?;
-    Ok(Json(view(&st, &session).await?))
+    let (session, _) = owned(&st, &caller, &id).await?;
+    Ok(Json(view(&session).await?))
 }
 
 /// Send a message; the answer comes as Server-Sent Events.
@@ -274,17 +267,14 @@ pub(crate) async fn send_message(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<MessageBody>,
 ) -> Result<Response, ApiError> {
-    let session = owned(&st, &caller, &id).await?;
+    let (session, meta) = owned(&st, &caller, &id).await?;
     if body.text.trim().is_empty() {
         return Err(ApiError::invalid("`text` is empty"));
     }
     if st.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    let on_busy = match st.sessions.get(&id) {
-        BusyMode::Wait => OnBusy::Wait,
-        BusyMode::Refuse => OnBusy::Refuse,
-    };
+    let on_busy = meta.on_busy.unwrap_or(OnBusy::Refuse);
     let turn = session
         .on_busy(on_busy)
         .prompt_streaming(body.text)
@@ -322,9 +312,9 @@ pub(crate) async fn close(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = owned(&st, &caller, &id).await?;
+    let (session, _) = owned(&st, &caller, &id).await?;
     session.close().await.map_err(session_error)?;
-    Ok(Json(view(&st, &session).await?))
+    Ok(Json(view(&session).await?))
 }
 
 /// Remove a session: closed (a message in flight is cancelled), then its
@@ -340,13 +330,12 @@ pub(crate) async fn remove(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let session = owned(&st, &caller, &id).await?;
+    let (session, _) = owned(&st, &caller, &id).await?;
     session.close().await.map_err(session_error)?;
     st.host
         .session_store()
         .remove(&id)
         .await
         .map_err(ApiError::store)?;
-    st.sessions.set(&id, BusyMode::Refuse);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -6,14 +6,16 @@
 //! Every test binary includes this module with `mod support;` and uses only
 //! part of it, hence `dead_code` is allowed here. Scratch directories are in
 //! [`scratch`], running the binary in [`cli`], a model that streams in
-//! [`streaming`]; a server on a loopback socket (`loopback`) needs the
-//! `cli` feature.
+//! [`streaming`]; a server on a loopback socket (`loopback`) and
+//! `agentvisor serve` as a process (`serving`) need the `cli` feature.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, missing_docs)]
 
 pub(crate) mod cli;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
 pub(crate) mod scratch;
+#[cfg(feature = "cli")]
+pub(crate) mod serving;
 pub(crate) mod streaming;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

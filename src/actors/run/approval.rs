@@ -17,11 +17,23 @@
 //! (`approval_denied: denied by operator: REASON`). Nobody deciding within
 //! the timeout denies what still waits (`by: timeout`). A kill, a cancel
 //! or the host's shutdown ends a parked run like any other.
+//!
+//! Durable runs: parking saves a checkpoint with the turn
+//! ([`ParkedCalls`]: the transcript ends with the model's turn, the calls
+//! still waiting and the decisions taken so far), and so does an
+//! operator's decision that leaves calls waiting. A host's shutdown (or a
+//! crash) keeps that checkpoint; a run resumed from it does not call the
+//! model again: it dispatches the turn anew (same call ids), applies the
+//! decisions on file — those taken before, and those recorded while no
+//! host ran it (`Host::decide_on_record`) — without asking again, and
+//! parks for what is still undecided, with a fresh `approval_timeout`.
+//! A parked run's checkpoint counts no resumes: waiting is not crashing.
 
 #[allow(unused_imports)]
 use super::*;
 
 use super::tools::{Gate, TurnCall};
+use crate::ports::checkpoint::{CallDecision, ParkedCalls, WaitingCall};
 
 /// The arguments an `approval.requested` event shows at most.
 const SHOWN_ARGUMENTS: usize = 16 * 1024;
@@ -30,11 +42,27 @@ const SHOWN_ARGUMENTS: usize = 16 * 1024;
 pub(crate) struct ParkedTurn {
     calls: Vec<TurnCall>,
     since: Instant,
+    /// The operators' decisions on the turn's calls so far (kept with its
+    /// checkpoint, so a resumed run does not ask again).
+    decided: Vec<CallDecision>,
+}
+
+/// The error a denied call answers the model with.
+fn denial(reason: Option<&str>) -> ToolError {
+    let why = reason.map(str::trim).filter(|r| !r.is_empty());
+    ToolError::Typed {
+        kind: APPROVAL_DENIED,
+        message: match why {
+            Some(r) => format!("denied by operator: {r}"),
+            None => "denied by operator".to_string(),
+        },
+    }
 }
 
 impl RunState {
-    /// Parks `turn`: its gated calls are announced and the run waits.
-    pub(super) fn park(&mut self, mut turn: Vec<TurnCall>) {
+    /// Parks `turn` (whose calls `decided` were decided already): its
+    /// gated calls are announced and the run waits.
+    pub(super) fn park(&mut self, mut turn: Vec<TurnCall>, decided: Vec<CallDecision>) {
         let timeout = self.limits.approval_timeout;
         let since_ms = unix_ms();
         let until_ms = since_ms.saturating_add(timeout.as_millis() as u64);
@@ -63,7 +91,68 @@ impl RunState {
         self.parked = Some(Box::new(ParkedTurn {
             calls: turn,
             since: self.now,
+            decided,
         }));
+    }
+
+    /// What a checkpoint says of the turn the run is parked in (`None`
+    /// when it is not parked).
+    pub(super) fn parked_calls(&self) -> Option<ParkedCalls> {
+        let parked = self.parked.as_ref()?;
+        let waiting = self
+            .shared
+            .partial()
+            .awaiting
+            .iter()
+            .map(|p| WaitingCall {
+                call_id: p.call_id.clone(),
+                tool: p.tool.clone(),
+                arguments: p.arguments.clone(),
+                since_ms: p.since_ms,
+            })
+            .collect();
+        Some(ParkedCalls {
+            waiting,
+            decisions: parked.decided.clone(),
+        })
+    }
+
+    /// A resumed run's first step when it was saved parked: the turn the
+    /// transcript ends with is dispatched again, `parked`'s decisions
+    /// applied. `false` when the transcript ends with no such turn (the
+    /// model is then called as for any resumed run).
+    pub(super) fn resume_parked(&mut self, parked: ParkedCalls) -> bool {
+        let calls = match self.transcript.last() {
+            Some(m) if m.role == Role::Assistant && !m.tool_calls.is_empty() => {
+                m.tool_calls.clone()
+            }
+            _ => return false,
+        };
+        if let Some(outcomes) = self.dispatch_tools(&calls, &parked.decisions) {
+            self.tools_done(outcomes);
+        } else if self.parked.is_some() {
+            // At rest again: saved so (its resume no longer counts).
+            self.checkpoint();
+        }
+        true
+    }
+
+    /// The gate of a call a decision on file covers (a resumed parked
+    /// turn): recorded as decided (`approval.decided`), not asked again.
+    pub(super) fn take_decision(&mut self, d: &CallDecision, tool: &Arc<str>) -> Gate {
+        self.event(RunEvent::ApprovalDecided {
+            call_id: d.call_id.clone(),
+            tool: tool.clone(),
+            approved: d.approve,
+            by: d.by.clone(),
+            reason: d.reason.clone(),
+            waited_ms: 0,
+        });
+        if d.approve {
+            Gate::Approved
+        } else {
+            Gate::Denied(denial(d.reason.as_deref()))
+        }
     }
 
     /// An operator's decision on the waiting call `call_id` (`None`: all
@@ -74,20 +163,10 @@ impl RunState {
         approve: bool,
         reason: Option<String>,
     ) {
-        let error = || {
-            let why = reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
-            ToolError::Typed {
-                kind: APPROVAL_DENIED,
-                message: match why {
-                    Some(r) => format!("denied by operator: {r}"),
-                    None => "denied by operator".to_string(),
-                },
-            }
-        };
         let gate = if approve {
             Gate::Approved
         } else {
-            Gate::Denied(error())
+            Gate::Denied(denial(reason.as_deref()))
         };
         let reason = reason.filter(|r| !r.trim().is_empty());
         self.decide(call_id, gate, "operator", reason);
@@ -123,6 +202,19 @@ impl RunState {
             }
         }
         let waiting = parked.calls.iter().any(|c| c.gate == Gate::Pending);
+        if by == "operator" {
+            let at_ms = unix_ms();
+            parked
+                .decided
+                .extend(decided.iter().map(|(call_id, _)| CallDecision {
+                    call_id: call_id.clone(),
+                    approve: gate == Gate::Approved,
+                    reason: reason.clone(),
+                    by: by.to_string(),
+                    at_ms,
+                }));
+        }
+        let saved = waiting && by == "operator" && !decided.is_empty();
         for (call_id, tool) in decided {
             self.shared
                 .partial()
@@ -138,6 +230,10 @@ impl RunState {
             });
         }
         if waiting {
+            // Durable: the decisions taken survive a restart.
+            if saved {
+                self.checkpoint();
+            }
             return;
         }
         let Some(turn) = self.parked.take() else {

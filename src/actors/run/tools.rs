@@ -6,6 +6,7 @@
 #[allow(unused_imports)]
 use super::*;
 
+use crate::ports::checkpoint::CallDecision;
 use crate::tools::PreparedCall;
 
 /// A tool call still running after its first poll.
@@ -50,9 +51,14 @@ impl RunState {
     /// Starts a turn's tool calls: each is announced (`tool.call`, a
     /// heartbeat) and checked; a turn with a call that needs approval is
     /// parked until an operator decides (see `approval`), any other runs
-    /// at once (see [`run_tools`](Self::run_tools)). Returns the outcomes
-    /// when all answered at once.
-    pub(super) fn dispatch_tools(&mut self, calls: &[ToolCallRequest]) -> Option<Vec<ToolOutcome>> {
+    /// at once (see [`run_tools`](Self::run_tools)). A call `decided`
+    /// names (a resumed parked turn's decisions) is not asked about again:
+    /// its decision applies. Returns the outcomes when all answered at once.
+    pub(super) fn dispatch_tools(
+        &mut self,
+        calls: &[ToolCallRequest],
+        decided: &[CallDecision],
+    ) -> Option<Vec<ToolOutcome>> {
         let mut turn = Vec::with_capacity(calls.len());
         let mut gated = false;
         for call in calls {
@@ -72,7 +78,12 @@ impl RunState {
             // A call that cannot run (unknown tool, bad arguments) goes
             // back to the model as an error: no operator is asked.
             let needs = prepared.is_ok() && self.agent.spec().needs_approval(&call.name);
-            gated |= needs;
+            let gate = match decided.iter().rev().find(|d| d.call_id == call.id) {
+                Some(d) if needs => self.take_decision(d, &call.name),
+                _ if needs => Gate::Pending,
+                _ => Gate::Free,
+            };
+            gated |= gate == Gate::Pending;
             turn.push(TurnCall {
                 outcome: ToolOutcome {
                     call_id: call.id.clone(),
@@ -82,12 +93,12 @@ impl RunState {
                     duration_ms: 0,
                 },
                 prepared,
-                gate: if needs { Gate::Pending } else { Gate::Free },
+                gate,
                 arguments: needs.then(|| call.arguments.to_string()),
             });
         }
         if gated {
-            self.park(turn);
+            self.park(turn, decided.to_vec());
             return None;
         }
         self.run_tools(turn)
