@@ -12,7 +12,9 @@
 pub(crate) mod cli;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
+pub(crate) mod outage;
 pub(crate) mod scratch;
+pub(crate) mod small_disk;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

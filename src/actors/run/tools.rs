@@ -279,7 +279,6 @@ impl RunState {
                 return self.finish(e);
             }
         }
-        self.checkpoint();
-        self.step_due = true;
+        self.checkpoint_then_step();
     }
 }
