@@ -246,9 +246,11 @@ pub(crate) struct Delivery {
     tx: Option<oneshot::Sender<Arc<RunResult>>>,
     shared: Option<Arc<RunShared>>,
     /// A durable run's result waits for its record to be written or
-    /// spooled, at most until then (its deadline; `None`: no wait): past
-    /// it, the caller is told [`off_record`].
-    pub(crate) wait_until: Option<Instant>,
+    /// spooled, at most this many ms from its finalization (the time left
+    /// to its deadline; 0: no wait): past it, the caller is told
+    /// [`off_record`]. Milliseconds, not an instant: every audit message
+    /// carries a delivery, and this fits in its padding.
+    pub(crate) wait_ms: u32,
 }
 
 impl Delivery {
@@ -257,7 +259,7 @@ impl Delivery {
         Delivery {
             tx: None,
             shared: None,
-            wait_until: None,
+            wait_ms: 0,
         }
     }
 
@@ -706,7 +708,7 @@ impl RunShared {
         let deliver = Delivery {
             tx: Some(result_tx),
             shared: Some(self.clone()),
-            wait_until: None,
+            wait_ms: 0,
         };
         let durable = self.is_durable();
         let kind = result.error_kind.as_deref();

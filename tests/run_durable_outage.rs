@@ -142,7 +142,10 @@ async fn a_durable_run_waits_for_its_checkpoint_and_goes_on_once_the_store_takes
     bench.audit_disk.fill();
     open.send(true).unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(bench.checkpoint_disk.refused() > 0, "the saves were refused");
+    assert!(
+        bench.checkpoint_disk.refused() > 0,
+        "the saves were refused"
+    );
     for (id, h) in &runs {
         assert!(
             !h.is_finished(),
@@ -353,7 +356,10 @@ async fn on_a_real_full_disk_a_run_reported_ok_is_never_run_again_by_recover() {
     let ids: Vec<RunId> = runs.iter().map(|(id, _)| *id).collect();
     let t0 = std::time::Instant::now();
     while tally.total("second") < SWARM {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the runs reach their second step");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the runs reach their second step"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
@@ -391,7 +397,11 @@ async fn on_a_real_full_disk_a_run_reported_ok_is_never_run_again_by_recover() {
     println!("{ok} of {SWARM} runs were reported ok by the first process");
     for r in &told {
         let id = r.run_id;
-        assert_eq!(tally.of("first", id), 1, "run {id}: a step on record never runs again");
+        assert_eq!(
+            tally.of("first", id),
+            1,
+            "run {id}: a step on record never runs again"
+        );
         if r.status == RunStatus::Ok {
             assert_eq!(
                 tally.of("second", id),

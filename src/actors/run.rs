@@ -925,7 +925,8 @@ struct StepSaved {
 
 impl SaveWaiter for StepSaved {
     fn saved(self: Box<Self>) {
-        self.addr.send(RunMsg::CheckpointSaved { epoch: self.epoch });
+        self.addr
+            .send(RunMsg::CheckpointSaved { epoch: self.epoch });
     }
 
     fn still_waiting(&self) {

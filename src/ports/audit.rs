@@ -426,6 +426,7 @@ pub trait RunIndex: Send + Sync + 'static {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -136,8 +136,8 @@ pub enum AuditMsg {
         deliver: Delivery,
         /// The run is durable: clear its checkpoint once the record is
         /// written, and (see the module's guarantees) deliver its result
-        /// once it is written or spooled, waiting at most until
-        /// `deliver.wait_until`.
+        /// once it is written or spooled, waiting at most
+        /// `deliver.wait_ms`.
         durable: bool,
     },
     /// A durable run's checkpoint after a step: the run takes its next
@@ -388,9 +388,10 @@ impl Actor for Audit {
             } => {
                 st.buffer.extend(preceding);
                 if let AuditEntry::Terminal(res) = &record.entry {
-                    // A durable run without a deadline given waits for no retry.
-                    let wait_until = durable
-                        .then(|| deliver.wait_until.unwrap_or_else(tokio::time::Instant::now));
+                    let wait_until = durable.then(|| {
+                        let wait = Duration::from_millis(u64::from(deliver.wait_ms));
+                        tokio::time::Instant::now() + wait
+                    });
                     st.waiting.push(Waiter {
                         deliver,
                         result: res.clone(),

@@ -661,11 +661,8 @@ impl Writer {
                 if let AuditEntry::Terminal(res) = &r.entry {
                     // A durable result still waiting is told it is off the record.
                     let waits = self.patient.iter().any(|w| w.result.run_id == r.run_id);
-                    self.dropped_terminal.add(if waits {
-                        RunStatus::Error
-                    } else {
-                        res.status
-                    });
+                    self.dropped_terminal
+                        .add(if waits { RunStatus::Error } else { res.status });
                 }
             }
             self.dropped += cut as u64;

@@ -80,7 +80,8 @@ impl RunState {
         if let Finished::Terminal(t) = &mut finished {
             // A durable run's result waits for its record, until its deadline.
             if t.durable {
-                t.deliver.wait_until = Some(self.watch.hard_deadline);
+                let left = self.watch.hard_deadline.saturating_duration_since(self.now);
+                t.deliver.wait_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
             }
         }
         send_finished(&self.audit, finished);
