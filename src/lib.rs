@@ -101,7 +101,7 @@ pub use ports::run::{
     CriticAction, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
-pub use record::{Ending, LEASE_LOST, SUBSCRIBER_BUFFER};
+pub use record::{Ending, LEASE_LOST, STORE_UNAVAILABLE, SUBSCRIBER_BUFFER};
 pub use record::{HostEvent, HostFeed, FEED_CAPACITY};
 pub use session::{OnBusy, Session, SessionError, SessionOptions, SessionTurn};
 pub use spec::{AgentSpec, Invocation, Limits, LimitsSpec, SpecError};

@@ -173,6 +173,35 @@ pub(crate) const SUSPENDED: &str = "shutdown";
 /// other host).
 pub const LEASE_LOST: &str = "lease_lost";
 
+/// The `error_kind` of a run whose record cannot be written: refused at
+/// admission while neither the audit store nor its spool takes records,
+/// or a durable run that could write neither its checkpoint nor its
+/// terminal record before its deadline ([`off_record`]).
+pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+
+/// What a durable run's caller is told when the run's terminal record
+/// (`result`) could be written neither to the store nor to the spool
+/// before its deadline: `error`/[`STORE_UNAVAILABLE`], never its status
+/// off the record. Its output is kept; its checkpoint stays, so `recover`
+/// may resume it.
+pub(crate) fn off_record(result: &RunResult) -> RunResult {
+    if result.error_kind.as_deref() == Some(STORE_UNAVAILABLE) {
+        // It ended so already (its checkpoint could not be written).
+        return result.clone();
+    }
+    RunResult {
+        status: RunStatus::Error,
+        kill_reason: None,
+        error_kind: Some(STORE_UNAVAILABLE.to_string()),
+        error: Some(format!(
+            "the run ended `{}`, but its terminal record could be written neither to the \
+             audit store nor to its spool before its deadline: it is not on record",
+            result.status
+        )),
+        ..result.clone()
+    }
+}
+
 /// What a run's handle, references and the host ask of the run, through its
 /// shard (see [`Mailbox`]).
 pub(crate) enum Command {
@@ -222,6 +251,12 @@ pub(crate) trait Mailbox: Send + Sync + 'static {
 pub(crate) struct Delivery {
     tx: Option<oneshot::Sender<Arc<RunResult>>>,
     shared: Option<Arc<RunShared>>,
+    /// A durable run's result waits for its record to be written or
+    /// spooled, at most this many ms from its finalization (the time left
+    /// to its deadline; 0: no wait): past it, the caller is told
+    /// [`off_record`]. Milliseconds, not an instant: every audit message
+    /// carries a delivery, and this fits in its padding.
+    pub(crate) wait_ms: u32,
 }
 
 impl Delivery {
@@ -230,6 +265,7 @@ impl Delivery {
         Delivery {
             tx: None,
             shared: None,
+            wait_ms: 0,
         }
     }
 
@@ -684,6 +720,7 @@ impl RunShared {
         let deliver = Delivery {
             tx: Some(result_tx),
             shared: Some(self.clone()),
+            wait_ms: 0,
         };
         let durable = self.is_durable();
         let kind = result.error_kind.as_deref();

@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +25,7 @@ use agentvisor::stores::{MemoryAuditStore, MemoryCheckpointer, SqliteStore};
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId, RunStatus};
 use async_trait::async_trait;
 use support::scratch::Scratch;
+use support::small_disk::SmallDisk;
 
 fn manifest(file: &str) -> AgentSpec {
     AgentSpec::from_file(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
@@ -282,6 +283,9 @@ async fn records_that_nothing_takes_are_counted_at_shutdown() {
     let stats = host.shutdown().await;
     assert_eq!(stats.unwritten, 13, "a hello run's records, none written");
     assert_eq!(stats.spooled, 0);
+    // Its caller was told `ok`, and that is recorded nowhere.
+    assert_eq!(stats.unrecorded.total(), 1);
+    assert_eq!(stats.unrecorded.of(RunStatus::Ok), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,58 +335,10 @@ async fn a_durable_runs_checkpoint_stays_until_its_terminal_record_is_in_the_sto
     assert!(checkpoints.load_all().await.unwrap().is_empty());
 }
 
-/// A small real filesystem (tmpfs, as root), unmounted on drop.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    /// `None` (and the reason printed) where a test cannot mount one.
-    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
-        let at = dir.join("small");
-        std::fs::create_dir_all(&at).ok()?;
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&at)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(SmallDisk(at)),
-            Ok(o) => {
-                println!(
-                    "skipped: cannot mount a small tmpfs (needs root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                println!("skipped: no `mount` here: {e}");
-                None
-            }
-        }
-    }
-
-    /// Fills what is left of it; returns the filler.
-    fn fill(&self) -> PathBuf {
-        use std::io::Write;
-        let path = self.0.join("filler");
-        let mut f = std::fs::File::create(&path).unwrap();
-        let block = vec![0u8; 64 << 10];
-        while f.write_all(&block).is_ok() {}
-        // The last bytes, to the very end.
-        while f.write_all(&[0u8; 512]).is_ok() {}
-        while f.write_all(&[0u8; 1]).is_ok() {}
-        path
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_full_disk_records_go_to_the_spool_and_everything_works_once_space_returns() {
     let dir = Scratch::new("full-disk");
-    let Some(disk) = SmallDisk::mount(&dir.0, "8m") else {
+    let Some(disk) = SmallDisk::mount("on_a_full_disk", &dir.0, "8m") else {
         return;
     };
     let path = disk.0.join("a.db");

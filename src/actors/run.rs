@@ -38,7 +38,9 @@
 //! the shared record (`RunShared`) that the run's handle reads.
 //!
 //! Guarantees: the run finalizes exactly once (the shared finisher decides);
-//! partial output, steps and usage are kept on every ending.
+//! partial output, steps and usage are kept on every ending; a durable run
+//! takes its next step only once its last step's checkpoint is written
+//! (`checkpoint_then_step`).
 //!
 //! The loop stays in this file (its messages, its state and the step
 //! handlers that read and write that state); what stands apart has a file
@@ -59,7 +61,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::audit::{send_finished, AuditMsg};
+use crate::actors::audit::{send_finished, AuditMsg, SaveWaiter};
 use crate::actors::budget::{BudgetMsg, Ticket};
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
@@ -76,7 +78,7 @@ use crate::ports::run::{
     cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
 };
 use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
-use crate::record::{Command, Ending, PendingApproval, RunShared};
+use crate::record::{Command, Ending, PendingApproval, RunShared, STORE_UNAVAILABLE};
 use crate::spec::Limits;
 
 mod approval;
@@ -104,6 +106,9 @@ enum Inflight {
         task: AbortHandle,
         cancel: CancellationToken,
     },
+    /// A durable run's checkpoint after a step, being written: the next
+    /// step waits for it (`CheckpointSaved`).
+    Checkpoint,
 }
 
 impl Inflight {
@@ -114,6 +119,7 @@ impl Inflight {
                 cancel.cancel();
                 task.abort();
             }
+            Inflight::Checkpoint => {}
         }
     }
 }
@@ -173,6 +179,12 @@ pub enum RunMsg {
         kind: String,
         /// What happened.
         message: String,
+    },
+    /// A durable run's checkpoint after a step is written: the next step
+    /// may start.
+    CheckpointSaved {
+        /// The wait's epoch (a stale answer is ignored).
+        epoch: u32,
     },
 }
 
@@ -458,6 +470,12 @@ impl RunState {
             }
             RunMsg::Warned { kind, message } => {
                 self.event(RunEvent::Warning { kind, message });
+            }
+            RunMsg::CheckpointSaved { epoch } => {
+                if epoch == self.epoch && matches!(self.inflight, Some(Inflight::Checkpoint)) {
+                    self.inflight = None;
+                    self.step_due = true;
+                }
             }
         }
     }
@@ -819,15 +837,15 @@ impl RunState {
         Some(observer.clone())
     }
 
-    /// Saves a durable run's progress (through the audit actor, which writes
-    /// the latest per run with its next batch); the run does not wait.
-    fn checkpoint(&mut self) {
-        let Some(d) = &self.durable else { return };
-        let (steps, usage, critic) = {
+    /// A durable run's progress as a checkpoint (`None` for a run that is
+    /// not durable).
+    fn progress(&self) -> Option<Checkpoint> {
+        let d = self.durable.as_ref()?;
+        let (steps, usage, cost, critic) = {
             let p = self.shared.partial();
-            (p.steps.clone(), (p.usage, p.cost_micros), p.critic.clone())
+            (p.steps.clone(), p.usage, p.cost_micros, p.critic.clone())
         };
-        let checkpoint = Checkpoint {
+        Some(Checkpoint {
             run_id: self.shared.run_id,
             agent: d.agent.clone(),
             spec: d.spec.clone(),
@@ -835,8 +853,8 @@ impl RunState {
             transcript: self.transcript.clone(),
             iteration: self.iteration,
             steps,
-            usage: usage.0,
-            cost_micros: Some(usage.1),
+            usage,
+            cost_micros: Some(cost),
             critic,
             // A run parked for approval is at rest, not crashing: its
             // resumes no longer count toward a crash loop.
@@ -844,11 +862,52 @@ impl RunState {
             started_at: d.started_at,
             saved_at: unix_ms(),
             parked: self.parked_calls(),
+        })
+    }
+
+    /// Saves a parked durable run's state (its turn and the calls that
+    /// wait) without waiting: the run takes no step until a decision, and
+    /// the next step's checkpoint is waited for as usual.
+    pub(crate) fn checkpoint(&mut self) {
+        if let Some(checkpoint) = self.progress() {
+            let _ = self.audit.cast(AuditMsg::Checkpoint {
+                checkpoint: Box::new(checkpoint),
+                saved: None,
+            });
+        }
+    }
+
+    /// A step is done: the next is due — for a durable run, once its
+    /// progress is saved. The checkpoint goes to the audit actor's
+    /// checkpoint task, and the run waits (`Inflight::Checkpoint`) until
+    /// it is written: a run that goes on has its steps on record, so
+    /// `recover` never runs them again. While the store refuses it, the
+    /// wait is retried, beats, and ends at the run's deadline
+    /// (`error`/`store_unavailable`, see `finish`). A run that is not
+    /// durable goes on at once.
+    fn checkpoint_then_step(&mut self) {
+        let Some(checkpoint) = self.progress() else {
+            self.step_due = true;
+            return;
         };
-        let _ = self.audit.cast(AuditMsg::Checkpoint {
+        self.epoch += 1;
+        let waiter = StepSaved {
+            addr: self.addr.clone(),
+            epoch: self.epoch,
+        };
+        let sent = self.audit.cast(AuditMsg::SaveStep {
             checkpoint: Box::new(checkpoint),
-            saved: None,
+            waiter: Box::new(waiter),
         });
+        if sent.is_err() {
+            let e = Ending::failed(
+                RunStatus::Error,
+                STORE_UNAVAILABLE,
+                "the run's checkpoint could not be saved: the audit actor is gone",
+            );
+            return self.finish(e);
+        }
+        self.inflight = Some(Inflight::Checkpoint);
     }
 
     /// A heartbeat: the critic's record of the run sees it at once.
@@ -925,6 +984,25 @@ impl RunState {
             let batch = std::mem::take(&mut self.pending_audit);
             let _ = self.audit.cast(AuditMsg::Records(batch));
         }
+    }
+}
+
+/// A durable run waiting for its step's checkpoint: told through its
+/// shard (see `checkpoint_then_step`).
+struct StepSaved {
+    addr: RunAddr,
+    epoch: u32,
+}
+
+impl SaveWaiter for StepSaved {
+    fn saved(self: Box<Self>) {
+        self.addr
+            .send(RunMsg::CheckpointSaved { epoch: self.epoch });
+    }
+
+    fn still_waiting(&self) {
+        // Waiting for the store is no stall.
+        self.addr.beat(Beat::Alive);
     }
 }
 

@@ -483,9 +483,11 @@ pub(crate) async fn check_db(store: &SqliteStore) -> Result<(), ExitCode> {
     store.check().await.map_err(refuse)
 }
 
-/// After a host's shutdown: says on stderr how many audit records could not
-/// be written (neither the database nor the spool took them) and where the
-/// spool is, and how many wait in the spool. Returns whether records were
+/// After a host's shutdown: says on stderr how many runs are recorded
+/// nowhere (their terminal records reached neither the database nor the
+/// spool: what their callers were told, by status), how many audit records
+/// could not be written and where the spool is, and how many wait in the
+/// spool. Returns whether records were
 /// lost (the command then exits non-zero): records neither took, or — the
 /// database file having been deleted or replaced while the command ran —
 /// records that did not reach it.
@@ -495,6 +497,19 @@ pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::Au
         .audit_spool
         .as_ref()
         .map_or_else(|| "none".to_string(), |p| p.display().to_string());
+    if !stats.unrecorded.is_empty() {
+        // What the callers were told that no record backs.
+        eprintln!(
+            "error: {} run(s) ended but are recorded nowhere ({}): their terminal records could be written neither to the database nor to the spool ({spool}), so `runs list` does not show them",
+            stats.unrecorded.total(),
+            stats
+                .unrecorded
+                .by_status()
+                .map(|(s, n)| format!("{s} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if stats.store_lost && stats.spooled + stats.unwritten > 0 {
         eprintln!(
             "error: the database file was deleted or replaced while this command ran: {} audit record(s) could not be written to it ({} in the spool {spool}{})",

@@ -1,7 +1,13 @@
 //! `agentvisor swarm FILE --runs N --concurrency C`: N runs of one manifest,
 //! at most C in flight, with a progress bar on a terminal and a summary:
 //! runs, statuses, runs/s, latency p50/p99, peak RSS. Exit 0 iff every run
-//! ended `ok`.
+//! ended `ok` and is on record.
+//!
+//! The statuses are what the callers were told. A run whose terminal
+//! record reached neither the database nor the spool (both on a full disk,
+//! say) is also counted as `unrecorded` (by status, `--json` too), and the
+//! exit message says how many: the database's `runs list` lacks exactly
+//! those.
 //!
 //! SIGTERM, SIGHUP and Ctrl-C stop admitting runs and give those in flight
 //! `--drain` (default 10 s) to finish; then what still runs is cancelled,
@@ -75,6 +81,11 @@ struct Summary {
     peak_rss_bytes: u64,
     peak_rss_mib: f64,
     audit_terminal_records: u64,
+    /// Runs whose terminal records reached neither the database nor the
+    /// spool (counted in `by_status` too).
+    unrecorded: u64,
+    /// Those runs by the status their callers were told.
+    unrecorded_by_status: BTreeMap<String, u64>,
 }
 
 pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
@@ -225,6 +236,12 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
         peak_rss_bytes: peak,
         peak_rss_mib: round3(mib(peak)),
         audit_terminal_records: stats.terminal_records,
+        unrecorded: stats.unrecorded.total(),
+        unrecorded_by_status: stats
+            .unrecorded
+            .by_status()
+            .map(|(s, n)| (s.to_string(), n))
+            .collect(),
     };
     if a.json {
         outln!("{}", serde_json::to_string(&s).unwrap_or_default());
@@ -246,6 +263,9 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
             "audit:         {} terminal records",
             s.audit_terminal_records
         );
+        if s.unrecorded > 0 {
+            outln!("unrecorded:    {}: recorded nowhere", stats.unrecorded);
+        }
     }
     let lost = super::report_unwritten(&host, &stats);
     let all_ok = done == a.runs && s.by_status.get("ok").copied().unwrap_or(0) == a.runs;

@@ -106,6 +106,118 @@ pub struct AuditStats {
     /// says so and exits non-zero.
     #[serde(default)]
     pub store_lost: bool,
+    /// Runs whose terminal records reached neither the store nor the spool
+    /// (held in memory when the host shut down, or dropped), by the status
+    /// their callers were told (set by the audit actor; a store reports
+    /// none): what those callers were told is recorded nowhere, and a
+    /// listing of the store does not show these runs.
+    #[serde(default, skip_serializing_if = "Unrecorded::is_empty")]
+    pub unrecorded: Unrecorded,
+}
+
+/// Runs counted by status: those whose terminal records are recorded
+/// nowhere ([`AuditStats::unrecorded`]). Serialized as an object of the
+/// statuses counted (`{"ok": 3, "rejected": 1}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unrecorded {
+    counts: [u64; STATUSES.len()],
+}
+
+/// Every status, in the order [`Unrecorded`] lists them.
+const STATUSES: [RunStatus; 8] = [
+    RunStatus::Ok,
+    RunStatus::Error,
+    RunStatus::Timeout,
+    RunStatus::Killed,
+    RunStatus::BudgetExceeded,
+    RunStatus::Cancelled,
+    RunStatus::Rejected,
+    RunStatus::DryRun,
+];
+
+impl Unrecorded {
+    fn index(status: RunStatus) -> usize {
+        match status {
+            RunStatus::Ok => 0,
+            RunStatus::Error => 1,
+            RunStatus::Timeout => 2,
+            RunStatus::Killed => 3,
+            RunStatus::BudgetExceeded => 4,
+            RunStatus::Cancelled => 5,
+            RunStatus::Rejected => 6,
+            RunStatus::DryRun => 7,
+        }
+    }
+
+    /// Counts one run that ended `status`.
+    pub fn add(&mut self, status: RunStatus) {
+        self.counts[Self::index(status)] += 1;
+    }
+
+    /// How many runs that ended `status`.
+    pub fn of(&self, status: RunStatus) -> u64 {
+        self.counts[Self::index(status)]
+    }
+
+    /// How many runs in all.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Whether none is counted.
+    pub fn is_empty(&self) -> bool {
+        self.total() == 0
+    }
+
+    /// The statuses counted and their counts, in a fixed order (`ok` first).
+    pub fn by_status(&self) -> impl Iterator<Item = (RunStatus, u64)> + '_ {
+        STATUSES
+            .iter()
+            .map(|s| (*s, self.of(*s)))
+            .filter(|(_, n)| *n > 0)
+    }
+}
+
+impl std::fmt::Display for Unrecorded {
+    /// `913 (ok 500, rejected 413)`, or `0`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.total())?;
+        let mut sep = " (";
+        for (status, n) in self.by_status() {
+            write!(f, "{sep}{status} {n}")?;
+            sep = ", ";
+        }
+        if !self.is_empty() {
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Unrecorded {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (status, n) in self.by_status() {
+            map.serialize_entry(status.as_str(), &n)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Unrecorded {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = std::collections::BTreeMap::<String, u64>::deserialize(d)?;
+        let mut out = Unrecorded::default();
+        for (name, n) in map {
+            let status = STATUSES
+                .iter()
+                .find(|s| s.as_str() == name)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown run status `{name}`")))?;
+            out.counts[Self::index(*status)] = n;
+        }
+        Ok(out)
+    }
 }
 
 /// An audit store failure.
@@ -310,4 +422,29 @@ pub trait RunIndex: Send + Sync + 'static {
 
     /// A run's terminal result, `None` when no terminal record is on file.
     async fn run_result(&self, run_id: RunId) -> Result<Option<RunResult>, AuditStoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn unrecorded_runs_count_by_status_and_read_back() {
+        let mut u = Unrecorded::default();
+        assert_eq!((u.to_string(), u.is_empty()), ("0".to_string(), true));
+        for s in [RunStatus::Rejected, RunStatus::Ok, RunStatus::Ok] {
+            u.add(s);
+        }
+        assert_eq!(u.total(), 3);
+        assert_eq!(u.to_string(), "3 (ok 2, rejected 1)");
+        let json = serde_json::to_string(&u).unwrap();
+        assert_eq!(json, r#"{"ok":2,"rejected":1}"#);
+        assert_eq!(serde_json::from_str::<Unrecorded>(&json).unwrap(), u);
+        assert!(serde_json::from_str::<Unrecorded>(r#"{"fine":1}"#).is_err());
+        // Stats without the field (an older writer) read as none.
+        let stats: AuditStats =
+            serde_json::from_str(r#"{"records":1,"terminal_records":1,"batches":1}"#).unwrap();
+        assert!(stats.unrecorded.is_empty());
+    }
 }

@@ -13,10 +13,12 @@
 pub(crate) mod cli;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
+pub(crate) mod outage;
 pub(crate) mod scratch;
 #[cfg(feature = "cli")]
 pub(crate) mod serving;
 pub(crate) mod streaming;
+pub(crate) mod small_disk;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

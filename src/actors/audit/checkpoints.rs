@@ -18,6 +18,13 @@
 //!   order, so a clear is never overtaken by an older save.
 //! - **A save that waits is answered.** A run being admitted (its first
 //!   checkpoint) gets `Ok` once the save is written, or the error.
+//! - **A step waits for its save.** A durable run's checkpoint after a
+//!   step comes with a [`SaveWaiter`]: it is told once that checkpoint (or
+//!   a later one of the run) is written, and told it is still waiting each
+//!   time a write fails (the run takes no next step meanwhile, and ends at
+//!   its deadline if the store never takes it). So a step's tools never
+//!   run again after `recover` once the run went on: a run that went on
+//!   has that step on record.
 //! - **Leases.** Every save holds the run under the host's lease (see
 //!   [`Lease`]); the task renews the host's lease and its run leases every
 //!   third of their length, so a live host's runs are never claimed, nor
@@ -56,10 +63,23 @@ pub(super) const RETRY_EVERY: Duration = Duration::from_millis(500);
 /// Who waits for a save.
 pub(super) type SaveAck = oneshot::Sender<Result<(), CheckpointError>>;
 
+/// A durable run waiting for its step's checkpoint to be written (see the
+/// module's guarantees). Called from the checkpoint task: both must return
+/// at once (send a message, beat).
+pub(crate) trait SaveWaiter: Send + 'static {
+    /// The checkpoint is written: the run goes on.
+    fn saved(self: Box<Self>);
+    /// A write failed and will be retried: the run still waits (and is
+    /// alive: waiting for the store is no stall).
+    fn still_waiting(&self);
+}
+
 /// Work for the checkpoint task.
 pub(super) enum CheckpointJob {
     /// Save a run's state (the latest of a run wins).
     Save(Box<Checkpoint>, Option<SaveAck>),
+    /// Save a run's state after a step; the run waits until it is written.
+    SaveStep(Box<Checkpoint>, Box<dyn SaveWaiter>),
     /// These runs' terminal records are in the store.
     Clear(Vec<RunId>),
     /// Write what is pending, then answer.
@@ -162,6 +182,7 @@ impl Checkpoints {
             rx,
             unsaved: HashMap::new(),
             acks: Vec::new(),
+            steps: HashMap::new(),
             uncleared: Vec::new(),
             held: HashSet::new(),
             watch,
@@ -195,6 +216,13 @@ impl Checkpoints {
         }
     }
 
+    /// Queues a step's save; `waiter` is told once it is written.
+    pub(super) fn save_step(&self, checkpoint: Box<Checkpoint>, waiter: Box<dyn SaveWaiter>) {
+        // If the task is gone (the host stopped) the waiter goes with the
+        // message: the run waits for its deadline or the host's shutdown.
+        let _ = self.tx.send(CheckpointJob::SaveStep(checkpoint, waiter));
+    }
+
     /// Queues clears (the runs' terminal records are in the store).
     pub(super) fn clear(&self, runs: Vec<RunId>) {
         if !runs.is_empty() {
@@ -224,6 +252,8 @@ struct Saver {
     unsaved: HashMap<RunId, Box<Checkpoint>>,
     /// Who waits for the unsaved ones.
     acks: Vec<SaveAck>,
+    /// Runs waiting for their step's checkpoint (its unsaved one).
+    steps: HashMap<RunId, Box<dyn SaveWaiter>>,
     /// Runs whose checkpoints are to be deleted.
     uncleared: Vec<RunId>,
     /// Runs saved under the host's lease and not cleared: those it holds.
@@ -289,9 +319,14 @@ impl Saver {
                 self.unsaved.insert(c.run_id, c);
                 self.acks.extend(ack);
             }
+            CheckpointJob::SaveStep(c, waiter) => {
+                self.steps.insert(c.run_id, waiter);
+                self.unsaved.insert(c.run_id, c);
+            }
             CheckpointJob::Clear(runs) => {
                 for run in &runs {
                     self.unsaved.remove(run);
+                    self.steps.remove(run);
                 }
                 self.uncleared.extend(runs);
             }
@@ -354,6 +389,7 @@ impl Saver {
         for run in &runs {
             self.held.remove(run);
             self.unsaved.remove(run);
+            self.steps.remove(run);
             if let Some(shared) = self.live.get(run) {
                 shared.command(Command::Fence);
             }
@@ -379,16 +415,25 @@ impl Saver {
                     for ack in self.acks.drain(..) {
                         let _ = ack.send(Ok(()));
                     }
+                    // The runs another host took over are stopped, not
+                    // sent on (`lost` drops their waiters).
                     self.lost(lost);
+                    for (_, waiter) in self.steps.drain() {
+                        waiter.saved();
+                    }
                     self.watch
                         .held
                         .store(self.held.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, runs = batch.len(), "cannot save checkpoints; retrying");
-                    // A run being admitted does not wait for a retry.
+                    // A run being admitted does not wait for a retry; a
+                    // run between steps does (bounded by its deadline).
                     for ack in self.acks.drain(..) {
                         let _ = ack.send(Err(e.clone()));
+                    }
+                    for waiter in self.steps.values() {
+                        waiter.still_waiting();
                     }
                 }
             }

@@ -30,14 +30,23 @@
 //!   the run's result channel: the result is handed to the caller only
 //!   once the batch holding its terminal record was written — to the
 //!   store, or to the spool while the store fails — so a caller never sees
-//!   a result that is not on record. When neither takes it, the result is
-//!   still delivered (a run never blocks on bookkeeping), the record is
-//!   held in memory, and the host stops admitting runs (below).
+//!   a result that is not on record. When neither takes it, the record is
+//!   held in memory, the host stops admitting runs (below), and:
+//!   - a run that is not durable gets its result at once (it never blocks
+//!     on bookkeeping); if its record is still held (or was dropped) when
+//!     the host shuts down, it is counted in [`AuditStats::unrecorded`] by
+//!     the status its caller was told;
+//!   - a durable run's result waits for the record to be written or
+//!     spooled, until the run's deadline; past it, the caller is told
+//!     `error`/`store_unavailable` ([`off_record`](crate::record::off_record))
+//!     and the held record is changed to say so. A durable run's result is
+//!     never `ok` off the record.
 //! - **Order.** The store receives every run's records in the order they
 //!   were produced, spool replays included.
 //! - **Checkpoints.** A durable run's checkpoint is cleared only once its
 //!   terminal record is in the store (not while it is in the spool or in
-//!   memory).
+//!   memory). A durable run's step checkpoint (`SaveStep`) is answered
+//!   once written: the run takes no next step before (see `checkpoints`).
 //! - **Fencing.** Records of a durable run another host took over (see
 //!   `checkpoints`) are dropped, its terminal record too: its caller gets a
 //!   `cancelled`/[`LEASE_LOST`](crate::record::LEASE_LOST) result. While
@@ -82,11 +91,13 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore};
+use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, Unrecorded};
 use crate::ports::checkpoint::{Checkpoint, CheckpointError, Checkpointer, Lease};
 use crate::ports::run::{RunId, RunResult};
 use crate::record::{Delivery, Finished, HostRuns, Terminal};
 use checkpoints::{Checkpoints, LeaseWatch};
+
+pub(crate) use checkpoints::SaveWaiter;
 
 /// Records held in memory at most while the store fails and no spool takes them.
 pub const HELD_MAX: usize = 100_000;
@@ -123,8 +134,20 @@ pub enum AuditMsg {
         record: AuditRecord,
         /// Where the result goes once the record is written.
         deliver: Delivery,
-        /// The run is durable: clear its checkpoint once the record is written.
+        /// The run is durable: clear its checkpoint once the record is
+        /// written, and (see the module's guarantees) deliver its result
+        /// once it is written or spooled, waiting at most
+        /// `deliver.wait_ms`.
         durable: bool,
+    },
+    /// A durable run's checkpoint after a step: the run takes its next
+    /// step once `waiter` is told it is written (told again each time a
+    /// write fails and is retried, so the wait counts as alive).
+    SaveStep {
+        /// The state to save.
+        checkpoint: Box<Checkpoint>,
+        /// The run waiting for it.
+        waiter: Box<dyn SaveWaiter>,
     },
     /// A durable run's checkpoint, handed to the checkpoint task at once
     /// (only the latest of a run is written); `saved` answers once it is.
@@ -214,6 +237,9 @@ pub struct AuditHealth {
     held: AtomicU64,
     /// Records in the spool, not yet in the store.
     spooled: AtomicU64,
+    /// Runs whose terminal records were held in memory or dropped when the
+    /// writer last drained (see [`AuditStats::unrecorded`]).
+    unrecorded: std::sync::Mutex<Unrecorded>,
 }
 
 impl AuditHealth {
@@ -232,6 +258,16 @@ impl AuditHealth {
     /// Records in the spool not yet replayed into the store.
     pub fn spooled(&self) -> u64 {
         self.spooled.load(Ordering::Relaxed)
+    }
+
+    /// Runs whose terminal records reached neither the store nor the
+    /// spool, as of the last drain, by the status their callers were told.
+    pub fn unrecorded(&self) -> Unrecorded {
+        *self.unrecorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_unrecorded(&self, u: Unrecorded) {
+        *self.unrecorded.lock().unwrap_or_else(|p| p.into_inner()) = u;
     }
 }
 
@@ -257,7 +293,14 @@ pub struct Audit {
     pub(crate) live: Arc<HostRuns>,
 }
 
-type Waiter = (Delivery, Arc<RunResult>);
+/// A result waiting for its terminal record to be written.
+struct Waiter {
+    deliver: Delivery,
+    result: Arc<RunResult>,
+    /// Set for a durable run: while its record is held in memory, its
+    /// result waits until this instant (then it is told `off_record`).
+    wait_until: Option<tokio::time::Instant>,
+}
 
 /// Work for the writer.
 enum Job {
@@ -345,7 +388,15 @@ impl Actor for Audit {
             } => {
                 st.buffer.extend(preceding);
                 if let AuditEntry::Terminal(res) = &record.entry {
-                    st.waiting.push((deliver, res.clone()));
+                    let wait_until = durable.then(|| {
+                        let wait = Duration::from_millis(u64::from(deliver.wait_ms));
+                        tokio::time::Instant::now() + wait
+                    });
+                    st.waiting.push(Waiter {
+                        deliver,
+                        result: res.clone(),
+                        wait_until,
+                    });
                 }
                 if durable {
                     st.durable_ended.push(record.run_id);
@@ -354,6 +405,10 @@ impl Actor for Audit {
             }
             AuditMsg::Checkpoint { checkpoint, saved } => {
                 st.checkpoints.save(checkpoint, saved);
+                return Ok(());
+            }
+            AuditMsg::SaveStep { checkpoint, waiter } => {
+                st.checkpoints.save_step(checkpoint, waiter);
                 return Ok(());
             }
             AuditMsg::Paused { gap } => {
@@ -375,6 +430,7 @@ impl Actor for Audit {
                 let mut stats = self.store.stats().await.unwrap_or_default();
                 stats.unwritten = self.health.unwritten();
                 stats.spooled = self.health.spooled();
+                stats.unrecorded = self.health.unrecorded();
                 let _ = reply.send(stats);
                 return Ok(());
             }
@@ -472,7 +528,7 @@ async fn drain_writer(st: &mut AuditState) {
 
 /// Hands results to their callers.
 fn deliver(waiting: Vec<Waiter>) {
-    for (tx, res) in waiting {
-        let _ = tx.send(res);
+    for w in waiting {
+        let _ = w.deliver.send(w.result);
     }
 }

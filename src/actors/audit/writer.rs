@@ -6,9 +6,10 @@
 //! Guarantees (see the actor's module for the whole story): batches reach
 //! the store in the order the actor cut them, behind whatever the spool or
 //! memory still holds; a result is handed over once its batch was written
-//! to the store or the spool (or, when neither works, held); a durable
-//! run's checkpoint is cleared only once its terminal record is in the
-//! store.
+//! to the store or the spool (or, when neither works, held — a durable
+//! run's result then waits for a write that works, until its deadline,
+//! and is `off_record` past it); a durable run's checkpoint is cleared
+//! only once its terminal record is in the store.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -29,9 +30,9 @@ use super::{
     deliver, Audit, AuditHealth, AuditMsg, Demand, Job, Waiter, BACKOFF_MAX, BACKOFF_MIN,
     COALESCE_BATCHES, HELD_MAX, REPLAY_CHUNKS_PER_WRITE,
 };
-use crate::ports::audit::{AuditRecord, AuditStore, AuditStoreError};
+use crate::ports::audit::{AuditEntry, AuditRecord, AuditStore, AuditStoreError, Unrecorded};
 use crate::ports::run::{RunId, RunResult, RunStatus};
-use crate::record::{Ending, LEASE_LOST};
+use crate::record::{off_record, Ending, LEASE_LOST};
 
 /// The writer task: owns the store side — appends, the spool, the outage
 /// backoff, the records held in memory.
@@ -57,6 +58,11 @@ pub(super) struct Writer {
     spool_broken: bool,
     /// Records dropped because they could be neither written nor held.
     dropped: u64,
+    /// The runs whose terminal records were among them.
+    dropped_terminal: Unrecorded,
+    /// Durable runs' results waiting for their held terminal records to
+    /// be written or spooled (each until its deadline).
+    patient: Vec<Waiter>,
     /// Where checkpoint clears go.
     checkpoints: Checkpoints,
     /// What the host knows of its leases (fencing).
@@ -132,6 +138,8 @@ impl Writer {
             spool_offset: 0,
             spool_broken: false,
             dropped: 0,
+            dropped_terminal: Unrecorded::default(),
+            patient: Vec::new(),
             checkpoints,
             lease_watch: audit.lease_watch.clone(),
             health: audit.health.clone(),
@@ -237,8 +245,9 @@ impl Writer {
                 self.settle_in_flight(None).await;
                 self.hold(batch);
                 self.write(drain.is_some()).await;
-                deliver(waiting);
+                self.hand_over(waiting);
                 if let Some(tx) = drain {
+                    self.note_unrecorded();
                     self.checkpoints.flush().await;
                     let _ = tx.send(());
                 }
@@ -247,14 +256,18 @@ impl Writer {
             Some(Job::Drain(tx)) => {
                 self.settle_in_flight(None).await;
                 self.write(true).await;
+                self.note_unrecorded();
                 self.checkpoints.flush().await;
                 let _ = tx.send(());
                 true
             }
             None => {
-                // The actor stopped: write everything, then end.
+                // The actor stopped: write everything, then end; durable
+                // results still waiting are told they are off the record.
                 self.settle_in_flight(None).await;
                 self.write(true).await;
+                self.give_up(true);
+                self.note_unrecorded();
                 self.checkpoints.flush().await;
                 false
             }
@@ -285,7 +298,7 @@ impl Writer {
             "records of durable runs another host took over were not written"
         );
         self.unsettled.retain(|r| !fenced.contains(r));
-        for (_, result) in waiting.iter_mut() {
+        for Waiter { result, .. } in waiting.iter_mut() {
             if fenced.contains(&result.run_id) && result.error_kind.as_deref() != Some(LEASE_LOST) {
                 let ending = Ending::fenced();
                 *result = Arc::new(RunResult {
@@ -369,7 +382,7 @@ impl Writer {
 
     /// A pipelined batch is written, or not: then its records take the
     /// serial path's way (spool, or held), behind those of batches before
-    /// it. Its results are delivered either way, as on the serial path.
+    /// it. Its results are handed over as on the serial path.
     async fn settle(&mut self, res: AppendOutcome, waiting: Vec<Waiter>, settles: Vec<RunId>) {
         match res {
             Ok(()) => self.settle_runs(settles),
@@ -379,7 +392,75 @@ impl Writer {
                 self.write(false).await;
             }
         }
-        deliver(waiting);
+        self.hand_over(waiting);
+    }
+
+    /// Hands over the results of a batch just written (or not): at once
+    /// when nothing is held — their records are in the store or the spool.
+    /// While records are held, a result that is not durable still goes at
+    /// once (a run never blocks on bookkeeping; it is counted at shutdown
+    /// if its record is still held), and a durable run's waits for a write
+    /// that works, until its deadline (`give_up`).
+    fn hand_over(&mut self, waiting: Vec<Waiter>) {
+        if self.held.is_empty() {
+            return deliver(waiting);
+        }
+        for w in waiting {
+            if w.wait_until.is_some() {
+                self.patient.push(w);
+            } else {
+                let _ = w.deliver.send(w.result);
+            }
+        }
+        self.give_up(false);
+    }
+
+    /// Durable results waiting on held records: delivered once nothing is
+    /// held (written or spooled); otherwise those past their deadline (or
+    /// all, with `all`) are told they are off the record, and their held
+    /// terminal records are changed to say what their callers were told.
+    fn give_up(&mut self, all: bool) {
+        if self.patient.is_empty() {
+            return;
+        }
+        if self.held.is_empty() {
+            return deliver(std::mem::take(&mut self.patient));
+        }
+        let now = Instant::now();
+        let (due, wait): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.patient)
+            .into_iter()
+            .partition(|w| all || w.wait_until.is_some_and(|t| now >= t));
+        self.patient = wait;
+        for w in due {
+            let told = Arc::new(off_record(&w.result));
+            if let Some(r) = self
+                .held
+                .iter_mut()
+                .rev()
+                .find(|r| r.run_id == told.run_id && r.is_terminal())
+            {
+                r.entry = AuditEntry::Terminal(told.clone());
+            }
+            tracing::error!(run_id = %told.run_id, "a durable run's terminal record could be written neither to the audit store nor to its spool before its deadline: its caller is told error/store_unavailable");
+            let _ = w.deliver.send(told);
+        }
+    }
+
+    /// The runs whose terminal records are held or were dropped, by the
+    /// status their callers were (or, waiting, will be) told: for the
+    /// host's shutdown report.
+    fn note_unrecorded(&self) {
+        let mut u = self.dropped_terminal;
+        for r in &self.held {
+            if let AuditEntry::Terminal(res) = &r.entry {
+                if self.patient.iter().any(|w| w.result.run_id == r.run_id) {
+                    u.add(RunStatus::Error);
+                } else {
+                    u.add(res.status);
+                }
+            }
+        }
+        self.health.set_unrecorded(u);
     }
 
     /// Holds a batch to write: moved in when nothing else is held (no
@@ -398,10 +479,15 @@ impl Writer {
         if !self.spool_pending && self.held.is_empty() {
             return None;
         }
-        let delay = match &self.outage {
-            Some(o) => o.retry_at.saturating_duration_since(Instant::now()),
+        let now = Instant::now();
+        let mut delay = match &self.outage {
+            Some(o) => o.retry_at.saturating_duration_since(now),
             None => self.max_age,
         };
+        // A durable result waiting past its deadline is told so then.
+        if let Some(first) = self.patient.iter().filter_map(|w| w.wait_until).min() {
+            delay = delay.min(first.saturating_duration_since(now));
+        }
         Some(delay.max(Duration::from_millis(1)))
     }
 
@@ -450,6 +536,7 @@ impl Writer {
         }
         if self.held.is_empty() {
             self.report();
+            self.give_up(false);
             return;
         }
         if let Some(path) = &self.spool {
@@ -472,6 +559,7 @@ impl Writer {
         }
         self.bound();
         self.report();
+        self.give_up(false);
         crate::telemetry::audit_held(self.held.len(), self.spool.as_deref());
     }
 
@@ -569,7 +657,14 @@ impl Writer {
     fn bound(&mut self) {
         if self.held.len() > HELD_MAX {
             let cut = self.held.len() - HELD_MAX + HELD_MAX / 8;
-            self.held.drain(..cut);
+            for r in self.held.drain(..cut) {
+                if let AuditEntry::Terminal(res) = &r.entry {
+                    // A durable result still waiting is told it is off the record.
+                    let waits = self.patient.iter().any(|w| w.result.run_id == r.run_id);
+                    self.dropped_terminal
+                        .add(if waits { RunStatus::Error } else { res.status });
+                }
+            }
             self.dropped += cut as u64;
             tracing::error!(
                 dropped = cut,

@@ -5,6 +5,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::record::Finished;
 
 impl RunState {
     /// Ends the run: its ending is decided now and it stops what is in
@@ -13,7 +14,7 @@ impl RunState {
     /// (`killed`/`parent`) and finalizes once they have (each child's
     /// terminal record before its parent's), or after `kill_grace`. The
     /// shard drops the run once it is finalized.
-    pub(crate) fn finish(&mut self, ending: Ending) {
+    pub(crate) fn finish(&mut self, mut ending: Ending) {
         if self.done {
             return;
         }
@@ -25,7 +26,18 @@ impl RunState {
             }
             // The task itself gives the calls `kill_grace`, then drops them.
             Some(Inflight::Tools { cancel, .. }) => cancel.cancel(),
-            None => {}
+            Some(Inflight::Checkpoint) if ending.kill_reason == Some(KillReason::Deadline) => {
+                // Its deadline came while the store refused its last step:
+                // the run could not be kept on record.
+                ending = Ending::failed(
+                    RunStatus::Error,
+                    STORE_UNAVAILABLE,
+                    "the run's checkpoint could not be written before its deadline \
+                     (the checkpoint store refused it): the run stopped rather than \
+                     go on off the record",
+                );
+            }
+            Some(Inflight::Checkpoint) | None => {}
         }
         let children = self.shared.live_children();
         if children.is_empty() {
@@ -67,7 +79,15 @@ impl RunState {
         self.finalized = true;
         spans::run_ended(&self.span, &ending, || self.shared.partial().usage);
         let records = std::mem::take(&mut self.pending_audit);
-        send_finished(&self.audit, self.shared.finish_after(ending, records));
+        let mut finished = self.shared.finish_after(ending, records);
+        if let Finished::Terminal(t) = &mut finished {
+            // A durable run's result waits for its record, until its deadline.
+            if t.durable {
+                let left = self.watch.hard_deadline.saturating_duration_since(self.now);
+                t.deliver.wait_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+            }
+        }
+        send_finished(&self.audit, finished);
         if let Some(mut t) = self.ticket.take() {
             t.charge_runtime(self.started.elapsed());
             let mut spend = t.take_unmetered();

@@ -290,7 +290,6 @@ impl RunState {
                 return self.finish(e);
             }
         }
-        self.checkpoint();
-        self.step_due = true;
+        self.checkpoint_then_step();
     }
 }
