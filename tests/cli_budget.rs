@@ -157,3 +157,46 @@ fn a_persistent_token_limit_holds_under_a_concurrent_swarm() {
     assert!(spent < 11_000, "spent {spent}: {shown}");
     assert!(spent >= 9_000, "spent {spent}: {shown}");
 }
+
+#[test]
+fn a_manifest_budget_and_budget_tokens_add_to_the_stored_limit_not_replace_it() {
+    // The stored limit (10 000) is the tightest: the manifest's per-run
+    // budget and --budget-tokens do not lift it, and every token is
+    // recorded in the ledger (before, either one swapped the ledger for
+    // an in-memory one: 600 000 spent, 0 recorded).
+    let dir = Scratch::new("layered");
+    let db = dir.arg("a.db");
+    let manifest = dir.arg("k.yaml");
+    std::fs::write(
+        &manifest,
+        "name: k\ntools: [echo]\nbudget: { tokens: 100000 }\nscript:\n  - { tool: echo, args: { text: a }, usage: { input: 900, output: 100 }, latency: 20ms }\n  - { tool: echo, args: { text: b }, usage: { input: 900, output: 100 }, latency: 20ms }\n  - { text: done, usage: { input: 900, output: 100 }, latency: 20ms }\n",
+    )
+    .unwrap();
+    let out = agentvisor(&["--db", &db, "budget", "set", "swarm", "--tokens", "10000"]);
+    assert_eq!(out.status.code(), Some(0));
+    let summary = agentvisor(&[
+        "--db",
+        &db,
+        "swarm",
+        &manifest,
+        "--runs",
+        "200",
+        "--concurrency",
+        "50",
+        "--budget-tokens",
+        "600000",
+        "--json",
+    ]);
+    assert_eq!(summary.status.code(), Some(1), "not every run can be ok");
+    let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
+    assert!(
+        summary["by_status"]["budget_exceeded"].as_u64().unwrap() > 150,
+        "{summary}"
+    );
+    let shown = ok_json(&agentvisor(&[
+        "--db", &db, "budget", "show", "swarm", "--json",
+    ]));
+    let spent = shown["spent"]["tokens"].as_u64().unwrap();
+    assert!(spent < 11_000, "spent {spent}: {shown}");
+    assert!(spent >= 9_000, "recorded in the ledger: {shown}");
+}

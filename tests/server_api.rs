@@ -690,3 +690,60 @@ async fn a_client_that_stalls_mid_body_or_mid_headers_does_not_hold_its_connecti
     assert!(waited >= Duration::from_secs(10), "closed after {waited:?}");
     assert!(waited < Duration::from_secs(11), "closed after {waited:?}");
 }
+
+/// Each call 600 tokens, four in all; each run may spend 1 000.
+const BUDGETED: &str = r#"
+name: budgeted
+tools: [echo]
+budget: { tokens: 1000 }
+script:
+  - { tool: echo, args: { text: one }, usage: { input: 500, output: 100 } }
+  - { tool: echo, args: { text: two }, usage: { input: 500, output: 100 } }
+  - { tool: echo, args: { text: three }, usage: { input: 500, output: 100 } }
+  - { text: "done", usage: { input: 500, output: 100 } }
+"#;
+
+#[tokio::test]
+async fn budgets_hold_on_the_server_whatever_the_models_speed() {
+    // A scripted model answers at once: the run itself must stop it.
+    let (host, store) = support::host().await;
+    let s = support::loopback::start(host, store, &[QUICK, BUDGETED], false).await;
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=10",
+            None,
+            Some(json!({"agent": "budgeted"})),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["status"], "budget_exceeded", "{v}");
+    assert_eq!(v["result"]["kill_reason"], "budget", "{v}");
+    let used = &v["result"]["usage"];
+    let total = used["input_tokens"].as_u64().unwrap() + used["output_tokens"].as_u64().unwrap();
+    assert_eq!(total, 1200, "the reply that passed 1 000 was the last: {v}");
+
+    // The request's own budget_tokens, on an agent without one.
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=10",
+            None,
+            Some(json!({"agent": "quick", "input": "hi", "budget_tokens": 10})),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["status"], "budget_exceeded", "{v}");
+
+    // A zero budget is refused like any invalid body.
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs",
+            None,
+            Some(json!({"agent": "quick", "budget_tokens": 0})),
+        )
+        .await;
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(v["error"]["kind"], "invalid_body", "{v}");
+}

@@ -39,8 +39,10 @@ pub(crate) struct ChatArgs {
     /// The caller id the prompts are charged to.
     #[arg(long, default_value = "cli")]
     caller: String,
-    /// The caller's token budget for this chat.
-    #[arg(long, value_name = "N")]
+    /// A token budget for this chat's prompts together (at least 1): on
+    /// top of the manifest's `budget` (each prompt's) and the caller's
+    /// stored limits; the tightest wins.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     budget_tokens: Option<u64>,
     /// Chat with this model instead of the manifest's (`openai:MODEL`,
     /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).

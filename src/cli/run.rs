@@ -47,8 +47,10 @@ pub(crate) struct RunArgs {
     /// Print every event as one JSON line before the result.
     #[arg(long)]
     events: bool,
-    /// The caller's token budget for this run.
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    /// A token budget for this command (at least 1): on top of the
+    /// manifest's `budget` and the caller's stored limits; the tightest
+    /// wins.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
     budget_tokens: Option<u64>,
     /// The caller id the run is charged to.
     #[arg(long, default_value = "cli")]

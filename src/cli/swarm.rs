@@ -49,6 +49,11 @@ pub(crate) struct SwarmArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
+    /// A token budget for all of this swarm's runs together (at least 1):
+    /// on top of the manifest's `budget` (each run's) and the caller's
+    /// stored limits; the tightest wins.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
+    budget_tokens: Option<u64>,
     /// Named inputs of every run as a JSON object (see `run --inputs`).
     #[arg(long, value_name = "JSON")]
     inputs: Option<String>,
@@ -101,7 +106,7 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
         Ok(i) => i,
         Err(code) => return code,
     };
-    let (host, agent) = match super::prepare(&a.file, None, db, a.model.clone()).await {
+    let (host, agent) = match super::prepare(&a.file, a.budget_tokens, db, a.model.clone()).await {
         Ok(x) => x,
         Err(code) => return code,
     };

@@ -17,8 +17,8 @@ pub(crate) mod outage;
 pub(crate) mod scratch;
 #[cfg(feature = "cli")]
 pub(crate) mod serving;
-pub(crate) mod streaming;
 pub(crate) mod small_disk;
+pub(crate) mod streaming;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
