@@ -238,3 +238,61 @@ async fn an_absurd_usage_report_is_a_malformed_response_and_charges_nothing() {
         .unwrap();
     assert!(spent.tokens < 100, "{spent:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_session_prompt_is_held_to_its_manifests_budget() {
+    let yaml = with_budget(SPENDER, 1000);
+    let ledger = Arc::new(MemoryBudgetLedger::new());
+    let (host, model) = host_with(&yaml, ledger, HostConfig::default()).await;
+    let chat = host
+        .open_session(support::spec(&yaml), agentvisor::SessionOptions::default())
+        .await
+        .unwrap();
+    let r = chat.prompt("go").await.unwrap();
+    assert_stopped_by_budget(&r);
+    assert_eq!(model.calls(), 2, "{r:?}");
+    host.shutdown().await;
+}
+
+/// A worker that calls `echo` for ever, 600 tokens a call.
+const WORKER: &str = "name: worker\nmodel: scripted\ntools: [echo]\nlimits: { max_iterations: 1000, repeat_limit: 10000 }\nscript:\n  - { tool: echo, args: { text: w }, usage: { input: 500, output: 100 }, forever: true }\n";
+
+#[tokio::test(start_paused = true)]
+async fn a_sub_agent_spends_its_parents_run_budget() {
+    let scratch = support::scratch::Scratch::new("budget-child");
+    let worker = scratch.0.join("worker.yaml");
+    std::fs::write(&worker, WORKER).unwrap();
+    // The parent may spend 1 000 tokens, its sub-agent's included; the
+    // child has no budget of its own.
+    let parent = format!(
+        "name: lead\nmodel: scripted\nagents:\n  worker: {}\nbudget: {{ tokens: 1000 }}\nscript:\n  - {{ tool: agent__worker, args: {{ prompt: work }}, usage: {{ input: 90, output: 10 }} }}\n  - {{ text: done, usage: {{ input: 90, output: 10 }} }}\n",
+        worker.display()
+    );
+    let path = scratch.0.join("lead.yaml");
+    std::fs::write(&path, &parent).unwrap();
+    let spec = agentvisor::AgentSpec::from_file(&path).unwrap();
+    let (host, store) = support::host().await;
+    let root = host
+        .submit(spec, Invocation::prompt("go"))
+        .await
+        .unwrap()
+        .await;
+    host.shutdown().await;
+
+    use agentvisor::ports::audit::{RunFilter, RunIndex};
+    let runs = store.list_runs(&RunFilter::default()).await.unwrap();
+    assert_eq!(runs.len(), 2, "the lead and its worker");
+    let mut total = 0;
+    for s in runs {
+        let r = store.run_result(s.run_id).await.unwrap().unwrap();
+        total += r.usage.total();
+        if &*r.agent == "worker" {
+            // 100 (lead) + 600 + 600 passes 1 000: the child stops there.
+            assert_stopped_by_budget(&r);
+            assert_eq!(r.usage.total(), 1200, "{r:?}");
+        }
+    }
+    // The lead cannot go on either: its run budget is spent.
+    assert_eq!(root.status, RunStatus::BudgetExceeded, "{root:?}");
+    assert_eq!(total, 1300, "the tree passed its budget by one reply");
+}
