@@ -16,20 +16,7 @@ use std::time::Duration;
 use agentvisor::ports::budget::{BudgetLedger, BudgetLimits};
 use agentvisor::stores::MemoryBudgetLedger;
 use agentvisor::{Host, HostConfig, Invocation, KillReason, RunResult, RunStatus};
-use support::RecordingModel;
-
-/// Each call costs 600 tokens; four calls in all (2 400 tokens). It
-/// answers at once, so nothing but a synchronous check can stop it.
-const SPENDER: &str = r#"
-name: spender
-model: recorded
-tools: [echo]
-script:
-  - { tool: echo, args: { text: one }, usage: { input: 500, output: 100 } }
-  - { tool: echo, args: { text: two }, usage: { input: 500, output: 100 } }
-  - { tool: echo, args: { text: three }, usage: { input: 500, output: 100 } }
-  - { text: "done", usage: { input: 500, output: 100 } }
-"#;
+use support::{RecordingModel, SPENDER};
 
 fn with_budget(yaml: &str, tokens: u64) -> String {
     format!("{yaml}budget: {{ tokens: {tokens} }}\n")

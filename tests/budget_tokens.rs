@@ -13,19 +13,7 @@ use std::time::Duration;
 use agentvisor::ports::budget::{BudgetLedger, BudgetLimits};
 use agentvisor::stores::MemoryBudgetLedger;
 use agentvisor::{AgentSpec, Host, Invocation, KillReason, RunStatus};
-use support::RecordingModel;
-
-/// Each model call costs 600 tokens.
-const SPENDER: &str = r#"
-name: spender
-model: recorded
-tools: [echo]
-script:
-  - { tool: echo, args: { text: one }, usage: { input: 500, output: 100 } }
-  - { tool: echo, args: { text: two }, usage: { input: 500, output: 100 } }
-  - { tool: echo, args: { text: three }, usage: { input: 500, output: 100 } }
-  - { text: "done", usage: { input: 500, output: 100 } }
-"#;
+use support::{RecordingModel, SPENDER};
 
 fn limit(tokens: u64) -> BudgetLimits {
     BudgetLimits {

@@ -124,6 +124,18 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every status, in a fixed order.
+    pub const ALL: [RunStatus; 8] = [
+        RunStatus::Ok,
+        RunStatus::Error,
+        RunStatus::Timeout,
+        RunStatus::Killed,
+        RunStatus::BudgetExceeded,
+        RunStatus::Cancelled,
+        RunStatus::Rejected,
+        RunStatus::DryRun,
+    ];
+
     /// The stable snake_case name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -150,17 +162,8 @@ impl std::str::FromStr for RunStatus {
 
     /// The status whose [`as_str`](RunStatus::as_str) is `s`.
     fn from_str(s: &str) -> Result<Self, UnknownStatus> {
-        const ALL: [RunStatus; 8] = [
-            RunStatus::Ok,
-            RunStatus::Error,
-            RunStatus::Timeout,
-            RunStatus::Killed,
-            RunStatus::BudgetExceeded,
-            RunStatus::Cancelled,
-            RunStatus::Rejected,
-            RunStatus::DryRun,
-        ];
-        ALL.into_iter()
+        Self::ALL
+            .into_iter()
             .find(|status| status.as_str() == s)
             .ok_or_else(|| UnknownStatus(s.to_string()))
     }

@@ -171,6 +171,19 @@ impl ChatModel for PanickingModel {
     }
 }
 
+/// Four model calls of 600 tokens each (2 400 in all): three `echo` steps,
+/// then an answer, on the [`RecordingModel`] (`model: recorded`).
+pub(crate) const SPENDER: &str = r#"
+name: spender
+model: recorded
+tools: [echo]
+script:
+  - { tool: echo, args: { text: one }, usage: { input: 500, output: 100 } }
+  - { tool: echo, args: { text: two }, usage: { input: 500, output: 100 } }
+  - { tool: echo, args: { text: three }, usage: { input: 500, output: 100 } }
+  - { text: "done", usage: { input: 500, output: 100 } }
+"#;
+
 /// A scripted model (the manifest's `script`) that also records the
 /// transcript of every request it gets. Register it with
 /// `builder().model("recorded", model)` and write `model: recorded`.
