@@ -270,7 +270,7 @@ impl Host {
             // Durability: a run admitted now could not be recorded.
             Some(Ending::failed(
                 RunStatus::Rejected,
-                "store_unavailable",
+                record::STORE_UNAVAILABLE,
                 "neither the audit store nor its spool can take records",
             ))
         } else if let Some(cap) = h
