@@ -60,31 +60,31 @@
 //!   tool calls (GenAI semantic conventions), exported over OTLP/HTTP.
 
 pub(crate) mod actors;
-pub mod agent;
-pub mod compaction;
-pub mod handle;
-pub mod host;
+mod base;
+mod facade;
+mod kernel;
 pub mod mcp;
-#[cfg(feature = "otel")]
-pub mod otel;
-pub mod output;
-pub mod panics;
-pub mod pipeline;
-pub mod policy;
+mod observability;
+mod orchestration;
 pub mod ports;
-pub mod pricing;
 pub mod providers;
-mod record;
-pub mod replay;
-pub mod secrets;
 #[cfg(feature = "server")]
 pub mod server;
-pub mod session;
 pub mod soak;
-pub mod spec;
 pub mod stores;
-pub mod telemetry;
 pub mod tools;
+
+// The layers' modules keep their paths of the public API
+// (`agentvisor::spec`, `agentvisor::host`, …) and of the crate
+// (`crate::spec`, `crate::record`, …).
+pub use base::{panics, secrets};
+pub use facade::{handle, host};
+pub(crate) use kernel::record;
+pub use kernel::{agent, compaction, output, policy, pricing, spec};
+#[cfg(feature = "otel")]
+pub use observability::otel;
+pub use observability::telemetry;
+pub use orchestration::{pipeline, replay, session};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

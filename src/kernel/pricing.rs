@@ -28,7 +28,7 @@ use serde::Deserialize;
 use crate::ports::run::Usage;
 
 /// The table, as shipped.
-const PRICES_JSON: &str = include_str!("../data/prices.json");
+const PRICES_JSON: &str = include_str!("../../data/prices.json");
 
 /// One model's prices (micro-dollars per million tokens) and context window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -13,9 +13,9 @@ use axum::Router;
 
 use super::AppState;
 
-const INDEX: &str = include_str!("dashboard/index.html");
-const SCRIPT: &str = include_str!("dashboard/app.js");
-const STYLE: &str = include_str!("dashboard/style.css");
+const INDEX: &str = include_str!("index.html");
+const SCRIPT: &str = include_str!("app.js");
+const STYLE: &str = include_str!("style.css");
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()

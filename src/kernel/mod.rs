@@ -1,0 +1,14 @@
+//! The run-side kernel: what the actors call. Manifests and limits
+//! (`spec`), a manifest resolved to run (`agent`), the run's shared record
+//! (`record`), the default critic policy (`policy`), prices (`pricing`),
+//! structured output (`output`) and context compaction (`compaction`).
+//! The kernel imports ports, batteries' configuration types and base
+//! types; never the facade or orchestration.
+
+pub mod agent;
+pub mod compaction;
+pub mod output;
+pub mod policy;
+pub mod pricing;
+pub(crate) mod record;
+pub mod spec;
