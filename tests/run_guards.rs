@@ -311,3 +311,54 @@ script:
     assert!(r.critic.is_empty(), "approval is no guard decision: {:?}", r.critic);
     host.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn max_calls_holds_across_a_resume() {
+    // Two sums, then a third asked for in the call a shutdown interrupts:
+    // the run resumed on another host knows its two earlier calls.
+    let yaml = r#"
+name: capped
+model: recorded
+durable: true
+tools: [add]
+guard:
+  - { tool: add, max_calls: 2 }
+script:
+  - { tool: add, args: { a: 1, b: 1 } }
+  - { tool: add, args: { a: 2, b: 2 } }
+  - { tool: add, args: { a: 3, b: 3 }, latency: 10s }
+  - { text: "done" }
+"#;
+    let audit = std::sync::Arc::new(agentvisor::stores::MemoryAuditStore::new());
+    let checkpoints = std::sync::Arc::new(agentvisor::stores::MemoryCheckpointer::new());
+    let host_on = |model| {
+        support::builder()
+            .model("recorded", model)
+            .audit_store(audit.clone())
+            .checkpointer(checkpoints.clone())
+            .build()
+    };
+    let first = host_on(RecordingModel::new(&support::spec(yaml)))
+        .await
+        .unwrap();
+    let handle = first
+        .submit(support::spec(yaml), Invocation::prompt("go"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.shutdown().await;
+    assert_eq!(handle.await.error_kind.as_deref(), Some("shutdown"));
+
+    let model = RecordingModel::new(&support::spec(yaml));
+    let second = host_on(model.clone()).await.unwrap();
+    let recovery = second.recover().await.unwrap();
+    let r = recovery.resumed.into_iter().next().expect("resumed").await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    let oks: Vec<bool> = r.steps.iter().map(|s| s.ok).collect();
+    assert_eq!(oks, [true, true, false], "{:?}", r.steps);
+    assert_eq!(
+        decisions(&r),
+        [decision(CriticAction::Deny, "guard", "add: max_calls 2 reached")]
+    );
+    second.shutdown().await;
+}

@@ -110,7 +110,10 @@ impl RunState {
             return Screened::Free;
         };
         if self.guard_counts.is_none() && guards.counters() > 0 {
-            self.guard_counts = Some((0..guards.counters()).map(|_| AtomicU32::new(0)).collect());
+            let counts: Arc<[AtomicU32]> =
+                (0..guards.counters()).map(|_| AtomicU32::new(0)).collect();
+            self.recount(guards, &counts);
+            self.guard_counts = Some(counts);
         }
         let counts = self.guard_counts.as_deref().unwrap_or(&[]);
         match guards.check(tool, args, counts, count) {
@@ -125,6 +128,44 @@ impl RunState {
                     kind: GUARD_DENIED,
                     message,
                 })
+            }
+        }
+    }
+
+    /// Counts what a resumed run's earlier calls counted: the calls of its
+    /// transcript that were answered, the last as many as it has steps (a
+    /// session's history before them belongs to earlier runs), except
+    /// those refused before any guard counted them. Calls a `wait` made
+    /// and calls cut by compaction are not in the transcript and are not
+    /// counted again. A run that has made no call yet reads nothing.
+    fn recount(&self, guards: &crate::spec::Guards, counts: &[AtomicU32]) {
+        let steps = self.shared.partial().steps.len();
+        if steps == 0 {
+            return;
+        }
+        let results: std::collections::HashMap<&str, &str> = self
+            .transcript
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .filter_map(|m| Some((m.tool_call_id.as_deref()?, m.content.as_str())))
+            .collect();
+        let answered: Vec<(&ToolCallRequest, &str)> = self
+            .transcript
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .flat_map(|m| m.tool_calls.iter())
+            .filter_map(|c| Some((c, *results.get(&*c.id)?)))
+            .collect();
+        let refused = ["guard_denied", "unknown_tool", "invalid_arguments"];
+        for (call, result) in &answered[answered.len().saturating_sub(steps)..] {
+            let kind = result
+                .strip_prefix("error: ")
+                .and_then(|e| e.split(':').next());
+            if kind.is_some_and(|k| refused.contains(&k)) {
+                continue;
+            }
+            if let Ok(args) = crate::tools::validate::parse_arguments(&call.arguments) {
+                guards.check(&call.name, &args, counts, true);
             }
         }
     }
