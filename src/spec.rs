@@ -43,8 +43,8 @@ pub use crate::ports::duration::{
 pub use crate::ports::limits::*;
 pub use approval::APPROVE_ALL;
 pub use guard::{
-    glob_matches, ArgsPattern, GuardAction, GuardRule, GuardVerdict, Guards, OutputGuard, GUARDRAIL,
-    GUARD_DENIED,
+    glob_matches, ArgsPattern, GuardAction, GuardRule, GuardVerdict, Guards, OutputGuard,
+    GUARDRAIL, GUARD_DENIED,
 };
 pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use palette::{SubAgent, SubAgentRef};

@@ -27,7 +27,10 @@ fn bad_guard_entries_exit_2_naming_the_key_and_line() {
             "  - { tool: add, args: { pointer: /a, matches: \"(\" }, action: deny }",
             "`args.matches` is not a usable regular expression",
         ),
-        ("  - { tool: add, action: deny, max_calls: 2 }", "`max_calls` with `action: deny`"),
+        (
+            "  - { tool: add, action: deny, max_calls: 2 }",
+            "`max_calls` with `action: deny`",
+        ),
     ];
     for (i, (entry, says)) in cases.iter().enumerate() {
         let file = dir.path(&format!("bad{i}.yaml"));

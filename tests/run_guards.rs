@@ -38,13 +38,7 @@ async fn start(
 }
 
 /// Runs `yaml` to its end: the result, its audited events, the model.
-async fn run(
-    yaml: &str,
-) -> (
-    RunResult,
-    Vec<RunEvent>,
-    std::sync::Arc<RecordingModel>,
-) {
+async fn run(yaml: &str) -> (RunResult, Vec<RunEvent>, std::sync::Arc<RecordingModel>) {
     let (host, store, model, handle, events) = start(yaml).await;
     drop(events);
     let r = handle.await;
@@ -147,7 +141,11 @@ script:
     assert_eq!(model.tool_messages(1), ["5", "HI"]);
     assert_eq!(
         decisions(&r),
-        [decision(CriticAction::Ask, "guard", "add: sums need a look")]
+        [decision(
+            CriticAction::Ask,
+            "guard",
+            "add: sums need a look"
+        )]
     );
     host.shutdown().await;
     let audited = support::audited_events(&support::records(&store, r.run_id).await);
@@ -217,10 +215,7 @@ script:
     let details: Vec<String> = decisions(&r).into_iter().map(|d| d.2).collect();
     assert_eq!(
         details,
-        [
-            "echo: denied by guard `*`",
-            "upper: denied by guard `*`"
-        ]
+        ["echo: denied by guard `*`", "upper: denied by guard `*`"]
     );
 }
 
@@ -308,7 +303,11 @@ script:
     let r = handle.await;
     assert_eq!(r.status, RunStatus::Ok);
     assert_eq!(model.tool_messages(1), ["3", "HI"]);
-    assert!(r.critic.is_empty(), "approval is no guard decision: {:?}", r.critic);
+    assert!(
+        r.critic.is_empty(),
+        "approval is no guard decision: {:?}",
+        r.critic
+    );
     host.shutdown().await;
 }
 
@@ -358,7 +357,11 @@ script:
     assert_eq!(oks, [true, true, false], "{:?}", r.steps);
     assert_eq!(
         decisions(&r),
-        [decision(CriticAction::Deny, "guard", "add: max_calls 2 reached")]
+        [decision(
+            CriticAction::Deny,
+            "guard",
+            "add: max_calls 2 reached"
+        )]
     );
     second.shutdown().await;
 }

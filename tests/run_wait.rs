@@ -137,7 +137,11 @@ async fn changes_compares_with_the_first_result() {
     let r = s.handle.await;
     assert_eq!(r.status, RunStatus::Ok, "{r:?}");
     let w = waited(&s.model, 1);
-    assert_eq!((w["calls"].clone(), w["timed_out"].clone()), (json!(4), json!(false)), "{w}");
+    assert_eq!(
+        (w["calls"].clone(), w["timed_out"].clone()),
+        (json!(4), json!(false)),
+        "{w}"
+    );
     s.host.shutdown().await;
 }
 
@@ -240,10 +244,7 @@ async fn the_tool_a_wait_calls_passes_its_guards() {
     drop(s.events);
     let r = s.handle.await;
     assert_eq!(s.status.calls(), 0);
-    assert_eq!(
-        s.model.tool_messages(1),
-        ["error: guard_denied: no CI"]
-    );
+    assert_eq!(s.model.tool_messages(1), ["error: guard_denied: no CI"]);
     assert_eq!(
         r.critic[0].detail.as_deref(),
         Some("status: no CI (through wait)")
@@ -335,7 +336,10 @@ async fn wait_for_a_run_of_the_same_caller_but_not_of_another() {
         ..Invocation::prompt(prompt)
     };
     let job = host
-        .submit(support::spec(&sleeper("job", 5_000)), as_caller("ada", "work"))
+        .submit(
+            support::spec(&sleeper("job", 5_000)),
+            as_caller("ada", "work"),
+        )
         .await
         .unwrap();
     let job_id = job.run_id();
@@ -349,7 +353,11 @@ async fn wait_for_a_run_of_the_same_caller_but_not_of_another() {
         .unwrap();
     let r = mine.await;
     let w = waited_for(&r);
-    assert_eq!((w["status"].clone(), w["output"].clone()), (json!("ok"), json!("job done")), "{r:?}");
+    assert_eq!(
+        (w["status"].clone(), w["output"].clone()),
+        (json!("ok"), json!("job done")),
+        "{r:?}"
+    );
     let r = theirs.await;
     let out = r.output.clone().unwrap_or_default();
     assert!(
@@ -372,7 +380,10 @@ async fn wait_for_a_run_of_the_same_caller_but_not_of_another() {
 async fn a_wait_for_a_run_times_out() {
     let (host, _store) = support::host().await;
     let job = host
-        .submit(support::spec(&sleeper("job", 600_000)), Invocation::prompt("work"))
+        .submit(
+            support::spec(&sleeper("job", 600_000)),
+            Invocation::prompt("work"),
+        )
         .await
         .unwrap();
     let yaml = waiter(job.run_id()).replace("timeout: 5m", "timeout: 1m");

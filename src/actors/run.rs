@@ -46,8 +46,9 @@
 //! handlers that read and write that state); what stands apart has a file
 //! of its own under `run/`: a turn's tool calls (`tools`), the summary call
 //! (`summary`), how a run ends (`ending`), what a model call reports
-//! while it runs (`observer`) and how a sub-agent's deadline follows its
-//! parent's (`parent`).
+//! while it runs (`observer`), how a sub-agent's deadline follows its
+//! parent's (`parent`), the guards a call and an answer pass (`guard`)
+//! and what a tool that works through its run reaches (`wait`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

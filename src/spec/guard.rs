@@ -38,9 +38,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use regex::{Regex, RegexBuilder};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-#[allow(unused_imports)]
-use super::*;
+use super::AgentSpec;
 
 /// The largest compiled size of one pattern: a manifest's regular
 /// expression cannot make the host compile an automaton of gigabytes.
@@ -205,7 +206,10 @@ impl Guards {
     /// The guards of `spec`, or `None` when it has none (its runs skip
     /// every guard check).
     pub fn of(spec: &AgentSpec) -> Option<Guards> {
-        let output = spec.output_guard.as_ref().map_or(&[][..], |o| &o.deny_patterns);
+        let output = spec
+            .output_guard
+            .as_ref()
+            .map_or(&[][..], |o| &o.deny_patterns);
         if spec.guard.is_empty() && output.is_empty() {
             return None;
         }
@@ -254,7 +258,13 @@ impl Guards {
     /// of them); with `count`, a call a `max_calls` rule lets through is
     /// counted, without it the check only looks (a call checked again
     /// later, when it really runs).
-    pub fn check(&self, tool: &str, args: &Value, counts: &[AtomicU32], count: bool) -> GuardVerdict {
+    pub fn check(
+        &self,
+        tool: &str,
+        args: &Value,
+        counts: &[AtomicU32],
+        count: bool,
+    ) -> GuardVerdict {
         let Some(rule) = self.rules.iter().find(|r| r.matches(tool, args)) else {
             return GuardVerdict::Pass;
         };
@@ -344,7 +354,10 @@ impl AgentSpec {
             let tool = &rule.tool;
             let line = at("guard", tool);
             if tool.trim().is_empty() {
-                return Err(format!("`guard` entry {n}: `tool` is empty{}", at("guard", "tool")));
+                return Err(format!(
+                    "`guard` entry {n}: `tool` is empty{}",
+                    at("guard", "tool")
+                ));
             }
             if !tool.contains('*') && !self.can_call(tool) {
                 return Err(format!(
@@ -470,7 +483,10 @@ mod tests {
         let c = counters(&g);
         assert_eq!(c.len(), 1);
         let check = |tool: &str, args: Value| g.check(tool, &args, &c, true);
-        assert_eq!(check("upper", json!({"text": "ok secret"})), GuardVerdict::Pass);
+        assert_eq!(
+            check("upper", json!({"text": "ok secret"})),
+            GuardVerdict::Pass
+        );
         assert_eq!(
             check("upper", json!({"text": "a secret"})),
             GuardVerdict::Deny {
@@ -504,7 +520,10 @@ mod tests {
             g.check("add", &json!({"a": 42, "b": 0}), &[], true),
             GuardVerdict::Deny { .. }
         ));
-        assert_eq!(g.check("add", &json!({"a": 4, "b": 0}), &[], true), GuardVerdict::Pass);
+        assert_eq!(
+            g.check("add", &json!({"a": 4, "b": 0}), &[], true),
+            GuardVerdict::Pass
+        );
     }
 
     #[test]
@@ -514,8 +533,8 @@ mod tests {
 
     #[test]
     fn output_patterns_name_the_first_match() {
-        let spec =
-            parse("output_guard: { deny_patterns: [\"password\", \"(?i)api[_-]?key\"] }\n").unwrap();
+        let spec = parse("output_guard: { deny_patterns: [\"password\", \"(?i)api[_-]?key\"] }\n")
+            .unwrap();
         let g = Guards::of(&spec).unwrap();
         assert!(!g.guards_calls() && g.guards_output());
         assert_eq!(g.output_violation("here is the API_KEY: x"), Some(1));
@@ -616,7 +635,9 @@ mod tests {
             ),
         ];
         for (yaml, says, line) in cases {
-            let e = parse(yaml).err().unwrap_or_else(|| panic!("accepted: {yaml}"));
+            let e = parse(yaml)
+                .err()
+                .unwrap_or_else(|| panic!("accepted: {yaml}"));
             assert!(e.contains(says), "{yaml}\n{e}");
             assert!(e.contains(line), "{yaml}\n{e}");
         }

@@ -157,9 +157,7 @@ fn duration_arg(args: &Value, key: &str, default: Duration) -> Result<Duration, 
             }
             _ => Err(bad(format!("`{n}` is not a number of seconds"))),
         },
-        Some(other) => Err(bad(format!(
-            "give a duration such as \"5s\", not {other}"
-        ))),
+        Some(other) => Err(bad(format!("give a duration such as \"5s\", not {other}"))),
     }
 }
 
@@ -354,8 +352,8 @@ async fn poll(
             });
             match result {
                 Ok(text) => {
-                    report["result"] = serde_json::from_str::<Value>(&text)
-                        .unwrap_or(Value::String(text));
+                    report["result"] =
+                        serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text));
                 }
                 Err(e) => report["error"] = Value::String(format!("{}: {e}", e.kind())),
             }
@@ -444,7 +442,8 @@ mod tests {
         let (p, timeout) = ok.unwrap();
         assert_eq!(timeout, DEFAULT_TIMEOUT);
         assert!(matches!(p, Plan::Tool { every, .. } if every == DEFAULT_EVERY));
-        let (p, timeout) = plan(json!({"run_id": "0000000000000000000000000000002a", "timeout": 30})).unwrap();
+        let (p, timeout) =
+            plan(json!({"run_id": "0000000000000000000000000000002a", "timeout": 30})).unwrap();
         assert!(matches!(p, Plan::Run(RunId(42))));
         assert_eq!(timeout, Duration::from_secs(30));
         for (args, says) in [
@@ -452,17 +451,43 @@ mod tests {
             (json!({"tool": "a", "run_id": "1"}), "not both"),
             (json!({"tool": "a"}), "`until` is missing"),
             (json!({"tool": "a", "until": {}}), "exactly one"),
-            (json!({"tool": "a", "until": {"equals": 1, "matches": "x"}}), "exactly one"),
-            (json!({"tool": "a", "until": {"changes": false}}), "must be true"),
-            (json!({"tool": "a", "until": {"matches": "("}}), "until.matches"),
-            (json!({"tool": "a", "until": {"pointer": "x", "equals": 1}}), "JSON pointer"),
-            (json!({"tool": "a", "until": {"changes": true}, "every": "10ms"}), "`every` must be"),
-            (json!({"tool": "a", "until": {"changes": true}, "timeout": "2h"}), "at most 60m"),
-            (json!({"tool": "a", "until": {"changes": true}, "timeout": "soon"}), "bad duration"),
+            (
+                json!({"tool": "a", "until": {"equals": 1, "matches": "x"}}),
+                "exactly one",
+            ),
+            (
+                json!({"tool": "a", "until": {"changes": false}}),
+                "must be true",
+            ),
+            (
+                json!({"tool": "a", "until": {"matches": "("}}),
+                "until.matches",
+            ),
+            (
+                json!({"tool": "a", "until": {"pointer": "x", "equals": 1}}),
+                "JSON pointer",
+            ),
+            (
+                json!({"tool": "a", "until": {"changes": true}, "every": "10ms"}),
+                "`every` must be",
+            ),
+            (
+                json!({"tool": "a", "until": {"changes": true}, "timeout": "2h"}),
+                "at most 60m",
+            ),
+            (
+                json!({"tool": "a", "until": {"changes": true}, "timeout": "soon"}),
+                "bad duration",
+            ),
             (json!({"run_id": "xyz"}), "not a run id"),
-            (json!({"run_id": "1", "until": {"changes": true}}), "goes with `tool`"),
+            (
+                json!({"run_id": "1", "until": {"changes": true}}),
+                "goes with `tool`",
+            ),
         ] {
-            let e = plan(args.clone()).err().unwrap_or_else(|| panic!("accepted {args}"));
+            let e = plan(args.clone())
+                .err()
+                .unwrap_or_else(|| panic!("accepted {args}"));
             assert!(e.contains(says), "{args}: {e}");
         }
     }

@@ -84,7 +84,10 @@ impl RunState {
                 Err(_) => Screened::Free,
             };
             let needs = screened == Screened::Ask;
-            let gate = match (screened, decided.iter().rev().find(|d| d.call_id == call.id)) {
+            let gate = match (
+                screened,
+                decided.iter().rev().find(|d| d.call_id == call.id),
+            ) {
                 (Screened::Denied(e), _) => Gate::Denied(e),
                 (Screened::Ask, Some(d)) => self.take_decision(d, &call.name),
                 (Screened::Ask, None) => Gate::Pending,

@@ -53,7 +53,12 @@ impl RunState {
     /// `ctx` with the run's access, for a call of a tool that uses its
     /// run; `approved` says the call was approved by an operator at
     /// dispatch (it covers the tool the call names, see `guard`).
-    pub(super) fn through_run(&self, ctx: ToolContext, args: &Value, approved: bool) -> ToolContext {
+    pub(super) fn through_run(
+        &self,
+        ctx: ToolContext,
+        args: &Value,
+        approved: bool,
+    ) -> ToolContext {
         let approved = approved
             .then(|| crate::tools::wait::inner_call(args).map(|(tool, _)| tool.to_string()))
             .flatten();
