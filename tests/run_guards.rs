@@ -365,3 +365,44 @@ script:
     );
     second.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_ending_keeps_an_output_the_output_guard_denies() {
+    // The reply that passes the budget would be kept as the output of a
+    // `budget_exceeded` run; it names an API key: withheld.
+    let yaml = r#"
+name: spent
+model: recorded
+budget: { tokens: 100 }
+output_guard: { deny_patterns: ["(?i)api[_-]?key"] }
+script:
+  - { text: "the API_KEY is hunter2", usage: { input: 200, output: 10 } }
+"#;
+    let (r, _audited, _model) = run(yaml).await;
+    assert_eq!(r.status, RunStatus::BudgetExceeded, "{r:?}");
+    assert_eq!(r.output, None, "{r:?}");
+    assert_eq!(
+        decisions(&r),
+        [decision(
+            CriticAction::Deny,
+            "output_guard",
+            "pattern 1 matched the run's output: withheld"
+        )]
+    );
+
+    // A run killed after a turn whose text names a key keeps no partial
+    // output either.
+    let yaml = r#"
+name: partial
+model: recorded
+tools: [sleep]
+limits: { max_runtime: 5s, hard_timeout: 5s, max_extensions: 0, stall_timeout: 1h, tool_timeout: 1h }
+output_guard: { deny_patterns: ["(?i)api[_-]?key"] }
+script:
+  - { text: "found the api_key, now sleeping", tool: sleep, args: { ms: 60000 } }
+  - { text: "never" }
+"#;
+    let (r, _audited, _model) = run(yaml).await;
+    assert_eq!(r.status, RunStatus::Timeout, "{r:?}");
+    assert_eq!(r.output, None, "{r:?}");
+}

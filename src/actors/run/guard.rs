@@ -21,8 +21,9 @@
 //! gets one repair turn (recognised in the transcript by
 //! [`OUTPUT_REPAIR_PREFIX`], so a resumed run does not repair twice); a
 //! second match ends the run `error`/`guardrail`. A refused answer is
-//! never the run's output (streamed deltas have gone out already; the
-//! audit log keeps what the model said).
+//! never the run's output, and no other ending keeps an output (or a
+//! partial output) that matches (streamed deltas have gone out already;
+//! the audit log keeps what the model said).
 //!
 //! Cost: a run whose manifest has no guard pays one branch per call and
 //! per answer, and allocates nothing.
@@ -189,6 +190,48 @@ impl RunState {
         let event = RunEvent::from_decision(d.clone());
         self.shared.partial().critic.push(d);
         self.event(event);
+    }
+
+    /// An ending other than a final answer (a budget passed by a reply, a
+    /// kill, an error) keeps no output an output-guard pattern matches —
+    /// its own, or the partial output it would fall back to: it is
+    /// withheld, and that is a `deny` decision. A final answer was checked
+    /// already (see [`output_refused`](Self::output_refused)).
+    pub(super) fn withhold_guarded_output(&mut self, ending: &mut Ending) {
+        if ending.status == RunStatus::Ok {
+            return;
+        }
+        let Some(guards) = self.agent.guards().filter(|g| g.guards_output()) else {
+            return;
+        };
+        // The ending's own output, then the partial output a finished
+        // run falls back to without one.
+        let own = ending
+            .output
+            .as_deref()
+            .and_then(|o| guards.output_violation(o));
+        if own.is_some() {
+            ending.output = None;
+        }
+        let partial = {
+            let mut p = self.shared.partial();
+            let hit = p
+                .last_text
+                .as_deref()
+                .and_then(|t| guards.output_violation(t));
+            if hit.is_some() {
+                p.last_text = None;
+            }
+            hit
+        };
+        let hit = own.or(partial);
+        if let Some(i) = hit {
+            self.guard_decided(
+                CriticAction::Deny,
+                "output_guard",
+                format!("pattern {} matched the run's output: withheld", i + 1),
+            );
+        }
     }
 
     /// Checks a final answer against the output guard: `true` when it is
