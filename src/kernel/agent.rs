@@ -9,7 +9,7 @@ use crate::output::OutputSchema;
 use crate::ports::checkpoint::EncodedJson;
 use crate::ports::model::{CallOptions, ChatModel};
 use crate::pricing::Price;
-use crate::spec::{AgentSpec, Limits};
+use crate::spec::{AgentSpec, Guards, Limits};
 use crate::tools::ToolSet;
 
 /// A prepared agent. Cheap to clone.
@@ -35,6 +35,9 @@ struct AgentInner {
     price: Option<Price>,
     /// The manifest's `output_schema`, compiled once.
     output: Option<OutputSchema>,
+    /// The manifest's `guard:` and `output_guard:`, compiled once; `None`
+    /// when it has neither (its runs check nothing).
+    guards: Option<Guards>,
     /// The manifest's model call options (sampling, `tool_choice`), built
     /// once; `None` when it sets none.
     options: Option<Arc<CallOptions>>,
@@ -60,6 +63,7 @@ impl Agent {
                 tool_names: Arc::from(spec.tools.clone()),
                 price: model.price_id().and_then(crate::pricing::lookup),
                 output: spec.output_schema.clone().map(OutputSchema::new),
+                guards: Guards::of(&spec),
                 options: spec.call_options().map(Arc::new),
                 spec,
                 model,
@@ -144,6 +148,11 @@ impl Agent {
     /// The schema the final answer must follow, if the manifest gives one.
     pub(crate) fn output(&self) -> Option<&OutputSchema> {
         self.inner.output.as_ref()
+    }
+
+    /// The guards its runs' calls and answers pass, if the manifest has any.
+    pub(crate) fn guards(&self) -> Option<&Guards> {
+        self.inner.guards.as_ref()
     }
 
     /// The model call options every call of its runs carries.

@@ -18,7 +18,8 @@
 //! and tool calls a run moves into tasks carry their span with them.
 //! Critic and operator decisions are events on the run's span (named like
 //! the run's events: `critic.steer`, `critic.extend`,
-//! `critic.raise_iterations`, `critic.kill`, with `reason` and `detail`);
+//! `critic.raise_iterations`, `critic.kill`, a guard's `critic.deny` and
+//! `critic.ask`, with `reason` and `detail`);
 //! a provider's retries are `model.retry` events on the call's span.
 //! No prompt, answer, tool argument or result is put on a span.
 //!

@@ -128,6 +128,8 @@ pub(crate) fn decided(d: &CriticDecision) {
             crate::CriticAction::Extend => "extend",
             crate::CriticAction::RaiseIterations => "raise_iterations",
             crate::CriticAction::Kill => "kill",
+            crate::CriticAction::Deny => "deny",
+            crate::CriticAction::Ask => "ask",
         },
         "reason" => d.reason.clone()
     )

@@ -103,6 +103,12 @@ pub enum RunEvent {
     /// The critic killed the run.
     #[serde(rename = "critic.kill")]
     CriticKill(CriticDecision),
+    /// A guard refused a tool call or a final answer.
+    #[serde(rename = "critic.deny")]
+    CriticDeny(CriticDecision),
+    /// A guard held a tool call for an operator's decision.
+    #[serde(rename = "critic.ask")]
+    CriticAsk(CriticDecision),
     /// A model call failed and is retried after a backoff (the critic saw
     /// it as a heartbeat).
     #[serde(rename = "model.retry")]
@@ -327,6 +333,8 @@ impl RunEvent {
             CriticAction::Extend => RunEvent::CriticExtend(d),
             CriticAction::RaiseIterations => RunEvent::CriticRaiseIterations(d),
             CriticAction::Kill => RunEvent::CriticKill(d),
+            CriticAction::Deny => RunEvent::CriticDeny(d),
+            CriticAction::Ask => RunEvent::CriticAsk(d),
         }
     }
 }

@@ -334,6 +334,10 @@ pub enum CriticAction {
     RaiseIterations,
     /// The run was killed.
     Kill,
+    /// A tool call (or a final answer) was refused by a guard.
+    Deny,
+    /// A tool call was held for an operator's decision by a guard.
+    Ask,
 }
 
 /// One critic decision, as it appears in the result, the event stream and
@@ -342,7 +346,8 @@ pub enum CriticAction {
 pub struct CriticDecision {
     /// What was done.
     pub action: CriticAction,
-    /// Why: `soft_timeout`, `stalled`, `runaway`, `deadline`, `operator`, …
+    /// Why: `soft_timeout`, `stalled`, `runaway`, `deadline`, `operator`,
+    /// `guard`, `output_guard`, …
     pub reason: String,
     /// Milliseconds since the run started.
     pub at_ms: u64,

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::event::RunEvent;
 use super::model::ToolSpec;
-use super::run::RunId;
+use super::run::{RunId, RunResult};
 
 /// Where a tool call's events go (the run's stream and audit log): set by
 /// the run for calls that run in a task.
@@ -34,6 +34,8 @@ pub struct ToolContext {
     deadline: Option<tokio::time::Instant>,
     /// Adds events to the run's stream.
     events: Option<ToolEvents>,
+    /// The run itself, for a tool that [uses it](Tool::uses_run).
+    run: Option<Arc<dyn RunAccess>>,
 }
 
 /// What a tool call calls to tell its run's critic it is alive.
@@ -59,7 +61,21 @@ impl ToolContext {
             beat: None,
             deadline: None,
             events: None,
+            run: None,
         }
+    }
+
+    /// With the run's tools and its caller's runs (for a tool that
+    /// [uses its run](Tool::uses_run)).
+    pub fn with_run(mut self, run: Arc<dyn RunAccess>) -> Self {
+        self.run = Some(run);
+        self
+    }
+
+    /// The run that made the call: its tools and its caller's runs. Set
+    /// only for a tool that [uses its run](Tool::uses_run).
+    pub fn run(&self) -> Option<&Arc<dyn RunAccess>> {
+        self.run.as_ref()
     }
 
     /// With a way to add events to the run's stream and audit log.
@@ -168,7 +184,21 @@ pub enum ToolError {
     },
 }
 
+/// The error kind of a call a tool guard denied (`guard:` in a manifest).
+pub const GUARD_DENIED: &str = "guard_denied";
+
 impl ToolError {
+    /// Whether the call was refused before its tool ran: an unknown tool,
+    /// bad arguments, or a denial by a guard or an operator
+    /// (`approval_denied`). Calling again as is gets the same answer.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            ToolError::UnknownTool(_) | ToolError::InvalidArguments(_) => true,
+            ToolError::Typed { kind, .. } => *kind == GUARD_DENIED || *kind == "approval_denied",
+            _ => false,
+        }
+    }
+
     /// Stable snake_case kind.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -213,4 +243,36 @@ pub trait Tool: Send + Sync + 'static {
     fn timeout_error(&self, timeout_ms: u64) -> ToolError {
         ToolError::Timeout(timeout_ms)
     }
+
+    /// Whether the tool works through the run that calls it (the built-in
+    /// `wait`): its calls get [`ToolContext::run`], run in a task bounded
+    /// by the run's deadline instead of the tool timeout (the calls it
+    /// makes through the run get the tool timeout each). Default no.
+    fn uses_run(&self) -> bool {
+        false
+    }
+}
+
+/// What a tool that [uses its run](Tool::uses_run) reaches through its
+/// context: the run's own tools, called with the checks of a direct call,
+/// and the runs of the run's caller. Implemented by the run.
+#[async_trait]
+pub trait RunAccess: Send + Sync + 'static {
+    /// Calls one of the run's tools as the model's own call of it would
+    /// be: a tool the run does not have is `unknown_tool`, arguments are
+    /// validated against its schema, its guards apply (`max_calls`
+    /// counts the call; a denial is recorded as the critic's), and a call
+    /// that needs an operator is refused unless the run approved it when
+    /// it dispatched the calling tool. Bounded by the tool timeout, its
+    /// result capped as any result.
+    async fn call_tool(&self, tool: &str, args: Value) -> Result<String, ToolError>;
+
+    /// Waits for run `run_id` to end and gives its result: a child of the
+    /// run, or any run of the same caller (live, or on record); another
+    /// caller's run, the run itself or one of its ancestors is refused.
+    async fn run_result(&self, run_id: RunId) -> Result<Arc<RunResult>, ToolError>;
+
+    /// How often a call that waits should [beat](ToolContext::beat) so the
+    /// run is not taken as stalled.
+    fn beat_every(&self) -> std::time::Duration;
 }

@@ -1,7 +1,8 @@
 //! The built-in tools: small, deterministic, and enough to drive every path
 //! a run can take through a tool call — a result (`add`, `upper`, `echo`),
 //! a slow call (`sleep`, on tokio's clock so paused-time tests control it),
-//! an error (`fail`) and a panic (`panic`).
+//! an error (`fail`) and a panic (`panic`) — and `wait` (see
+//! [`super::wait`]), which works through the run that calls it.
 //!
 //! Each schema is strict (`additionalProperties: false`), so the registry
 //! refuses a malformed call before the tool runs. The tools still decode
@@ -27,6 +28,7 @@ pub fn builtins() -> Vec<Arc<dyn Tool>> {
         Arc::new(SleepTool::new()),
         Arc::new(FailTool::new()),
         Arc::new(PanicTool::new()),
+        Arc::new(super::wait::WaitTool::new()),
     ]
 }
 

@@ -15,10 +15,14 @@
 //! - [`registry`]: [`ToolRegistry`], [`ToolSet`], [`PreparedCall`],
 //!   [`RegistryError`].
 //! - [`validate`]: the validation steps, as pure functions.
-//! - [`builtin`]: `add`, `upper`, `echo`, `sleep`, `fail`, `panic`.
+//! - [`builtin`]: `add`, `upper`, `echo`, `sleep`, `fail`, `panic`, and
+//!   [`wait`]'s tool.
+//! - [`wait`]: `wait`, which calls another of the run's tools on a timer
+//!   (or waits for a run) in place of the model.
 
 pub mod builtin;
 pub mod registry;
 pub mod validate;
+pub mod wait;
 
 pub use registry::{CompiledTool, PreparedCall, RegistryError, ToolRegistry, ToolSet};

@@ -27,7 +27,9 @@ use jsonschema::Validator;
 use serde_json::Value;
 
 use super::builtin::builtins;
-use super::validate::{compile_schema, validate_arguments, MAX_ERROR_BYTES};
+use super::validate::{
+    check_schema, compile_schema, require_object, validate_arguments, MAX_ERROR_BYTES,
+};
 use crate::ports::model::{ToolCallRequest, ToolSpec};
 use crate::ports::run::cap_text;
 use crate::ports::tool::{Tool, ToolContext, ToolError};
@@ -69,6 +71,9 @@ pub enum RegistryError {
 struct Entry {
     tool: Arc<dyn Tool>,
     validator: Arc<Validator>,
+    /// One of the [built-in tools](super::builtin) (a host's own tool of
+    /// the same name replaces it).
+    builtin: bool,
 }
 
 /// Every tool a host offers, by name, each with its schema compiled once.
@@ -93,18 +98,35 @@ impl ToolRegistry {
                 tracing::error!(error = %e, "built-in tool failed to register");
             }
         }
+        for entry in registry.entries.values_mut() {
+            entry.builtin = true;
+        }
         registry
     }
 
     /// Registers a tool under its spec's name, compiling its schema.
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        self.add(tool, false)
+    }
+
+    /// Registers a host's own tool: as [`register`](Self::register), but
+    /// it replaces a [built-in tool](super::builtin) of the same name (a
+    /// host that brings a tool called `wait` keeps its own). Any other
+    /// name taken is [`RegistryError::DuplicateTool`].
+    pub fn register_own(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        self.add(tool, true)
+    }
+
+    fn add(&mut self, tool: Arc<dyn Tool>, over_builtin: bool) -> Result<(), RegistryError> {
         let spec = tool.spec();
         let name = spec.name.clone();
         if !is_valid_name(&name) {
             return Err(RegistryError::InvalidName(cap_text(&name, 128)));
         }
-        if self.entries.contains_key(&name) {
-            return Err(RegistryError::DuplicateTool(name));
+        if let Some(taken) = self.entries.get(&name) {
+            if !(over_builtin && taken.builtin) {
+                return Err(RegistryError::DuplicateTool(name));
+            }
         }
         let validator =
             compile_schema(&spec.parameters).map_err(|message| RegistryError::InvalidSchema {
@@ -116,6 +138,7 @@ impl ToolRegistry {
             Entry {
                 tool,
                 validator: Arc::new(validator),
+                builtin: false,
             },
         );
         Ok(())
@@ -179,6 +202,7 @@ impl CompiledTool {
         Ok(CompiledTool(Entry {
             tool,
             validator: Arc::new(validator),
+            builtin: false,
         }))
     }
 
@@ -324,6 +348,24 @@ impl ToolSet {
             .get(&*call.name)
             .ok_or_else(|| ToolError::UnknownTool(cap_text(&call.name, 256)))?;
         let args = validate_arguments(&entry.validator, &call.arguments)?;
+        Ok(PreparedCall {
+            tool: Arc::clone(&entry.tool),
+            args,
+        })
+    }
+
+    /// Resolves and validates a call whose arguments are a JSON value
+    /// already (a call a tool makes through its run, see
+    /// [`RunAccess`](crate::ports::tool::RunAccess)): the name is in the
+    /// set, the arguments are an object that satisfies the tool's schema.
+    pub fn prepare_value(&self, name: &str, args: Value) -> Result<PreparedCall, ToolError> {
+        let entry = self
+            .inner
+            .entries
+            .get(name)
+            .ok_or_else(|| ToolError::UnknownTool(cap_text(name, 256)))?;
+        let args = require_object(args)?;
+        check_schema(&entry.validator, &args)?;
         Ok(PreparedCall {
             tool: Arc::clone(&entry.tool),
             args,
@@ -532,8 +574,32 @@ mod tests {
     fn builtins_all_register() {
         assert_eq!(
             registry().names(),
-            ["add", "echo", "fail", "panic", "sleep", "upper"]
+            ["add", "echo", "fail", "panic", "sleep", "upper", "wait"]
         );
+    }
+
+    #[test]
+    fn a_hosts_own_tool_replaces_a_builtin_only() {
+        let mut r = registry();
+        let own = |name: &str| {
+            Arc::new(Fixed(ToolSpec {
+                name: name.into(),
+                description: "mine".into(),
+                parameters: json!({"type": "object"}),
+            }))
+        };
+        assert!(r.register_own(own("wait")).is_ok());
+        let set = r.select(&["wait".to_string()]).unwrap_or_default();
+        assert_eq!(set.specs()[0].description, "mine");
+        // Twice is a duplicate: the first is no longer a built-in.
+        assert!(matches!(
+            r.register_own(own("wait")),
+            Err(RegistryError::DuplicateTool(_))
+        ));
+        assert!(matches!(
+            r.register(own("add")),
+            Err(RegistryError::DuplicateTool(_))
+        ));
     }
 
     #[test]

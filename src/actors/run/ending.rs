@@ -18,6 +18,8 @@ impl RunState {
         if self.done {
             return;
         }
+        // No ending keeps an output the output guard denies (see `guard`).
+        self.withhold_guarded_output(&mut ending);
         self.done = true;
         match self.inflight.take() {
             Some(Inflight::Model(h)) => {

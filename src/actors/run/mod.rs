@@ -46,8 +46,9 @@
 //! handlers that read and write that state); what stands apart has a file
 //! of its own under `run/`: a turn's tool calls (`tools`), the summary call
 //! (`summary`), how a run ends (`ending`), what a model call reports
-//! while it runs (`observer`) and how a sub-agent's deadline follows its
-//! parent's (`parent`).
+//! while it runs (`observer`), how a sub-agent's deadline follows its
+//! parent's (`parent`), the guards a call and an answer pass (`guard`)
+//! and what a tool that works through its run reaches (`wait`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -83,11 +84,13 @@ use crate::spec::Limits;
 
 mod approval;
 mod ending;
+mod guard;
 mod observer;
 pub(crate) mod parent;
 pub(crate) mod spans;
 mod summary;
 mod tools;
+mod wait;
 
 use observer::RunObserver;
 
@@ -185,6 +188,12 @@ pub enum RunMsg {
     CheckpointSaved {
         /// The wait's epoch (a stale answer is ignored).
         epoch: u32,
+    },
+    /// A guard denied a call a tool made through the run (`wait`'s, from
+    /// its task): the decision is recorded in the run's order.
+    GuardDenied {
+        /// The decision's detail.
+        detail: String,
     },
 }
 
@@ -299,6 +308,9 @@ pub struct RunState {
     /// A resumed run that was parked for approval when it was saved: its
     /// first step dispatches that turn again (see `approval`).
     resumed_turn: Option<Box<ParkedCalls>>,
+    /// The guards' `max_calls` counters, made at the first guarded call
+    /// of a run whose guards count (see `guard`).
+    guard_counts: Option<Arc<[std::sync::atomic::AtomicU32]>>,
     span: tracing::Span,
 }
 
@@ -378,6 +390,7 @@ impl RunState {
                 .as_ref()
                 .and_then(|c| c.parked.clone())
                 .map(Box::new),
+            guard_counts: None,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -477,6 +490,7 @@ impl RunState {
                     self.step_due = true;
                 }
             }
+            RunMsg::GuardDenied { detail } => self.denied_through_run(detail),
         }
     }
 
@@ -753,6 +767,10 @@ impl RunState {
                 role: "assistant".into(),
                 text: resp.text.clone(),
             });
+            // The output guard: one repair turn, then `guardrail`.
+            if self.output_refused(&resp.text) {
+                return;
+            }
             // Structured output (M7): one repair turn, then `invalid_output`.
             if let Some(Err(why)) = self.agent.output().map(|o| o.check(&resp.text)) {
                 if OutputSchema::repaired(&self.transcript) {

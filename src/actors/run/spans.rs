@@ -237,6 +237,8 @@ pub(crate) fn decided(run: &Span, d: &CriticDecision) {
             crate::ports::run::CriticAction::Extend => "critic.extend",
             crate::ports::run::CriticAction::RaiseIterations => "critic.raise_iterations",
             crate::ports::run::CriticAction::Kill => "critic.kill",
+            crate::ports::run::CriticAction::Deny => "critic.deny",
+            crate::ports::run::CriticAction::Ask => "critic.ask",
         };
         tracing::info!(
             parent: run,

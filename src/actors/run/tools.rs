@@ -6,6 +6,7 @@
 #[allow(unused_imports)]
 use super::*;
 
+use super::guard::Screened;
 use crate::ports::checkpoint::CallDecision;
 use crate::tools::PreparedCall;
 
@@ -76,12 +77,21 @@ impl RunState {
             });
             let prepared = self.agent.tools().prepare(call);
             // A call that cannot run (unknown tool, bad arguments) goes
-            // back to the model as an error: no operator is asked.
-            let needs = prepared.is_ok() && self.agent.spec().needs_approval(&call.name);
-            let gate = match decided.iter().rev().find(|d| d.call_id == call.id) {
-                Some(d) if needs => self.take_decision(d, &call.name),
-                _ if needs => Gate::Pending,
-                _ => Gate::Free,
+            // back to the model as an error: no guard or operator is asked.
+            // Guards and `approval:` decide the others (see `guard`).
+            let screened = match &prepared {
+                Ok(p) => self.screen(call, p),
+                Err(_) => Screened::Free,
+            };
+            let needs = screened == Screened::Ask;
+            let gate = match (
+                screened,
+                decided.iter().rev().find(|d| d.call_id == call.id),
+            ) {
+                (Screened::Denied(e), _) => Gate::Denied(e),
+                (Screened::Ask, Some(d)) => self.take_decision(d, &call.name),
+                (Screened::Ask, None) => Gate::Pending,
+                (Screened::Free, _) => Gate::Free,
             };
             gated |= gate == Gate::Pending;
             turn.push(TurnCall {
@@ -129,6 +139,7 @@ impl RunState {
         } in turn
         {
             let span = spans::tool(&self.span, &outcome.tool, &outcome.call_id);
+            let approved = gate == Gate::Approved;
             let prepared = match (gate, prepared) {
                 (Gate::Denied(e), _) | (_, Err(e)) => {
                     outcome.result = Err(e);
@@ -157,6 +168,14 @@ impl RunState {
                     .with_beat(beat)
                     .with_deadline(self.watch.deadline())
                     .with_events(sink);
+            }
+            let mut timeout = timeout;
+            if prepared.tool.uses_run() {
+                // `wait`: it reaches the run's tools and its caller's runs;
+                // its own calls get the tool timeout each, and the run's
+                // deadline bounds it.
+                ctx = self.through_run(ctx, &prepared.args, approved);
+                timeout = crate::spec::ABSOLUTE_DEADLINE;
             }
             let call = prepared.execute(ctx, timeout, cap);
             let fut: PendingTool = Box::pin(spans::instrument(call, spans::fork(&span)));

@@ -70,7 +70,8 @@ impl HostBuilder {
         self
     }
 
-    /// Adds a tool.
+    /// Adds a tool (one named like a built-in, such as `wait`, replaces
+    /// the built-in).
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.extra_tools.push(tool);
         self
@@ -138,7 +139,8 @@ impl HostBuilder {
     pub async fn build(self) -> Result<Host, HostError> {
         let mut tools = self.tools;
         for t in self.extra_tools {
-            tools.register(t)?;
+            // A host's own tool replaces a built-in of its name.
+            tools.register_own(t)?;
         }
         let mut c = self.config;
         if c.critic_shards == 0 || c.audit_batch == 0 {

@@ -460,7 +460,9 @@ impl RunShared {
         if let RunEvent::CriticSteer(d)
         | RunEvent::CriticExtend(d)
         | RunEvent::CriticRaiseIterations(d)
-        | RunEvent::CriticKill(d) = event
+        | RunEvent::CriticKill(d)
+        | RunEvent::CriticDeny(d)
+        | RunEvent::CriticAsk(d) = event
         {
             crate::telemetry::decided(d);
             if self.host.watched() {

@@ -28,6 +28,7 @@ pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 
 mod approval;
+mod guard;
 mod invocation;
 mod palette;
 mod phases;
@@ -41,6 +42,10 @@ pub use crate::ports::duration::{
 };
 pub use crate::ports::limits::*;
 pub use approval::APPROVE_ALL;
+pub use guard::{
+    glob_matches, ArgsPattern, GuardAction, GuardRule, GuardVerdict, Guards, OutputGuard,
+    GUARDRAIL, GUARD_DENIED,
+};
 pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
@@ -120,6 +125,14 @@ pub struct AgentSpec {
     /// `approval_timeout` in `limits`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approval: Vec<String>,
+    /// Tool guards: rules checked before a call runs, the first that
+    /// matches deciding (deny, ask, allow, `max_calls`; see [`GuardRule`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guard: Vec<GuardRule>,
+    /// Patterns the final answer must not match (one repair turn, then
+    /// `error`/`guardrail`; see [`OutputGuard`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_guard: Option<OutputGuard>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -283,6 +296,8 @@ impl AgentSpec {
             prompt: None,
             tools: Vec::new(),
             approval: Vec::new(),
+            guard: Vec::new(),
+            output_guard: None,
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -424,6 +439,7 @@ impl AgentSpec {
         }
         self.check_call_options(source)?;
         self.check_approval(source)?;
+        self.check_guards(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

@@ -37,6 +37,8 @@ pub(super) fn event_kind(body: &[u8]) -> &'static str {
         "critic.extend",
         "critic.raise_iterations",
         "critic.kill",
+        "critic.deny",
+        "critic.ask",
         "run.resumed",
         "model.retry",
         "transcript.compacted",
