@@ -41,6 +41,8 @@
 //! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
 //!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
 //! - [`pricing`]: the price table (costs in micro-dollars, context windows).
+//! - [`judge`]: the model judges: the critic's judge and the approval
+//!   judge — their questions, schemas and the reading of their answers.
 //! - [`output`]: structured output: the final answer's schema and its check.
 //! - [`compaction`]: context compaction: when to summarize a run's
 //!   transcript, where to cut it, what it becomes.
@@ -64,6 +66,7 @@ pub mod agent;
 pub mod compaction;
 pub mod handle;
 pub mod host;
+pub mod judge;
 pub mod mcp;
 #[cfg(feature = "otel")]
 pub mod otel;
@@ -98,7 +101,8 @@ pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::event::{Event, RunEvent};
 pub use ports::run::{
-    CriticAction, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
+    CriticAction, CriticDecision, CriticUsage, KillReason, RunId, RunResult, RunStatus, RunUsage,
+    StepRecord, Usage,
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
 pub use record::{Ending, LEASE_LOST, STORE_UNAVAILABLE, SUBSCRIBER_BUFFER};

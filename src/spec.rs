@@ -29,6 +29,7 @@ use crate::ports::model::{CallOptions, ToolChoice};
 
 mod approval;
 mod invocation;
+mod judge;
 mod palette;
 mod phases;
 mod script;
@@ -42,6 +43,7 @@ pub use crate::ports::duration::{
 pub use crate::ports::limits::*;
 pub use approval::APPROVE_ALL;
 pub use invocation::{fill_inputs, Invocation, MissingInput};
+pub use judge::{ApprovalSpec, JudgeSpec, PolicyName};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
 pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
@@ -117,9 +119,13 @@ pub struct AgentSpec {
     #[serde(default)]
     pub tools: Vec<String>,
     /// Tools whose calls wait for an operator's approval (`*`: all; see
-    /// `approval_timeout` in `limits`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approval: Vec<String>,
+    /// `approval_timeout` in `limits`): a list, or `{ tools, judge }` with
+    /// a model that approves or escalates each call first.
+    #[serde(default, skip_serializing_if = "ApprovalSpec::is_empty")]
+    pub approval: ApprovalSpec,
+    /// The critic's settings for this agent's runs (its model judge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<JudgeSpec>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -282,7 +288,8 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
-            approval: Vec::new(),
+            approval: ApprovalSpec::default(),
+            critic: None,
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -424,6 +431,11 @@ impl AgentSpec {
         }
         self.check_call_options(source)?;
         self.check_approval(source)?;
+        if let Some(critic) = &self.critic {
+            critic
+                .check()
+                .map_err(|e| format!("{e}{}", line_of(source, "critic")))?;
+        }
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

@@ -46,8 +46,9 @@
 //! handlers that read and write that state); what stands apart has a file
 //! of its own under `run/`: a turn's tool calls (`tools`), the summary call
 //! (`summary`), how a run ends (`ending`), what a model call reports
-//! while it runs (`observer`) and how a sub-agent's deadline follows its
-//! parent's (`parent`).
+//! while it runs (`observer`), how a sub-agent's deadline follows its
+//! parent's (`parent`) and what the run tells and asks its model judges
+//! (`judging`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -83,6 +84,7 @@ use crate::spec::Limits;
 
 mod approval;
 mod ending;
+mod judging;
 mod observer;
 pub(crate) mod parent;
 pub(crate) mod spans;
@@ -179,6 +181,14 @@ pub enum RunMsg {
         kind: String,
         /// What happened.
         message: String,
+    },
+    /// The approval judge answered about the parked turn's calls (see
+    /// `judging`).
+    ApprovalJudged {
+        /// What its question used.
+        usage: crate::ports::run::CriticUsage,
+        /// Its decisions, or why it gave none.
+        outcome: Result<Vec<crate::judge::CallVerdict>, crate::judge::JudgeError>,
     },
     /// A durable run's checkpoint after a step is written: the next step
     /// may start.
@@ -299,6 +309,9 @@ pub struct RunState {
     /// A resumed run that was parked for approval when it was saved: its
     /// first step dispatches that turn again (see `approval`).
     resumed_turn: Option<Box<ParkedCalls>>,
+    /// Its model judges' state; `None` for an agent without one (see
+    /// `crate::actors::judging`).
+    pub(crate) judging: Option<Box<crate::actors::judging::Judging>>,
     span: tracing::Span,
 }
 
@@ -342,6 +355,7 @@ impl RunState {
             args.agent.price().map(|p| p.context),
         );
         let compaction = Compaction::new(window).reply_room(args.agent.spec().max_tokens);
+        let judging = crate::actors::judging::Judging::of(args.agent.judges());
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
@@ -378,6 +392,7 @@ impl RunState {
                 .as_ref()
                 .and_then(|c| c.parked.clone())
                 .map(Box::new),
+            judging,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -471,6 +486,7 @@ impl RunState {
             RunMsg::Warned { kind, message } => {
                 self.event(RunEvent::Warning { kind, message });
             }
+            RunMsg::ApprovalJudged { usage, outcome } => self.approval_judged(usage, outcome),
             RunMsg::CheckpointSaved { epoch } => {
                 if epoch == self.epoch && matches!(self.inflight, Some(Inflight::Checkpoint)) {
                     self.inflight = None;
