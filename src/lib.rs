@@ -41,6 +41,8 @@
 //! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
 //!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
 //! - [`pricing`]: the price table (costs in micro-dollars, context windows).
+//! - [`judge`]: the model judges: the critic's judge and the approval
+//!   judge — their questions, schemas and the reading of their answers.
 //! - [`output`]: structured output: the final answer's schema and its check.
 //! - [`compaction`]: context compaction: when to summarize a run's
 //!   transcript, where to cut it, what it becomes.
@@ -80,7 +82,7 @@ pub mod tools;
 pub use base::{panics, secrets};
 pub use facade::{handle, host};
 pub(crate) use kernel::record;
-pub use kernel::{agent, compaction, output, policy, pricing, spec};
+pub use kernel::{agent, compaction, judge, output, policy, pricing, spec};
 #[cfg(feature = "otel")]
 pub use observability::otel;
 pub use observability::telemetry;
@@ -98,7 +100,8 @@ pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::event::{Event, RunEvent};
 pub use ports::run::{
-    CriticAction, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
+    CriticAction, CriticDecision, CriticUsage, KillReason, RunId, RunResult, RunStatus, RunUsage,
+    StepRecord, Usage,
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
 pub use record::{Ending, LEASE_LOST, STORE_UNAVAILABLE, SUBSCRIBER_BUFFER};

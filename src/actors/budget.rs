@@ -390,19 +390,37 @@ impl Ticket {
     /// allowance and settles the call's reservations; the call's tokens are
     /// the next call's estimate.
     pub fn charge(&mut self, tokens: u64, cost_micros: u64) {
+        self.spend(tokens, cost_micros);
+        // Charged first, released after (with `Release` ordering): whoever
+        // sees the reservation gone sees the tokens spent (`reserve`).
+        self.account.release(std::mem::take(&mut self.held));
+        for h in self.others.iter_mut() {
+            h.allowance.release(std::mem::take(&mut h.held));
+        }
+        self.estimate = tokens;
+    }
+
+    /// Charges tokens and cost spent beside the run's own calls (a critic
+    /// judge's question about the run) to the caller and to every
+    /// allowance, as [`charge`](Self::charge) does, leaving the run's
+    /// reservations and its next call's estimate as they are (its own call
+    /// may be in flight). No check: the run's next call checks, as after
+    /// any charge.
+    pub fn charge_beside(&mut self, tokens: u64, cost_micros: u64) {
+        self.spend(tokens, cost_micros);
+    }
+
+    /// The charging both paths share: the caller's counters, every
+    /// allowance and what the budget actor is told next.
+    fn spend(&mut self, tokens: u64, cost_micros: u64) {
         let a = &self.account;
         add_saturating(&a.charged[TOKENS], tokens);
         if cost_micros > 0 {
             add_saturating(&a.charged[COST], cost_micros);
         }
-        // Charged first, released after (with `Release` ordering): whoever
-        // sees the reservation gone sees the tokens spent (`reserve`).
-        a.release(std::mem::take(&mut self.held));
-        for h in self.others.iter_mut() {
+        for h in self.others.iter() {
             h.allowance.charge(tokens);
-            h.allowance.release(std::mem::take(&mut h.held));
         }
-        self.estimate = tokens;
         self.unmetered.tokens = self.unmetered.tokens.saturating_add(tokens);
         self.unmetered.cost_micros = self.unmetered.cost_micros.saturating_add(cost_micros);
     }

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod budget;
 pub mod critic;
 pub mod host;
+pub mod judging;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod run;

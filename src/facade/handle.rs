@@ -17,7 +17,7 @@ use futures_util::Stream;
 use tokio::sync::oneshot;
 
 use crate::ports::event::Event;
-use crate::ports::run::{unix_ms, KillReason, RunId, RunResult, RunStatus, Usage};
+use crate::ports::run::{unix_ms, KillReason, RunId, RunResult, RunStatus};
 use crate::record::{self, Command, RunShared, SUBSCRIBER_BUFFER};
 
 pub use crate::record::{LiveState, PendingApproval};
@@ -340,7 +340,7 @@ fn lost_result(run_id: RunId) -> RunResult {
         output: None,
         steps: Vec::new(),
         iterations: 0,
-        usage: Usage::default(),
+        usage: Default::default(),
         cost_micros: 0,
         critic: Vec::new(),
         started_at: now,

@@ -45,6 +45,8 @@ struct AgentInner {
     limits: Limits,
     /// Why its runs cannot start (its MCP servers did not): kind, message.
     unusable: Option<(&'static str, String)>,
+    /// Its model judges (`critic.policy: judge`, `approval.judge`).
+    judges: crate::judge::Judges,
 }
 
 impl Agent {
@@ -70,6 +72,7 @@ impl Agent {
                 tools,
                 limits,
                 unusable: None,
+                judges: Default::default(),
             }),
         }
     }
@@ -81,6 +84,19 @@ impl Agent {
             inner.unusable = Some((kind, message));
         }
         self
+    }
+
+    /// The same agent with its model judges (set while it is prepared).
+    pub(crate) fn with_judges(mut self, judges: crate::judge::Judges) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.judges = judges;
+        }
+        self
+    }
+
+    /// Its model judges.
+    pub(crate) fn judges(&self) -> &crate::judge::Judges {
+        &self.inner.judges
     }
 
     /// Why its runs cannot start, if they cannot.

@@ -1,12 +1,14 @@
 //! The run-side kernel: what the actors call. Manifests and limits
 //! (`spec`), a manifest resolved to run (`agent`), the run's shared record
 //! (`record`), the default critic policy (`policy`), prices (`pricing`),
-//! structured output (`output`) and context compaction (`compaction`).
+//! structured output (`output`), context compaction (`compaction`) and
+//! the model judges' questions and answers (`judge`).
 //! The kernel imports ports, batteries' configuration types and base
 //! types; never the facade or orchestration.
 
 pub mod agent;
 pub mod compaction;
+pub mod judge;
 pub mod output;
 pub mod policy;
 pub mod pricing;

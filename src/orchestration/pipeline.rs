@@ -395,7 +395,7 @@ impl Host {
                 output: result.output,
                 optional: phase.optional,
                 resumed,
-                usage: result.usage,
+                usage: result.usage.own,
                 cost_micros: result.cost_micros,
             });
         }

@@ -268,6 +268,11 @@ pub enum RunEvent {
         arguments: String,
         /// How long the call waits for a decision, in ms.
         timeout_ms: u64,
+        /// Why the approval judge (`approval.judge`) passed the call to a
+        /// person, when one was asked: its reason, or why it could not
+        /// decide (it failed, or it escalated too often to be asked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        escalated: Option<String>,
     },
     /// A decision on a call that waited for approval.
     #[serde(rename = "approval.decided")]
@@ -278,7 +283,8 @@ pub enum RunEvent {
         tool: Arc<str>,
         /// Whether the call runs.
         approved: bool,
-        /// Who decided: `operator`, or `timeout` (nobody did in time).
+        /// Who decided: `operator`, `judge` (the approval judge approved
+        /// it), or `timeout` (nobody did in time).
         by: String,
         /// The reason given (for a denial, what the model reads).
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -250,6 +250,80 @@ pub struct Usage {
     pub estimated: bool,
 }
 
+/// A run's usage as its result reports it: its own model calls' (the
+/// fields of [`Usage`], flattened, which it derefs to) and, apart, what
+/// its model judges spent (`critic`: the critic's judge and the approval
+/// judge), charged to the run's caller and budgets like its own calls but
+/// not in [`Usage::total`]. Kept out of [`Usage`] itself, which every
+/// step's event carries: those stay the size they were.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunUsage {
+    /// The run's own calls.
+    #[serde(flatten)]
+    pub own: Usage,
+    /// The model judges' calls about the run; left out of JSON when no
+    /// judge was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<CriticUsage>,
+}
+
+impl RunUsage {
+    /// The judges' cost in micro-dollars (0 when none was asked).
+    pub fn critic_cost_micros(&self) -> u64 {
+        self.critic.map_or(0, |c| c.cost_micros)
+    }
+}
+
+impl From<Usage> for RunUsage {
+    fn from(own: Usage) -> Self {
+        RunUsage { own, critic: None }
+    }
+}
+
+impl std::ops::Deref for RunUsage {
+    type Target = Usage;
+    fn deref(&self) -> &Usage {
+        &self.own
+    }
+}
+
+impl std::ops::DerefMut for RunUsage {
+    fn deref_mut(&mut self) -> &mut Usage {
+        &mut self.own
+    }
+}
+
+/// The tokens and cost of the model judges asked about a run
+/// ([`RunUsage::critic`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CriticUsage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Cost in integer micro-dollars (0 when the price is unknown).
+    #[serde(default)]
+    pub cost_micros: u64,
+    /// Questions asked (a confirmation is one more).
+    #[serde(default)]
+    pub calls: u32,
+}
+
+impl CriticUsage {
+    /// Adds another into this one (saturating).
+    pub fn add(&mut self, other: &CriticUsage) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cost_micros = self.cost_micros.saturating_add(other.cost_micros);
+        self.calls = self.calls.saturating_add(other.calls);
+    }
+
+    /// Input plus output tokens (saturating).
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -391,9 +465,11 @@ pub struct RunResult {
     pub steps: Vec<StepRecord>,
     /// Model iterations performed.
     pub iterations: u32,
-    /// Token usage.
-    pub usage: Usage,
-    /// Cost in integer micro-dollars (0 when the price is unknown).
+    /// Token usage: the run's own calls', and its model judges' apart
+    /// (`usage.critic`).
+    pub usage: RunUsage,
+    /// Cost in integer micro-dollars (0 when the price is unknown), its
+    /// model judges' included.
     pub cost_micros: u64,
     /// Every critic decision, in order.
     pub critic: Vec<CriticDecision>,

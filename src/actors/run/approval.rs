@@ -10,6 +10,11 @@
 //! fires while it waits; when it goes on, its deadlines move by the time
 //! it waited and a fresh stall window opens (the 24 h cap stays).
 //!
+//! With an approval judge (`approval: { tools, judge }`) the turn parks
+//! silently first and the judge is asked (see `judging`): the calls it
+//! approves run (`approval.decided`, `by: judge`); those it escalates are
+//! announced as above, with its reason (`escalated`).
+//!
 //! Deciding (`RunRef::approve` / `RunRef::deny`, through the shard):
 //! each decision is recorded (`approval.decided`, in the audit log with
 //! the request); once no call of the turn waits, the turn runs — approved
@@ -38,12 +43,13 @@ use crate::ports::checkpoint::{CallDecision, ParkedCalls, WaitingCall};
 /// The arguments an `approval.requested` event shows at most.
 const SHOWN_ARGUMENTS: usize = 16 * 1024;
 
-/// A turn waiting for an operator.
+/// A turn waiting for an operator (or for the approval judge first).
 pub(crate) struct ParkedTurn {
-    calls: Vec<TurnCall>,
+    pub(super) calls: Vec<TurnCall>,
     since: Instant,
-    /// The operators' decisions on the turn's calls so far (kept with its
-    /// checkpoint, so a resumed run does not ask again).
+    /// The decisions on the turn's calls so far, the operators' and the
+    /// approval judge's (kept with its checkpoint, so a resumed run does
+    /// not ask again).
     decided: Vec<CallDecision>,
 }
 
@@ -60,39 +66,70 @@ fn denial(reason: Option<&str>) -> ToolError {
 }
 
 impl RunState {
-    /// Parks `turn` (whose calls `decided` were decided already): its
-    /// gated calls are announced and the run waits.
-    pub(super) fn park(&mut self, mut turn: Vec<TurnCall>, decided: Vec<CallDecision>) {
+    /// Parks `turn` (whose calls `decided` were decided already): the run
+    /// waits, and its gated calls are put to the approval judge when the
+    /// agent has one (see `judging`), or else announced for a person.
+    pub(super) fn park(&mut self, turn: Vec<TurnCall>, decided: Vec<CallDecision>) {
         let timeout = self.limits.approval_timeout;
-        let since_ms = unix_ms();
-        let until_ms = since_ms.saturating_add(timeout.as_millis() as u64);
-        for c in turn.iter_mut().filter(|c| c.gate == Gate::Pending) {
-            let raw = c.arguments.take().unwrap_or_default();
-            let arguments = cap_text(&crate::secrets::redact(&raw), SHOWN_ARGUMENTS);
-            // The call waits before anyone hears of it: a subscriber that
-            // decides as soon as it reads the event (on another thread)
-            // finds it waiting.
-            self.shared.partial().awaiting.push(PendingApproval {
-                call_id: c.outcome.call_id.clone(),
-                tool: c.outcome.tool.clone(),
-                arguments: arguments.clone(),
-                since_ms,
-                until_ms,
-            });
-            self.event(RunEvent::ApprovalRequested {
-                iteration: self.iteration,
-                call_id: c.outcome.call_id.clone(),
-                tool: c.outcome.tool.clone(),
-                arguments,
-                timeout_ms: timeout.as_millis() as u64,
-            });
-        }
         self.watch.park(self.now, self.now + timeout);
         self.parked = Some(Box::new(ParkedTurn {
             calls: turn,
             since: self.now,
             decided,
         }));
+        if !self.ask_approval_judge() {
+            let off = self.approval_judge_off();
+            self.announce_waiting(&[], off.as_deref());
+        }
+    }
+
+    /// Announces the parked turn's calls that wait and were not announced
+    /// yet (`approval.requested`), each with the approval judge's reason
+    /// for escalating it: what `escalated` says of it, else `otherwise`.
+    pub(super) fn announce_waiting(
+        &mut self,
+        escalated: &[(Arc<str>, String)],
+        otherwise: Option<&str>,
+    ) {
+        let timeout = self.limits.approval_timeout;
+        let since_ms = unix_ms();
+        let until_ms = since_ms.saturating_add(timeout.as_millis() as u64);
+        let Some(parked) = self.parked.as_mut() else {
+            return;
+        };
+        let mut announced = Vec::new();
+        for c in parked.calls.iter_mut().filter(|c| c.gate == Gate::Pending) {
+            let Some(raw) = c.arguments.take() else {
+                continue;
+            };
+            let arguments = cap_text(&crate::secrets::redact(&raw), SHOWN_ARGUMENTS);
+            announced.push((c.outcome.call_id.clone(), c.outcome.tool.clone(), arguments));
+        }
+        for (call_id, tool, arguments) in announced {
+            // The call waits before anyone hears of it: a subscriber that
+            // decides as soon as it reads the event (on another thread)
+            // finds it waiting.
+            self.shared.partial().awaiting.push(PendingApproval {
+                call_id: call_id.clone(),
+                tool: tool.clone(),
+                arguments: arguments.clone(),
+                since_ms,
+                until_ms,
+            });
+            let why = escalated
+                .iter()
+                .find(|(id, _)| *id == call_id)
+                .map(|(_, r)| r.clone())
+                .or_else(|| otherwise.map(str::to_string));
+            self.event(RunEvent::ApprovalRequested {
+                iteration: self.iteration,
+                call_id,
+                tool,
+                arguments,
+                timeout_ms: timeout.as_millis() as u64,
+                escalated: why,
+            });
+        }
     }
 
     /// What a checkpoint says of the turn the run is parked in (`None`
@@ -185,7 +222,13 @@ impl RunState {
         self.decide(None, gate, "timeout", Some(message));
     }
 
-    fn decide(&mut self, call_id: Option<&str>, gate: Gate, by: &str, reason: Option<String>) {
+    pub(super) fn decide(
+        &mut self,
+        call_id: Option<&str>,
+        gate: Gate,
+        by: &str,
+        reason: Option<String>,
+    ) {
         if self.done {
             return;
         }
@@ -202,7 +245,7 @@ impl RunState {
             }
         }
         let waiting = parked.calls.iter().any(|c| c.gate == Gate::Pending);
-        if by == "operator" {
+        if by != "timeout" {
             let at_ms = unix_ms();
             parked
                 .decided
@@ -214,7 +257,7 @@ impl RunState {
                     at_ms,
                 }));
         }
-        let saved = waiting && by == "operator" && !decided.is_empty();
+        let saved = waiting && by != "timeout" && !decided.is_empty();
         for (call_id, tool) in decided {
             self.shared
                 .partial()

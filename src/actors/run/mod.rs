@@ -47,8 +47,9 @@
 //! of its own under `run/`: a turn's tool calls (`tools`), the summary call
 //! (`summary`), how a run ends (`ending`), what a model call reports
 //! while it runs (`observer`), how a sub-agent's deadline follows its
-//! parent's (`parent`), the guards a call and an answer pass (`guard`)
-//! and what a tool that works through its run reaches (`wait`).
+//! parent's (`parent`), the guards a call and an answer pass (`guard`),
+//! what a tool that works through its run reaches (`wait`) and what the
+//! run tells and asks its model judges (`judging`).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -85,6 +86,7 @@ use crate::spec::Limits;
 mod approval;
 mod ending;
 mod guard;
+mod judging;
 mod observer;
 pub(crate) mod parent;
 pub(crate) mod spans;
@@ -182,6 +184,14 @@ pub enum RunMsg {
         kind: String,
         /// What happened.
         message: String,
+    },
+    /// The approval judge answered about the parked turn's calls (see
+    /// `judging`).
+    ApprovalJudged {
+        /// What its question used.
+        usage: crate::ports::run::CriticUsage,
+        /// Its decisions, or why it gave none.
+        outcome: Result<Vec<crate::judge::CallVerdict>, crate::judge::JudgeError>,
     },
     /// A durable run's checkpoint after a step is written: the next step
     /// may start.
@@ -311,6 +321,9 @@ pub struct RunState {
     /// The guards' `max_calls` counters, made at the first guarded call
     /// of a run whose guards count (see `guard`).
     guard_counts: Option<Arc<[std::sync::atomic::AtomicU32]>>,
+    /// Its model judges' state; `None` for an agent without one (see
+    /// `crate::actors::judging`).
+    pub(crate) judging: Option<Box<crate::actors::judging::Judging>>,
     span: tracing::Span,
 }
 
@@ -354,6 +367,7 @@ impl RunState {
             args.agent.price().map(|p| p.context),
         );
         let compaction = Compaction::new(window).reply_room(args.agent.spec().max_tokens);
+        let judging = crate::actors::judging::Judging::of(args.agent.judges());
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
@@ -391,6 +405,7 @@ impl RunState {
                 .and_then(|c| c.parked.clone())
                 .map(Box::new),
             guard_counts: None,
+            judging,
             span,
         });
         if let Some(cap) = args.deadline_cap {
@@ -484,6 +499,7 @@ impl RunState {
             RunMsg::Warned { kind, message } => {
                 self.event(RunEvent::Warning { kind, message });
             }
+            RunMsg::ApprovalJudged { usage, outcome } => self.approval_judged(usage, outcome),
             RunMsg::CheckpointSaved { epoch } => {
                 if epoch == self.epoch && matches!(self.inflight, Some(Inflight::Checkpoint)) {
                     self.inflight = None;

@@ -265,7 +265,40 @@ impl Host {
             )));
         }
         let tools = tools.with_tools(palette)?;
-        Ok(Agent::new(spec, model, tools, limits))
+        let judges = self.judges_for(&spec)?;
+        Ok(Agent::new(spec, model, tools, limits).with_judges(judges))
+    }
+
+    /// The model judges a manifest asks for (`critic.policy: judge`,
+    /// `approval.judge`), resolved as its own model is: a judge's model is
+    /// a model spec or a tier (the host's `--model` override included), on
+    /// the manifest's `base_url` and `api_key_env`; `scripted` plays the
+    /// judge's own `script`.
+    fn judges_for(&self, spec: &AgentSpec) -> Result<crate::judge::Judges, SubmitError> {
+        use crate::judge::{CriticJudge, JudgeModel, Judges};
+        let resolve = |model: &str, script: &[crate::spec::ScriptEntry]| {
+            let mut judge = AgentSpec::new(format!("{} judge", spec.name), model);
+            judge.script = script.to_vec();
+            judge.base_url = spec.base_url.clone();
+            judge.api_key_env = spec.api_key_env.clone();
+            self.model_for(&judge).map(JudgeModel::new)
+        };
+        let critic = match &spec.critic {
+            Some(j) if j.enabled() => Some(Arc::new(CriticJudge {
+                model: resolve(&j.model, &j.script)?,
+                confirm: match &j.confirm_model {
+                    Some(m) => Some(resolve(m, &j.confirm_script)?),
+                    None => None,
+                },
+                spec: j.clone(),
+            })),
+            _ => None,
+        };
+        let approval = match &spec.approval.judge {
+            Some(m) => Some(resolve(m, &spec.approval.script)?),
+            None => None,
+        };
+        Ok(Judges { critic, approval })
     }
 
     /// Prepares an agent as [`agent`](Self::agent) does, first starting the

@@ -359,7 +359,7 @@ impl Host {
             output: None,
             steps: c.steps.clone(),
             iterations: c.iteration,
-            usage: c.usage,
+            usage: c.usage.into(),
             cost_micros: 0,
             critic: c.critic.clone(),
             started_at: c.started_at,

@@ -70,6 +70,9 @@ pub(crate) struct Partial {
     pub(crate) steps: Vec<StepRecord>,
     pub(crate) critic: Vec<CriticDecision>,
     pub(crate) usage: Usage,
+    /// What the run's model judges spent (see `RunUsage::critic`); boxed:
+    /// a run without a judge carries a pointer.
+    pub(crate) critic_usage: Option<Box<crate::ports::run::CriticUsage>>,
     pub(crate) iterations: u32,
     pub(crate) max_iterations: u32,
     pub(crate) last_text: Option<String>,
@@ -80,7 +83,8 @@ pub(crate) struct Partial {
     /// How many steps moved into the result at the end (so the live state
     /// still counts them afterwards).
     pub(crate) steps_taken: usize,
-    /// Cost so far in micro-dollars (of the whole usage, priced once).
+    /// Cost so far in micro-dollars (of the whole usage, priced once;
+    /// the judges' cost is in `usage.critic`).
     pub(crate) cost_micros: u64,
     /// Tool calls waiting for an operator's decision (the run is parked).
     pub(crate) awaiting: Vec<PendingApproval>,
@@ -711,8 +715,14 @@ impl RunShared {
                 output,
                 steps: std::mem::take(&mut p.steps),
                 iterations: p.iterations,
-                usage: p.usage,
-                cost_micros: p.cost_micros,
+                usage: crate::ports::run::RunUsage {
+                    own: p.usage,
+                    critic: p.critic_usage.as_deref().copied(),
+                },
+                // The judges' cost is charged to the caller with the run's.
+                cost_micros: p
+                    .cost_micros
+                    .saturating_add(p.critic_usage.as_ref().map_or(0, |c| c.cost_micros)),
                 critic: std::mem::take(&mut p.critic),
                 started_at,
                 finished_at: now.max(started_at),
@@ -812,7 +822,7 @@ pub(crate) fn terminal_events(r: &RunResult) -> Vec<RunEvent> {
         kill_reason: r.kill_reason,
         error_kind: r.error_kind.clone(),
         output: r.output.clone(),
-        usage: r.usage,
+        usage: r.usage.own,
         cost_micros: r.cost_micros,
         duration_ms: r.duration_ms(),
     });

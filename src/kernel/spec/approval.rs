@@ -26,7 +26,7 @@ const SUB_AGENT_PREFIX: &str = "agent__";
 impl AgentSpec {
     /// Whether a call of `tool` waits for an operator's decision.
     pub fn needs_approval(&self, tool: &str) -> bool {
-        self.approval.iter().any(|gate| {
+        self.approval.tools.iter().any(|gate| {
             gate == APPROVE_ALL
                 || gate == tool
                 || gate.strip_suffix("__*").is_some_and(|server| {
@@ -40,7 +40,7 @@ impl AgentSpec {
     pub(super) fn check_approval(&self, source: &str) -> Result<(), String> {
         let at = |name: &str| line_of(source, name);
         let mut seen = std::collections::HashSet::new();
-        for gate in &self.approval {
+        for gate in &self.approval.tools {
             if !seen.insert(gate.as_str()) {
                 return Err(format!("`approval` lists `{gate}` twice{}", at(gate)));
             }
@@ -65,6 +65,8 @@ impl AgentSpec {
                 ));
             }
         }
-        Ok(())
+        self.approval
+            .check_judge()
+            .map_err(|e| format!("{e}{}", at("approval")))
     }
 }

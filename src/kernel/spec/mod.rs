@@ -30,6 +30,7 @@ use crate::ports::model::{CallOptions, ToolChoice};
 mod approval;
 mod guard;
 mod invocation;
+mod judge;
 mod palette;
 mod phases;
 mod script;
@@ -47,6 +48,7 @@ pub use guard::{
     GUARDRAIL, GUARD_DENIED,
 };
 pub use invocation::{fill_inputs, Invocation, MissingInput};
+pub use judge::{ApprovalSpec, JudgeSpec, PolicyName};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
 pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
@@ -122,9 +124,10 @@ pub struct AgentSpec {
     #[serde(default)]
     pub tools: Vec<String>,
     /// Tools whose calls wait for an operator's approval (`*`: all; see
-    /// `approval_timeout` in `limits`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub approval: Vec<String>,
+    /// `approval_timeout` in `limits`): a list, or `{ tools, judge }` with
+    /// a model that approves or escalates each call first.
+    #[serde(default, skip_serializing_if = "ApprovalSpec::is_empty")]
+    pub approval: ApprovalSpec,
     /// Tool guards: rules checked before a call runs, the first that
     /// matches deciding (deny, ask, allow, `max_calls`; see [`GuardRule`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -133,6 +136,9 @@ pub struct AgentSpec {
     /// `error`/`guardrail`; see [`OutputGuard`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_guard: Option<OutputGuard>,
+    /// The critic's settings for this agent's runs (its model judge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<JudgeSpec>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
@@ -295,9 +301,10 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
-            approval: Vec::new(),
+            approval: ApprovalSpec::default(),
             guard: Vec::new(),
             output_guard: None,
+            critic: None,
             limits: LimitsSpec::default(),
             script: Vec::new(),
             budget: None,
@@ -440,6 +447,11 @@ impl AgentSpec {
         self.check_call_options(source)?;
         self.check_approval(source)?;
         self.check_guards(source)?;
+        if let Some(critic) = &self.critic {
+            critic
+                .check()
+                .map_err(|e| format!("{e}{}", line_of(source, "critic")))?;
+        }
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::json::{push_int, push_str, push_usage, strip_zero_defaults};
+use super::json::{push_int, push_run_usage, push_str, push_usage, strip_zero_defaults};
 use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
@@ -296,7 +296,7 @@ pub(super) fn write_result(
     out.extend_from_slice(b"{\"iterations\":");
     push_int(out, *iterations);
     out.extend_from_slice(b",\"usage\":");
-    push_usage(out, usage);
+    push_run_usage(out, usage);
     if let Some(e) = error {
         out.extend_from_slice(b",\"error\":");
         push_str(out, e);

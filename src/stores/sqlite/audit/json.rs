@@ -3,7 +3,7 @@
 //! without serde's per-key escape scan, and the usage counters that are 0
 //! left out.
 
-use crate::ports::run::Usage;
+use crate::ports::run::{RunUsage, Usage};
 
 /// Usage fields that read as 0 when absent (`#[serde(default)]`), left out
 /// of stored JSON when they are 0 (most providers report none of them).
@@ -14,7 +14,8 @@ pub(super) const ZERO_DEFAULTS: [&[u8]; 3] = [
 ];
 
 /// Removes the [`ZERO_DEFAULTS`] from the `"usage"` objects of
-/// `json[start..]`. A usage object is flat (numbers only), and a match is a
+/// `json[start..]`. A usage object is flat (numbers only) but for its
+/// `critic` object, which comes last and holds none of these keys; a match is a
 /// field: inside a string a quote is escaped, so `"usage":{` or
 /// `,"reasoning_tokens":0` cannot match there.
 pub(super) fn strip_zero_defaults(json: &mut Vec<u8>, start: usize) {
@@ -65,6 +66,25 @@ pub(super) fn push_usage(out: &mut Vec<u8>, usage: &Usage) {
         out.extend_from_slice(b",\"estimated\":true");
     }
     out.push(b'}');
+}
+
+/// Appends a run's usage object ([`push_usage`]'s, with the judges'
+/// `critic` object last when there is one, as serde writes it; its keys
+/// are none of the [`ZERO_DEFAULTS`]).
+pub(super) fn push_run_usage(out: &mut Vec<u8>, usage: &RunUsage) {
+    push_usage(out, &usage.own);
+    if let Some(c) = &usage.critic {
+        out.pop();
+        out.extend_from_slice(b",\"critic\":{\"input_tokens\":");
+        push_int(out, c.input_tokens);
+        out.extend_from_slice(b",\"output_tokens\":");
+        push_int(out, c.output_tokens);
+        out.extend_from_slice(b",\"cost_micros\":");
+        push_int(out, c.cost_micros);
+        out.extend_from_slice(b",\"calls\":");
+        push_int(out, c.calls as u64);
+        out.extend_from_slice(b"}}");
+    }
 }
 
 /// Appends `s` as a JSON string, as serde_json writes it: as it is when

@@ -137,7 +137,8 @@ fn common_events_are_written_as_serde_writes_them() {
                 input_tokens: 157,
                 output_tokens: 14,
                 ..Default::default()
-            },
+            }
+            .into(),
             cost_micros: 0,
             critic: Vec::new(),
             started_at: 1,
@@ -156,13 +157,22 @@ fn common_events_are_written_as_serde_writes_them() {
             output: None,
             steps: Vec::new(),
             iterations: 0,
-            usage: Usage {
-                input_tokens: 1,
-                output_tokens: 2,
-                cache_read_tokens: 3,
-                cache_write_tokens: 0,
-                reasoning_tokens: 5,
-                estimated: true,
+            usage: crate::ports::run::RunUsage {
+                own: Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                    cache_read_tokens: 3,
+                    cache_write_tokens: 0,
+                    reasoning_tokens: 5,
+                    estimated: true,
+                },
+                // The judges' usage, nested last in the stored form.
+                critic: Some(crate::ports::run::CriticUsage {
+                    input_tokens: 7,
+                    output_tokens: 0,
+                    cost_micros: u64::MAX,
+                    calls: 2,
+                }),
             },
             cost_micros: u64::MAX,
             critic: vec![crate::ports::run::CriticDecision {

@@ -72,6 +72,14 @@
 //! [`POLICY_TIMEOUT`], one pending question per run and
 //! [`MAX_PENDING_DECISIONS`] per shard; past any of these the rules decide.
 //!
+//! # A model judge
+//! An agent whose manifest asks for one (`critic: { policy: judge }`) has
+//! its runs reviewed by a model on a cadence and at the soft timeout, as
+//! tasks whose answers come back as `CriticMsg::Judged` (see `judge`). It
+//! is the agent's, not the host's: the host's `CriticPolicy` still decides
+//! stalls, repeats and the hard deadline, and decides for the judge when
+//! it fails.
+//!
 //! # Pauses are not stalls
 //! The shard's sleeper also wakes every [`PULSE`] while it has runs, and
 //! measures the real (monotonic) time between its wake-ups: a gap far
@@ -109,6 +117,10 @@ use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::event::RunEvent;
 use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
+
+mod judge;
+
+pub(crate) use judge::JudgeAnswer;
 
 /// The `error_kind` of a run killed while its streaming model call still
 /// waited for its first token (see `Limits::first_token_timeout`).
@@ -173,6 +185,13 @@ pub enum CriticMsg {
         trigger: Trigger,
         /// The answer.
         decision: Decision,
+    },
+    /// A run's model judge has answered (see `judge`).
+    Judged {
+        /// The run's key.
+        key: u64,
+        /// The answer.
+        answer: Box<JudgeAnswer>,
     },
     /// Test hook: make the shard fail (outside any run's handler), or stop
     /// handling runs' messages.
@@ -332,6 +351,11 @@ impl Actor for Critic {
                     critic.apply(run, trigger, decision);
                 });
             }
+            CriticMsg::Judged { key, answer } => {
+                self.with_run(&myself, st, key, Instant::now(), |critic, run| {
+                    critic.judged(run, *answer);
+                });
+            }
             CriticMsg::InjectFault(Fault::Fail) => {
                 return Err("a fault injected into the critic shard".into());
             }
@@ -482,6 +506,9 @@ impl Critic {
             let count = run.watch.repeats;
             self.ask(myself, run, Trigger::Repeat { count });
         }
+        if run.judging.is_some() {
+            self.review_judge(myself, run);
+        }
     }
 
     fn tick(&self, myself: &ActorRef<CriticMsg>, st: &mut CriticState) {
@@ -550,6 +577,12 @@ impl Critic {
                 return self.parent_deadline(run);
             }
             return self.hard_deadline(run);
+        }
+        if trigger == Trigger::SoftTimeout
+            && run.judging.is_some()
+            && self.judge_soft_timeout(myself, run)
+        {
+            return;
         }
         self.ask(myself, run, trigger);
     }
@@ -640,20 +673,37 @@ impl Critic {
     }
 
     fn apply(&self, run: &mut RunState, trigger: Trigger, d: Decision) {
+        self.carry_out(run, Some(trigger), None, None, d);
+    }
+
+    /// Carries a decision out and records it: for `trigger` (`None`: the
+    /// run's model judge decided on its own cadence), with `said` as the
+    /// recorded reason when given (a judge's), else the trigger's name
+    /// (a kill's: its kill reason), and `kill_detail` as a kill's detail.
+    fn carry_out(
+        &self,
+        run: &mut RunState,
+        trigger: Option<Trigger>,
+        said: Option<&str>,
+        kill_detail: Option<String>,
+        d: Decision,
+    ) {
         if run.done {
             return;
         }
-        let reason = match trigger {
-            Trigger::SoftTimeout => "soft_timeout",
-            Trigger::Stall => "stalled",
-            Trigger::Repeat { .. } => "runaway",
-            Trigger::HardDeadline => "deadline",
+        let named = match trigger {
+            Some(Trigger::SoftTimeout) => "soft_timeout",
+            Some(Trigger::Stall) => "stalled",
+            Some(Trigger::Repeat { .. }) => "runaway",
+            Some(Trigger::HardDeadline) => "deadline",
+            None => "judge",
         };
+        let reason = said.unwrap_or(named);
         match d {
             Decision::Continue => return,
             Decision::Steer(text) => {
                 match trigger {
-                    Trigger::Repeat { .. } => run.watch.runaway_steered = true,
+                    Some(Trigger::Repeat { .. }) => run.watch.runaway_steered = true,
                     _ => run.watch.steers += 1,
                 }
                 let dec = decision(run, CriticAction::Steer, reason, Some(text.clone()));
@@ -684,8 +734,8 @@ impl Critic {
             }
             Decision::Kill(kill) => {
                 let mut ending = Ending::killed(kill);
-                let mut detail = None;
-                if matches!(trigger, Trigger::Stall) && run.watch.awaiting_first {
+                let mut detail = kill_detail;
+                if matches!(trigger, Some(Trigger::Stall)) && run.watch.awaiting_first {
                     // Told apart from a stall: the server never started answering.
                     let waited = run.limits.first_token();
                     ending.error_kind = Some(FIRST_TOKEN_TIMEOUT.to_string());
@@ -695,7 +745,12 @@ impl Critic {
                     ));
                     detail = Some(FIRST_TOKEN_TIMEOUT.to_string());
                 }
-                let dec = decision(run, CriticAction::Kill, kill.as_str(), detail);
+                let dec = decision(
+                    run,
+                    CriticAction::Kill,
+                    said.unwrap_or(kill.as_str()),
+                    detail,
+                );
                 self.stop(run, ending, Some(dec));
             }
         }
