@@ -61,24 +61,21 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::audit::{send_finished, AuditMsg, SaveWaiter};
+use crate::actors::audit::{AuditMsg, SaveWaiter};
 use crate::actors::budget::{BudgetMsg, Ticket};
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
-use crate::compaction::{self, Compaction, Due};
+use crate::compaction::{self, Compaction};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::{Checkpoint, EncodedJson, ParkedCalls};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, CallOptions, ChatRequest, ChatResponse, DeltaSink, Message, ModelError,
-    RetrySink, Role, ToolCallRequest, ToolSpec,
+    RetrySink, Role,
 };
-use crate::ports::run::{
-    cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
-};
-use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
-use crate::record::{Command, Ending, PendingApproval, RunShared, STORE_UNAVAILABLE};
+use crate::ports::run::{unix_ms, KillReason, RunStatus, Usage};
+use crate::record::{Ending, RunShared, STORE_UNAVAILABLE};
 use crate::spec::Limits;
 
 mod approval;

@@ -1,7 +1,8 @@
 //! [`HostConfig`]: the host-wide settings, each with its default.
 
-#[allow(unused_imports)]
-use super::*;
+use std::time::Duration;
+
+use crate::spec::LimitsSpec;
 
 /// Host-wide settings. Every field has a default.
 #[derive(Clone, Debug)]

@@ -11,40 +11,28 @@
 //! record, then drains the audit and budget actors before it returns.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use ractor::rpc::CallResult;
-use ractor::{Actor, ActorRef};
+use ractor::ActorRef;
 
-use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone, LeaseWatch};
-use crate::actors::audit::spool::SpoolIndex;
-use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
-use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
+use crate::actors::audit::{send_finished, AuditHealth, AuditMsg};
+use crate::actors::budget::{Account, BudgetMsg};
 use crate::actors::critic::{CriticMsg, Fault};
-use crate::actors::host::{HostActor, HostMsg, ShardSet};
-use crate::actors::run::{DurableRun, RunArgs};
+use crate::actors::host::{HostMsg, ShardSet};
 use crate::agent::Agent;
 use crate::handle::{RunEvents, RunHandle, RunRef};
-use crate::policy::RulesPolicy;
-use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
-use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, EncodedJson, HostClaim, Lease};
-use crate::ports::critic::CriticPolicy;
-use crate::ports::model::{ChatModel, Message, Role};
-use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
+use crate::ports::audit::{AuditStats, AuditStore};
+use crate::ports::checkpoint::{Checkpointer, Lease};
+use crate::ports::model::ChatModel;
+use crate::ports::run::RunId;
 use crate::ports::tool::Tool;
-use crate::providers::{ModelResolver, ProviderConfig, ResolveError};
-use crate::record::{
-    self, Allowance, Allowances, Delivery, Ending, HostRuns, RunIdentity, RunShared,
-    SUBSCRIBER_BUFFER,
-};
-use crate::spec::{AgentSpec, Invocation, LimitsSpec};
-use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
+use crate::providers::{ModelResolver, ResolveError};
+use crate::record::{self, Allowances, Ending, HostRuns};
+use crate::spec::{AgentSpec, Invocation};
 use crate::tools::{RegistryError, ToolRegistry};
 
 mod admission;
