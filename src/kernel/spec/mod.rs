@@ -13,7 +13,7 @@
 //! The manifest and its checks are here; its parts have files of their own:
 //! `limits` (the layers and their ranges), `duration` (how durations are
 //! written), `shape` (the guard before parsing), `script` (the scripted
-//! model's entries), `phases` (pipelines), `palette` (sub-agents) and
+//! model's entries, owned by `crate::providers::scripted`), `phases` (pipelines), `palette` (sub-agents) and
 //! `invocation` (a run's request and the inputs it fills in).
 
 use std::collections::BTreeMap;
@@ -30,7 +30,6 @@ mod approval;
 mod invocation;
 mod palette;
 mod phases;
-mod script;
 mod shape;
 #[cfg(test)]
 mod tests;
@@ -39,11 +38,11 @@ pub use crate::ports::duration::{
     duration_serde, format_duration, opt_duration_serde, parse_duration, MAX_DURATION,
 };
 pub use crate::ports::limits::*;
+pub use crate::providers::scripted::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
 pub use approval::APPROVE_ALL;
 pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
-pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
 use shape::too_large;
 pub use shape::{check_manifest_shape, MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH};
 
