@@ -15,10 +15,10 @@ use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
 use crate::ports::event::RunEvent;
-use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 #[cfg(doc)]
-use crate::spec::Limits;
-use crate::spec::LimitsSpec;
+use crate::ports::limits::Limits;
+use crate::ports::limits::LimitsSpec;
+use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 use crate::stores::sqlite::to_i64;
 use crate::stores::sqlite::writer::{RunRow, SegmentRow};
 

@@ -9,8 +9,8 @@ use super::json::{needs_no_escape, push_str, strip_zero_defaults};
 use super::KIND_START;
 use crate::ports::audit::{RunInfo, RunSummary};
 use crate::ports::event::RunEvent;
+use crate::ports::limits::LimitsSpec;
 use crate::ports::run::{KillReason, RunId, RunResult, RunStatus, StepRecord};
-use crate::spec::LimitsSpec;
 
 #[test]
 fn event_kind_is_the_wire_name() {
@@ -222,7 +222,7 @@ fn common_events_are_written_as_serde_writes_them() {
         );
     }
     // run.start: absent fields left out, limits reduced; read back whole.
-    let full = crate::spec::LimitsSpec {
+    let full = crate::ports::limits::LimitsSpec {
         max_runtime: Some(std::time::Duration::from_secs(30)),
         ..Default::default()
     }
