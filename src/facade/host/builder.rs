@@ -296,7 +296,7 @@ impl HostBuilder {
                 next_key: AtomicU64::new(0),
                 default_caller,
                 allowance,
-                sessions: crate::session::table::SessionTable::new(
+                sessions: crate::host::sessions::SessionTable::new(
                     self.sessions
                         .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
                 ),

@@ -40,6 +40,7 @@ mod builder;
 mod config;
 pub mod palette;
 mod recovery;
+pub(crate) mod sessions;
 
 pub use builder::{HostBuilder, HostError};
 pub use config::HostConfig;
@@ -118,7 +119,7 @@ pub(crate) struct HostInner {
     /// host spends against (sub-agents inherit their parent's list).
     allowance: Option<Allowances>,
     /// The chat sessions open on this host, and their store.
-    sessions: crate::session::table::SessionTable,
+    sessions: crate::host::sessions::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -172,7 +173,7 @@ impl Host {
     }
 
     /// The chat sessions open on this host (see [`crate::session`]).
-    pub(crate) fn session_table(&self) -> &crate::session::table::SessionTable {
+    pub(crate) fn session_table(&self) -> &crate::host::sessions::SessionTable {
         &self.inner.sessions
     }
 
