@@ -932,6 +932,19 @@ impl RunState {
     /// Records an event: its `seq` is taken, subscribers get it, and its
     /// audit record goes out with the handler's batch.
     pub(crate) fn event(&mut self, ev: RunEvent) {
+        // A subscriber may decide the moment it reads `approval.requested`,
+        // on another thread: the call must wait before anyone hears of it.
+        // (A race no test can time; every test that gates a call checks it.)
+        #[cfg(debug_assertions)]
+        if let RunEvent::ApprovalRequested { call_id, .. } = &ev {
+            let waits = self
+                .shared
+                .partial()
+                .awaiting
+                .iter()
+                .any(|p| p.call_id == *call_id);
+            debug_assert!(waits, "approval.requested for {call_id} before it waits");
+        }
         let seq = self.shared.next_seq();
         self.shared.emit(seq, &ev);
         self.push_record(seq, AuditEntry::Event(ev));
