@@ -51,7 +51,7 @@ pub struct HostConfig {
     pub max_children: u32,
     /// Child runs (at any depth) one top-level run starts, at most.
     pub max_descendants: u32,
-    /// How long [`Host::shutdown`] waits for cancelled runs to finalize
+    /// How long [`Host::shutdown`](crate::Host::shutdown) waits for cancelled runs to finalize
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
     pub shutdown_timeout: Duration,

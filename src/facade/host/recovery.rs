@@ -131,7 +131,7 @@ impl Host {
     /// host holds (a host still running it, or another `recover`) is left
     /// to it and listed in [`Recovery::leased`]. A lease whose owner is a
     /// process of this machine that no longer runs is taken at once;
-    /// otherwise it must expire first ([`HostConfig::lease_ttl`]). A
+    /// otherwise it must expire first ([`HostConfig::lease_ttl`](crate::HostConfig::lease_ttl)). A
     /// terminal record still in the spool (`HostConfig::audit_spool`)
     /// counts as finished.
     ///

@@ -172,7 +172,7 @@ pub const LEASE_LOST: &str = "lease_lost";
 /// The `error_kind` of a run whose record cannot be written: refused at
 /// admission while neither the audit store nor its spool takes records,
 /// or a durable run that could write neither its checkpoint nor its
-/// terminal record before its deadline ([`off_record`]).
+/// terminal record before its deadline (`off_record`).
 pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 
 /// What a durable run's caller is told when the run's terminal record
