@@ -71,8 +71,9 @@
 //! `agentvisor::spec`, `agentvisor::host`, …):
 //!
 //! - faces: [`server`] (the `server` feature): the HTTP API over a host;
-//!   [`soak`]: the soak engine: keep runs in flight, sample the process,
-//!   judge memory, statuses and records; the command line is the binary's.
+//!   `soak` (the benchmark's engine, hidden from the docs): keep runs in
+//!   flight, sample the process, judge memory, statuses and records; the
+//!   command line is the binary's.
 //! - orchestration: [`session`]: chat sessions: prompts that share a stored
 //!   history; [`pipeline`]: multi-phase pipelines: ordered phases, outputs
 //!   fed forward; [`replay`]: re-run a recorded run against its recording,
@@ -95,11 +96,12 @@
 //!   embedded SQLite). [`tools`]: the tool registry, argument validation,
 //!   built-in tools. [`mcp`]: MCP servers as tool sources.
 //! - [`ports`]: the traits actors depend on and the data they speak.
-//! - observability: [`telemetry`]: the kernel's counters; `otel` (the
+//! - observability: `telemetry` (the kernel's counters, read by the
+//!   server's `/metrics`; hidden from the docs); `otel` (the
 //!   `otel` feature): OpenTelemetry traces of runs, model and tool calls
 //!   (GenAI semantic conventions), exported over OTLP/HTTP.
-//! - base: [`panics`]: caught panics reported as one log line, not a
-//!   backtrace; [`secrets`]: the known secret values, redacted from
+//! - base: `panics` (hidden from the docs: the binary's hook): caught
+//!   panics reported as one log line, not a backtrace; [`secrets`]: the known secret values, redacted from
 //!   everything a run stores, streams or prints.
 //!
 //! The layer rules can be checked with `grep` (each prints nothing when
@@ -124,6 +126,7 @@ pub mod ports;
 pub mod providers;
 #[cfg(feature = "server")]
 pub mod server;
+#[doc(hidden)]
 pub mod soak;
 pub mod stores;
 pub mod tools;
@@ -131,12 +134,15 @@ pub mod tools;
 // The layers' modules keep their paths of the public API
 // (`agentvisor::spec`, `agentvisor::host`, …) and of the crate
 // (`crate::spec`, `crate::record`, …).
-pub use base::{panics, secrets};
+#[doc(hidden)]
+pub use base::panics;
+pub use base::secrets;
 pub use facade::{handle, host};
 pub(crate) use kernel::record;
 pub use kernel::{agent, compaction, output, policy, pricing, spec};
 #[cfg(feature = "otel")]
 pub use observability::otel;
+#[doc(hidden)]
 pub use observability::telemetry;
 pub use orchestration::{pipeline, replay, session};
 
