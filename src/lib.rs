@@ -25,9 +25,9 @@
 //! ```text
 //! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
 //!   │
-//! orchestration session/, pipeline, replay     drive runs through the host
+//! orchestration session, pipeline, replay      drive runs through the host
 //!   │
-//! facade        host/ (with the palettes of sub-agents), handle
+//! facade        host/ (with its session table and the palettes), handle
 //!   │
 //! actors        host, critic, run/, watch, budget, audit/, mcp
 //!   │
@@ -55,8 +55,9 @@
 //!   ├── MCP server actors (mcp/): one per `scope: host` server, owned by the
 //!   │   host's hub; one per run and `scope: run` server, owned by that run's
 //!   │   calls; both unlinked from the HostActor (stopped by the hub)
-//!   └── session table: the chat sessions open on the host; a session's
-//!       prompt is a run like any other, its model wrapped to keep history
+//!   └── session table (host/sessions.rs): the chat sessions open on the
+//!       host; a session's prompt is a run like any other, its model
+//!       wrapped to keep history
 //! ```
 //!
 //! A run is an actor hosted on its critic shard: its own state and message
@@ -104,15 +105,20 @@
 //!   panics reported as one log line, not a backtrace; [`secrets`]: the known secret values, redacted from
 //!   everything a run stores, streams or prints.
 //!
-//! The layer rules can be checked with `grep` (each prints nothing when
-//! they hold):
+//! The layer rules can be checked with `grep`, from the crate's root:
 //!
 //! ```text
+//! # ports import only ports (prints nothing)
 //! grep -rnE 'crate::[a-z_]+' src/ports | grep -v '//' | grep -v 'crate::ports'
-//! grep -rnE '^\s*use crate::(host|handle|session|pipeline|replay|facade|orchestration|server|soak)\b' \
-//!     src/actors src/kernel src/providers src/stores src/tools src/mcp src/observability src/base
-//! grep -rnE '^\s*use crate::(actors|host|handle|session|pipeline|facade|orchestration|server|soak)\b' \
-//!     src/kernel src/providers src/stores src/tools src/observability src/base
+//! # below the facade, nothing names the facade, orchestration or faces;
+//! # kernel, batteries (but mcp), observability and base name no actor.
+//! # (Prints one line: the providers' wrapper test lists the session's
+//! # model wrapper; mcp ─▶ actors is the tie left to cut.)
+//! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|server|soak)\b' \
+//!     src/actors src/kernel src/providers src/stores src/tools src/mcp \
+//!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
+//! grep -rnE 'crate::actors\b' src/kernel src/providers src/stores src/tools \
+//!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
 //! ```
 
 pub(crate) mod actors;
