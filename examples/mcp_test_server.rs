@@ -57,7 +57,7 @@ fn tools(extra: bool) -> Vec<Tool> {
         ),
         Tool::new(
             "hang",
-            "Never answers; on cancellation appends `cancelled` to `marker`.",
+            "Never answers; appends `started` to `marker` when called, `cancelled` on cancellation.",
             obj(json!({"marker": {"type": "string"}}), &[]),
         ),
         Tool::new(
@@ -167,14 +167,18 @@ impl ServerHandler for TestServer {
                 text(format!("{}", n("a") + n("b")))
             }
             "hang" => {
-                context.ct.cancelled().await;
                 let marker = str_arg("marker");
-                if !marker.is_empty() {
+                let note = |line: &str| {
                     use std::io::Write;
-                    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&marker) {
-                        let _ = writeln!(f, "cancelled");
+                    if !marker.is_empty() {
+                        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&marker) {
+                            let _ = writeln!(f, "{line}");
+                        }
                     }
-                }
+                };
+                note("started");
+                context.ct.cancelled().await;
+                note("cancelled");
                 text("cancelled")
             }
             "slow" => {

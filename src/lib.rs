@@ -20,12 +20,44 @@
 //!
 //! # Layout
 //!
+//! The folders of `src/` are the layers; imports flow down only:
+//!
+//! ```text
+//! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
+//!   │
+//! orchestration session, pipeline, replay      drive runs through the host
+//!   │
+//! facade        host/ (with its session table and the palettes), handle
+//!   │
+//! actors        host, critic/, run/, watch, judging, budget, audit/, mcp
+//!   │
+//! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction
+//!   │
+//! batteries     providers/, stores/, tools/, mcp/      (each ─▶ ports)
+//!   │
+//! ports         the traits and the plain data they speak (imports only ports)
+//!
+//! observability/ (telemetry, otel) and base/ (panics, secrets) sit beside
+//! the ports: any layer may use them, they use nothing above the ports.
+//! ```
+//!
+//! The supervision tree as built:
+//!
 //! ```text
 //! Host (library handle) ── HostActor (root supervisor)
-//!                            ├── Audit actor  ──▶ AuditStore port (batched)
-//!                            ├── Budget actor ──▶ BudgetLedger port
-//!                            └── Critic shard × N (supervisor and host of its runs)
-//!                                  └── Run × many ──▶ ChatModel, Tool ports
+//!   │                        ├── Audit actor  ──▶ writer ──▶ AuditStore port
+//!   │                        │                    (group commit, spool)
+//!   │                        ├── Budget actor ──▶ BudgetLedger port
+//!   │                        └── Critic shard × N (supervisor and host of its runs)
+//!   │                              └── Run × many ──▶ ChatModel, Tool ports
+//!   │                                    └── a palette's sub-agent call: a child
+//!   │                                        Run on a shard, like any run
+//!   ├── MCP server actors (mcp/): one per `scope: host` server, owned by the
+//!   │   host's hub; one per run and `scope: run` server, owned by that run's
+//!   │   calls; both unlinked from the HostActor (stopped by the hub)
+//!   └── session table (host/sessions.rs): the chat sessions open on the
+//!       host; a session's prompt is a run like any other, its model
+//!       wrapped to keep history
 //! ```
 //!
 //! A run is an actor hosted on its critic shard: its own state and message
@@ -36,30 +68,60 @@
 //! state (a few KB less than an actor of its own) and its heartbeats field
 //! updates; see `actors::run` and `actors::critic` (private).
 //!
+//! The modules, by layer (each keeps its path at the crate's root:
+//! `agentvisor::spec`, `agentvisor::host`, …):
+//!
+//! - faces: [`server`] (the `server` feature): the HTTP API over a host;
+//!   `soak` (the benchmark's engine, hidden from the docs): keep runs in
+//!   flight, sample the process, judge memory, statuses and records; the
+//!   command line is the binary's.
+//! - orchestration: [`session`]: chat sessions: prompts that share a stored
+//!   history; [`pipeline`]: multi-phase pipelines: ordered phases, outputs
+//!   fed forward; [`replay`]: re-run a recorded run against its recording,
+//!   compare traces.
+//! - facade: [`host`]: build a host, submit and recover runs, the palettes
+//!   of sub-agents; [`handle`]: what a caller holds on a run.
+//! - `actors` (private): host, critic, run, watch, budget, audit, mcp — one
+//!   per file or folder.
+//! - kernel: [`spec`]: manifests, limits, invocations; [`agent`]: a manifest
+//!   resolved to run; `record` (private): a run's shared record and the
+//!   host's registry of runs; [`policy`]: the default critic policy;
+//!   [`judge`]: the model judges' questions, schemas and the reading of
+//!   their answers (the critic's judge, the approval judge);
+//!   [`pricing`]: the price table (costs in micro-dollars, context windows);
+//!   [`output`]: structured output: the final answer's schema and its check;
+//!   [`compaction`]: when to summarize a run's transcript, where to cut it,
+//!   what it becomes.
+//! - batteries: [`providers`]: `ChatModel` batteries: scripted,
+//!   OpenAI-compatible, Anthropic; the retry layer and the circuit breaker;
+//!   model specs and tiers. [`stores`]: `AuditStore` / `RunIndex` /
+//!   `BudgetLedger` / `Checkpointer` / `SessionStore` batteries (in memory;
+//!   embedded SQLite). [`tools`]: the tool registry, argument validation,
+//!   built-in tools. [`mcp`]: MCP servers as tool sources.
 //! - [`ports`]: the traits actors depend on and the data they speak.
-//! - `actors` (private): host, critic, run, budget, audit — one per file.
-//! - [`providers`]: `ChatModel` batteries: scripted, OpenAI-compatible,
-//!   Anthropic; the retry layer and the circuit breaker; model specs and tiers.
-//! - [`pricing`]: the price table (costs in micro-dollars, context windows).
-//! - [`judge`]: the model judges: the critic's judge and the approval
-//!   judge — their questions, schemas and the reading of their answers.
-//! - [`output`]: structured output: the final answer's schema and its check.
-//! - [`compaction`]: context compaction: when to summarize a run's
-//!   transcript, where to cut it, what it becomes.
-//! - [`stores`]: `AuditStore` / `RunIndex` / `BudgetLedger` / `Checkpointer`
-//!   batteries (in memory; embedded SQLite).
-//! - [`panics`]: caught panics reported as one log line, not a backtrace.
-//! - [`replay`]: re-run a recorded run against its recording, compare traces.
-//! - [`soak`]: the soak engine: keep runs in flight, sample the process,
-//!   judge memory, statuses and records.
-//! - [`tools`]: the tool registry, argument validation, built-in tools.
-//! - [`spec`]: manifests, limits, invocations.
-//! - [`secrets`]: the known secret values, redacted from everything a run
-//!   stores, streams or prints.
-//! - [`session`]: chat sessions: prompts that share a stored history.
-//! - [`pipeline`]: multi-phase pipelines: ordered phases, outputs fed forward.
-//! - `otel` (the `otel` feature): OpenTelemetry traces of runs, model and
-//!   tool calls (GenAI semantic conventions), exported over OTLP/HTTP.
+//! - observability: `telemetry` (the kernel's counters, read by the
+//!   server's `/metrics`; hidden from the docs); `otel` (the
+//!   `otel` feature): OpenTelemetry traces of runs, model and tool calls
+//!   (GenAI semantic conventions), exported over OTLP/HTTP.
+//! - base: `panics` (hidden from the docs: the binary's hook): caught
+//!   panics reported as one log line, not a backtrace; [`secrets`]: the known secret values, redacted from
+//!   everything a run stores, streams or prints.
+//!
+//! The layer rules can be checked with `grep`, from the crate's root:
+//!
+//! ```text
+//! # ports import only ports (prints nothing)
+//! grep -rnE 'crate::[a-z_]+' src/ports | grep -v '//' | grep -v 'crate::ports'
+//! # below the facade, nothing names the facade, orchestration or faces;
+//! # kernel, batteries (but mcp), observability and base name no actor.
+//! # (Prints one line: the providers' wrapper test lists the session's
+//! # model wrapper; mcp ─▶ actors is the tie left to cut.)
+//! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|server|soak)\b' \
+//!     src/actors src/kernel src/providers src/stores src/tools src/mcp \
+//!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
+//! grep -rnE 'crate::actors\b' src/kernel src/providers src/stores src/tools \
+//!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
+//! ```
 
 pub(crate) mod actors;
 mod base;
@@ -72,6 +134,7 @@ pub mod ports;
 pub mod providers;
 #[cfg(feature = "server")]
 pub mod server;
+#[doc(hidden)]
 pub mod soak;
 pub mod stores;
 pub mod tools;
@@ -79,12 +142,15 @@ pub mod tools;
 // The layers' modules keep their paths of the public API
 // (`agentvisor::spec`, `agentvisor::host`, …) and of the crate
 // (`crate::spec`, `crate::record`, …).
-pub use base::{panics, secrets};
+#[doc(hidden)]
+pub use base::panics;
+pub use base::secrets;
 pub use facade::{handle, host};
 pub(crate) use kernel::record;
 pub use kernel::{agent, compaction, judge, output, policy, pricing, spec};
 #[cfg(feature = "otel")]
 pub use observability::otel;
+#[doc(hidden)]
 pub use observability::telemetry;
 pub use orchestration::{pipeline, replay, session};
 

@@ -15,7 +15,8 @@ use agentvisor::ports::critic::{RunView, Verdict};
 use agentvisor::ports::model::ToolSpec;
 use agentvisor::ports::tool::{Tool, ToolContext, ToolError};
 use agentvisor::{
-    CriticPolicy, Decision, Fault, HostConfig, Invocation, KillReason, RunEvent, RunStatus, Trigger,
+    CriticAction, CriticPolicy, Decision, Fault, HostConfig, Invocation, KillReason, RunEvent,
+    RunResult, RunStatus, Trigger,
 };
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -166,7 +167,10 @@ impl CriticPolicy for Never {
 
 const HANGS: &str = "name: hangs\nlimits: { stall_timeout: 1s, max_runtime: 5s, max_extensions: 2, extension: 10s }\nscript:\n  - { hang: true }\n";
 
-async fn ends_at_the_deadline(policy: Arc<dyn CriticPolicy>, latest: Duration) {
+async fn ends_at_the_deadline(
+    policy: Arc<dyn CriticPolicy>,
+    latest: Duration,
+) -> (RunResult, Duration) {
     let (host, _store) = support::host_from(support::builder().critic_policy(policy)).await;
     let t0 = tokio::time::Instant::now();
     let r = host
@@ -175,13 +179,15 @@ async fn ends_at_the_deadline(policy: Arc<dyn CriticPolicy>, latest: Duration) {
         .unwrap();
     assert_eq!(r.status, RunStatus::Timeout, "{r:?}");
     assert_eq!(r.kill_reason, Some(KillReason::Deadline));
-    assert!(t0.elapsed() <= latest, "{:?}", t0.elapsed());
+    let elapsed = t0.elapsed();
+    assert!(elapsed <= latest, "{elapsed:?}");
     // The shard still works.
     let ok = host
         .execute(support::spec(support::HELLO), Invocation::prompt("x"))
         .await
         .unwrap();
     assert_eq!(ok.status, RunStatus::Ok);
+    (r, elapsed)
 }
 
 #[tokio::test(start_paused = true)]
@@ -204,12 +210,21 @@ async fn a_policy_that_always_steers_cannot_keep_a_run_past_its_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_policy_that_always_extends_gets_max_extensions() {
-    // Hard deadline 10 s; two extensions of an hour each at most.
-    ends_at_the_deadline(
+    // Hard deadline 5 s; each extension is the hour the policy asks for,
+    // and `max_extensions: 2` of them are granted, no more: the run ends
+    // past two hours (both were granted) and before a third.
+    let (r, elapsed) = ends_at_the_deadline(
         Arc::new(Always(Decision::Extend(Duration::from_secs(3600)))),
         Duration::from_secs(10 + 2 * 3600),
     )
     .await;
+    let extended = r
+        .critic
+        .iter()
+        .filter(|d| d.action == CriticAction::Extend)
+        .count();
+    assert_eq!(extended, 2, "{:?}", r.critic);
+    assert!(elapsed >= Duration::from_secs(5 + 2 * 3600), "{elapsed:?}");
 }
 
 #[tokio::test(start_paused = true)]

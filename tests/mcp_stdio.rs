@@ -87,11 +87,17 @@ fn hanging(marker: &Path, extra: &str) -> String {
 /// Waits (5 s at most) until the test server says, through `marker`, that
 /// it heard `notifications/cancelled`.
 async fn hears_cancelled(marker: &Path) {
+    says(marker, "cancelled").await;
+}
+
+/// Waits (5 s at most) until the test server has written `line` to
+/// `marker` (`started` when a `hang` call reached it).
+async fn says(marker: &Path, line: &str) {
     let t0 = Instant::now();
-    while !std::fs::read_to_string(marker).is_ok_and(|t| t.contains("cancelled")) {
+    while !std::fs::read_to_string(marker).is_ok_and(|t| t.lines().any(|l| l == line)) {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
-            "no notifications/cancelled"
+            "no {line} in {marker:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -340,8 +346,8 @@ async fn a_killed_run_sends_cancelled_for_its_call() {
             break;
         }
     }
-    // Let the request reach the server.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The call has reached the server: a kill now must cancel it there.
+    says(&dir, "started").await;
     handle.kill();
     let r = handle.await;
     assert_eq!(r.status, RunStatus::Killed);

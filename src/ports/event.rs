@@ -332,6 +332,41 @@ impl std::ops::Deref for Event {
 }
 
 impl RunEvent {
+    /// The wire name: the `type` tag serde writes (`step.start`,
+    /// `mcp.tool.call.ok`, …). The one list of the names: the audit log
+    /// stores each event under it (a test holds it equal to serde's tag).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RunEvent::StepStart { .. } => "step.start",
+            RunEvent::StepFinish { .. } => "step.finish",
+            RunEvent::TextDelta { .. } => "text.delta",
+            RunEvent::ToolCall { .. } => "tool.call",
+            RunEvent::ToolResult { .. } => "tool.result",
+            RunEvent::MessageCreate { .. } => "message.create",
+            RunEvent::CriticSteer(_) => "critic.steer",
+            RunEvent::CriticExtend(_) => "critic.extend",
+            RunEvent::CriticRaiseIterations(_) => "critic.raise_iterations",
+            RunEvent::CriticKill(_) => "critic.kill",
+            RunEvent::CriticDeny(_) => "critic.deny",
+            RunEvent::CriticAsk(_) => "critic.ask",
+            RunEvent::ModelRetry { .. } => "model.retry",
+            RunEvent::Warning { .. } => "warning",
+            RunEvent::TranscriptCompacted { .. } => "transcript.compacted",
+            RunEvent::Resumed { .. } => "run.resumed",
+            RunEvent::Error { .. } => "error",
+            RunEvent::RunEnd { .. } => "run.end",
+            RunEvent::McpServerStartOk { .. } => "mcp.server.start.ok",
+            RunEvent::McpServerExit { .. } => "mcp.server.exit",
+            RunEvent::McpServerRestart { .. } => "mcp.server.restart",
+            RunEvent::McpToolCallOk { .. } => "mcp.tool.call.ok",
+            RunEvent::McpToolCallFail { .. } => "mcp.tool.call.fail",
+            RunEvent::McpToolCallTimeout { .. } => "mcp.tool.call.timeout",
+            RunEvent::ApprovalRequested { .. } => "approval.requested",
+            RunEvent::ApprovalDecided { .. } => "approval.decided",
+            RunEvent::Lagged { .. } => "lagged",
+        }
+    }
+
     /// The event for a critic decision.
     pub fn from_decision(d: CriticDecision) -> Self {
         match d.action {

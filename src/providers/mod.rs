@@ -592,7 +592,7 @@ mod tests {
             ),
             (
                 "session",
-                Arc::new(crate::session::table::SessionModel::new(inner, 0)),
+                Arc::new(crate::host::sessions::SessionModel::new(inner, 0)),
             ),
         ]
     }

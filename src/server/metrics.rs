@@ -1,6 +1,6 @@
 //! `GET /metrics`: Prometheus text from the `metrics` facade's recorder
 //! (`metrics-exporter-prometheus`), which the kernel's counters feed (see
-//! [`crate::telemetry`]). One recorder per process: the first server (or
+//! `crate::telemetry`). One recorder per process: the first server (or
 //! `--metrics-addr` exporter) installs it; later ones share it.
 
 use std::sync::{Arc, OnceLock};

@@ -1,7 +1,9 @@
 //! A small real filesystem (tmpfs) to fill up, for the tests that want a
-//! real full disk. Mounting needs root: where it cannot be done, the test
-//! prints a SKIP line saying why and returns (the fault-injecting
-//! batteries of `outage` test the same logic everywhere).
+//! real full disk. Mounting needs root, so those tests are `#[ignore]`d
+//! (`cargo test` reports them ignored, never passed) and run by
+//! `cargo test -- --ignored` as root (CI does); asked to run where it
+//! cannot mount, a test fails saying why. The fault-injecting batteries of
+//! `outage` test the same logic everywhere.
 
 use std::path::{Path, PathBuf};
 
@@ -9,23 +11,23 @@ use std::path::{Path, PathBuf};
 pub(crate) struct SmallDisk(pub(crate) PathBuf);
 
 impl SmallDisk {
-    /// A tmpfs of `size` (`2m`) at `dir/small`; `None` (and a SKIP line
-    /// naming `test`) where it cannot be mounted.
-    pub(crate) fn mount(test: &str, dir: &Path, size: &str) -> Option<SmallDisk> {
+    /// A tmpfs of `size` (`2m`) at `dir/small`; panics, naming `test` and
+    /// why, where it cannot be mounted.
+    pub(crate) fn mount(test: &str, dir: &Path, size: &str) -> SmallDisk {
         let at = dir.join("small");
-        std::fs::create_dir_all(&at).ok()?;
+        if let Err(e) = std::fs::create_dir_all(&at) {
+            panic!("{test}: cannot create {}: {e}", at.display());
+        }
         let out = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(&at)
             .output();
         let why = match out {
-            Ok(o) if o.status.success() => return Some(SmallDisk(at)),
+            Ok(o) if o.status.success() => return SmallDisk(at),
             Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
             Err(e) => format!("no `mount` here: {e}"),
         };
-        println!("SKIP {test}: cannot mount a {size} tmpfs (needs root): {why}");
-        eprintln!("SKIP {test}: cannot mount a {size} tmpfs (needs root): {why}");
-        None
+        panic!("{test}: cannot mount a {size} tmpfs (needs root): {why}");
     }
 
     /// The path of `file` on it.

@@ -34,8 +34,16 @@
 //! parks for what is still undecided, with a fresh `approval_timeout`.
 //! A parked run's checkpoint counts no resumes: waiting is not crashing.
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::RunState;
+use crate::ports::event::RunEvent;
+use crate::ports::model::Role;
+use crate::ports::run::{cap_text, unix_ms};
+use crate::ports::tool::ToolError;
+use crate::record::PendingApproval;
 
 use super::tools::{Gate, TurnCall};
 use crate::ports::checkpoint::{CallDecision, ParkedCalls, WaitingCall};

@@ -3,8 +3,14 @@
 //! before its parent's, `kill_grace` at most), then one finalization
 //! through the shared record and one budget commit.
 
-#[allow(unused_imports)]
-use super::*;
+use tokio::time::Instant;
+
+use super::{spans, Inflight, RunState};
+use crate::actors::audit::send_finished;
+use crate::actors::budget::BudgetMsg;
+use crate::ports::run::{KillReason, RunStatus};
+use crate::record::{Command, Ending, STORE_UNAVAILABLE};
+
 use crate::record::Finished;
 
 impl RunState {

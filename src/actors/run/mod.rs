@@ -63,24 +63,21 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::audit::{send_finished, AuditMsg, SaveWaiter};
+use crate::actors::audit::{AuditMsg, SaveWaiter};
 use crate::actors::budget::{BudgetMsg, Ticket};
 use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
 use crate::agent::Agent;
-use crate::compaction::{self, Compaction, Due};
+use crate::compaction::{self, Compaction};
 use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
 use crate::ports::checkpoint::{Checkpoint, EncodedJson, ParkedCalls};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, CallOptions, ChatRequest, ChatResponse, DeltaSink, Message, ModelError,
-    RetrySink, Role, ToolCallRequest, ToolSpec,
+    RetrySink, Role,
 };
-use crate::ports::run::{
-    cap_text, unix_ms, KillReason, RunStatus, StepRecord, Usage, SUMMARY_BYTES,
-};
-use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
-use crate::record::{Command, Ending, PendingApproval, RunShared, STORE_UNAVAILABLE};
+use crate::ports::run::{unix_ms, KillReason, RunStatus, Usage};
+use crate::record::{Ending, RunShared, STORE_UNAVAILABLE};
 use crate::spec::Limits;
 
 mod approval;
@@ -969,6 +966,19 @@ impl RunState {
     /// Records an event: its `seq` is taken, subscribers get it, and its
     /// audit record goes out with the handler's batch.
     pub(crate) fn event(&mut self, ev: RunEvent) {
+        // A subscriber may decide the moment it reads `approval.requested`,
+        // on another thread: the call must wait before anyone hears of it.
+        // (A race no test can time; every test that gates a call checks it.)
+        #[cfg(debug_assertions)]
+        if let RunEvent::ApprovalRequested { call_id, .. } = &ev {
+            let waits = self
+                .shared
+                .partial()
+                .awaiting
+                .iter()
+                .any(|p| p.call_id == *call_id);
+            debug_assert!(waits, "approval.requested for {call_id} before it waits");
+        }
         let seq = self.shared.next_seq();
         self.shared.emit(seq, &ev);
         self.push_record(seq, AuditEntry::Event(ev));

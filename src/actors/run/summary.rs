@@ -2,8 +2,13 @@
 //! that needs it, and what its answer (or its failure) makes of the
 //! transcript (see `crate::compaction`).
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::Arc;
+
+use super::{RunMsg, RunState};
+use crate::actors::watch::Beat;
+use crate::compaction::{self, Due};
+use crate::ports::event::RunEvent;
+use crate::ports::model::{ChatRequest, ChatResponse, ModelError, ToolSpec};
 
 impl RunState {
     /// Makes the summary call of a due compaction (before the step that

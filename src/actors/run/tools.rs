@@ -3,8 +3,20 @@
 //! and deadline), and their outcomes taken into the transcript, the steps
 //! and the records.
 
-#[allow(unused_imports)]
-use super::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{poll_once, spans, Inflight, RunMsg, RunState};
+use crate::actors::watch::{Beat, SLOW_HANDLER};
+use crate::ports::event::RunEvent;
+use crate::ports::model::{Message, Role, ToolCallRequest};
+use crate::ports::run::{cap_text, RunStatus, StepRecord, SUMMARY_BYTES};
+use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
+use crate::record::Ending;
 
 use super::guard::Screened;
 use crate::ports::checkpoint::CallDecision;

@@ -5,8 +5,29 @@
 //! hand-over to the shard. A refused run still gets a handle and a terminal
 //! record.
 
-#[allow(unused_imports)]
-use super::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ractor::rpc::CallResult;
+use ractor::ActorRef;
+
+use super::{Host, SubmitError};
+use crate::actors::audit::{send_finished, AuditMsg};
+use crate::actors::budget::{Account, BudgetMsg, Denied, Ticket};
+use crate::actors::critic::CriticMsg;
+use crate::actors::run::{DurableRun, RunArgs};
+use crate::agent::Agent;
+use crate::handle::{RunEvents, RunHandle};
+use crate::ports::audit::RunInfo;
+use crate::ports::checkpoint::{Checkpoint, EncodedJson};
+use crate::ports::model::{Message, Role};
+use crate::ports::run::{cap_text, unix_ms, RunId, RunStatus};
+use crate::record::{
+    self, Allowance, Allowances, Ending, RunIdentity, RunShared, SUBSCRIBER_BUFFER,
+};
+use crate::spec::{AgentSpec, Invocation, LimitsSpec};
 
 /// A ticket from `account` and the run's `allowances` (reserving
 /// `estimate` tokens of each for the first call), or why the run may not

@@ -2,8 +2,31 @@
 //! fail ([`HostError`]). `build` starts the actors: the root, the audit and
 //! budget actors, and the critic shards.
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use ractor::Actor;
+
+use super::config::HostConfig;
+use super::{Host, HostInner};
+use crate::actors::audit::checkpoints::{lease_owner, LeaseWatch};
+use crate::actors::audit::{Audit, AuditHealth};
+use crate::actors::budget::Budget;
+use crate::actors::host::{HostActor, ShardSet};
+use crate::policy::RulesPolicy;
+use crate::ports::audit::AuditStore;
+use crate::ports::budget::BudgetLedger;
+use crate::ports::checkpoint::{Checkpointer, Lease};
+use crate::ports::critic::CriticPolicy;
+use crate::ports::model::ChatModel;
+use crate::ports::run::unix_ms;
+use crate::ports::tool::Tool;
+use crate::providers::{ModelResolver, ProviderConfig};
+use crate::record::HostRuns;
+use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
+use crate::tools::{RegistryError, ToolRegistry};
 
 /// Why a host could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -275,7 +298,7 @@ impl HostBuilder {
                 next_key: AtomicU64::new(0),
                 default_caller,
                 allowance,
-                sessions: crate::session::table::SessionTable::new(
+                sessions: crate::host::sessions::SessionTable::new(
                     self.sessions
                         .unwrap_or_else(|| Arc::new(crate::stores::MemorySessionStore::new())),
                 ),

@@ -1,7 +1,8 @@
 //! [`HostConfig`]: the host-wide settings, each with its default.
 
-#[allow(unused_imports)]
-use super::*;
+use std::time::Duration;
+
+use crate::spec::LimitsSpec;
 
 /// Host-wide settings. Every field has a default.
 #[derive(Clone, Debug)]
@@ -50,7 +51,7 @@ pub struct HostConfig {
     pub max_children: u32,
     /// Child runs (at any depth) one top-level run starts, at most.
     pub max_descendants: u32,
-    /// How long [`Host::shutdown`] waits for cancelled runs to finalize
+    /// How long [`Host::shutdown`](crate::Host::shutdown) waits for cancelled runs to finalize
     /// through their shards; after it, what is left ends `cancelled` at
     /// once (durable runs keep their checkpoint).
     pub shutdown_timeout: Duration,

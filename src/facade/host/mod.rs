@@ -11,40 +11,28 @@
 //! record, then drains the audit and budget actors before it returns.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use ractor::rpc::CallResult;
-use ractor::{Actor, ActorRef};
+use ractor::ActorRef;
 
-use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone, LeaseWatch};
-use crate::actors::audit::spool::SpoolIndex;
-use crate::actors::audit::{send_finished, Audit, AuditHealth, AuditMsg};
-use crate::actors::budget::{Account, Budget, BudgetMsg, Denied, Ticket};
+use crate::actors::audit::{send_finished, AuditHealth, AuditMsg};
+use crate::actors::budget::{Account, BudgetMsg};
 use crate::actors::critic::{CriticMsg, Fault};
-use crate::actors::host::{HostActor, HostMsg, ShardSet};
-use crate::actors::run::{DurableRun, RunArgs};
+use crate::actors::host::{HostMsg, ShardSet};
 use crate::agent::Agent;
 use crate::handle::{RunEvents, RunHandle, RunRef};
-use crate::policy::RulesPolicy;
-use crate::ports::audit::{AuditEntry, AuditRecord, AuditStats, AuditStore, RunInfo};
-use crate::ports::budget::BudgetLedger;
-use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, EncodedJson, HostClaim, Lease};
-use crate::ports::critic::CriticPolicy;
-use crate::ports::model::{ChatModel, Message, Role};
-use crate::ports::run::{cap_text, unix_ms, RunId, RunResult, RunStatus};
+use crate::ports::audit::{AuditStats, AuditStore};
+use crate::ports::checkpoint::{Checkpointer, Lease};
+use crate::ports::model::ChatModel;
+use crate::ports::run::RunId;
 use crate::ports::tool::Tool;
-use crate::providers::{ModelResolver, ProviderConfig, ResolveError};
-use crate::record::{
-    self, Allowance, Allowances, Delivery, Ending, HostRuns, RunIdentity, RunShared,
-    SUBSCRIBER_BUFFER,
-};
-use crate::spec::{AgentSpec, Invocation, LimitsSpec};
-use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
+use crate::providers::{ModelResolver, ResolveError};
+use crate::record::{self, Allowances, Ending, HostRuns};
+use crate::spec::{AgentSpec, Invocation};
 use crate::tools::{RegistryError, ToolRegistry};
 
 mod admission;
@@ -52,6 +40,7 @@ mod builder;
 mod config;
 pub mod palette;
 mod recovery;
+pub(crate) mod sessions;
 
 pub use builder::{HostBuilder, HostError};
 pub use config::HostConfig;
@@ -130,7 +119,7 @@ pub(crate) struct HostInner {
     /// host spends against (sub-agents inherit their parent's list).
     allowance: Option<Allowances>,
     /// The chat sessions open on this host, and their store.
-    sessions: crate::session::table::SessionTable,
+    sessions: crate::host::sessions::SessionTable,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -184,7 +173,7 @@ impl Host {
     }
 
     /// The chat sessions open on this host (see [`crate::session`]).
-    pub(crate) fn session_table(&self) -> &crate::session::table::SessionTable {
+    pub(crate) fn session_table(&self) -> &crate::host::sessions::SessionTable {
         &self.inner.sessions
     }
 

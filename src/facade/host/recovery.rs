@@ -14,8 +14,20 @@
 //! database); once no call of its turn waits, the next `recover` resumes
 //! it and the decisions apply.
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Host;
+use crate::actors::audit::checkpoints::{lease_owner, owner_is_gone};
+use crate::actors::audit::spool::SpoolIndex;
+use crate::actors::audit::AuditMsg;
+use crate::handle::RunHandle;
+use crate::ports::audit::{AuditEntry, AuditRecord};
+use crate::ports::checkpoint::{Checkpoint, Checkpointer, Claim, HostClaim, Lease};
+use crate::ports::run::{unix_ms, RunId, RunResult, RunStatus};
+use crate::record::Delivery;
+use crate::spec::{AgentSpec, Invocation};
 
 use crate::ports::checkpoint::{CallDecision, CheckpointError, ParkedCalls, WaitingCall};
 
@@ -119,7 +131,7 @@ impl Host {
     /// host holds (a host still running it, or another `recover`) is left
     /// to it and listed in [`Recovery::leased`]. A lease whose owner is a
     /// process of this machine that no longer runs is taken at once;
-    /// otherwise it must expire first ([`HostConfig::lease_ttl`]). A
+    /// otherwise it must expire first ([`HostConfig::lease_ttl`](crate::HostConfig::lease_ttl)). A
     /// terminal record still in the spool (`HostConfig::audit_spool`)
     /// counts as finished.
     ///

@@ -36,19 +36,15 @@
 //! already have files of their own: the registry of live runs
 //! (`record/registry.rs`) and subscriptions (`record/subscribe.rs`).
 
-use std::hash::{BuildHasher, Hasher};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use dashmap::DashMap;
-use futures_util::stream::{self, Stream};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
-use crate::ports::audit::{AuditEntry, AuditRecord, AuditStore};
+use crate::ports::audit::{AuditEntry, AuditRecord};
 use crate::ports::event::{Event, RunEvent};
 use crate::ports::run::{
     unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,

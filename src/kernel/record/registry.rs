@@ -3,8 +3,17 @@
 //! ends and critic decisions ([`HostFeed`]). A run is in the registry from
 //! its admission until its terminal record is handed to the audit actor.
 
-#[allow(unused_imports)]
-use super::*;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::RunShared;
+use crate::ports::audit::AuditStore;
+use crate::ports::run::{unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus};
 
 /// A hasher for run ids: one multiply of the id's two halves (ids are
 /// unique and already spread; SipHash would cost more than the lookup).

@@ -3,8 +3,17 @@
 //! `lagged` notice and a catch-up from the store for a subscriber that falls
 //! behind its bounded buffer.
 
-#[allow(unused_imports)]
-use super::*;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{terminal_events, Command, RunShared};
+use crate::ports::audit::{AuditEntry, AuditStore};
+use crate::ports::event::{Event, RunEvent};
+use crate::ports::run::RunId;
 
 /// How long a catching-up subscriber waits for the run's records to be
 /// written before it reads the store anyway.

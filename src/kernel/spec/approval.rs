@@ -13,8 +13,7 @@
 //! server's tools are only known once it starts, so any tool of a listed
 //! server is accepted, and `SERVER__*` gates them all).
 
-#[allow(unused_imports)]
-use super::*;
+use super::{line_of, AgentSpec};
 
 /// The `approval:` entry that gates every tool.
 pub const APPROVE_ALL: &str = "*";

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::script::ScriptEntry;
+use crate::providers::scripted::ScriptEntry;
 use crate::ports::duration::duration_serde;
 
 /// Which policy the critic applies to a run's runs.

@@ -13,12 +13,11 @@
 //! The manifest and its checks are here; its parts have files of their own:
 //! `limits` (the layers and their ranges), `duration` (how durations are
 //! written), `shape` (the guard before parsing), `script` (the scripted
-//! model's entries), `phases` (pipelines), `palette` (sub-agents) and
+//! model's entries, owned by `crate::providers::scripted`), `phases` (pipelines), `palette` (sub-agents) and
 //! `invocation` (a run's request and the inputs it fills in).
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -33,7 +32,6 @@ mod invocation;
 mod judge;
 mod palette;
 mod phases;
-mod script;
 mod shape;
 #[cfg(test)]
 mod tests;
@@ -42,6 +40,7 @@ pub use crate::ports::duration::{
     duration_serde, format_duration, opt_duration_serde, parse_duration, MAX_DURATION,
 };
 pub use crate::ports::limits::*;
+pub use crate::providers::scripted::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
 pub use approval::APPROVE_ALL;
 pub use guard::{
     glob_matches, ArgsPattern, GuardAction, GuardRule, GuardVerdict, Guards, OutputGuard,
@@ -51,7 +50,6 @@ pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use judge::{ApprovalSpec, JudgeSpec, PolicyName};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
-pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
 use shape::too_large;
 pub use shape::{check_manifest_shape, MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH};
 

@@ -1,8 +1,12 @@
 //! Sub-agent palettes as manifests write them (`agents:`) and as they are
 //! read ([`SubAgent`]); `AgentSpec::from_file` reads them.
 
-#[allow(unused_imports)]
-use super::*;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{AgentSpec, SpecError};
 
 /// A palette entry as a manifest writes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,8 +1,11 @@
 //! Pipeline manifests: `phases:` ([`PhaseSpec`]), their templates and
 //! their checks (the orchestration is `crate::pipeline`).
 
-#[allow(unused_imports)]
-use super::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{line_of, AgentSpec, ScriptEntry};
+use crate::ports::limits::LimitsSpec;
 
 /// One phase of a pipeline manifest (`phases:`): a run of its own, made
 /// from the manifest with this phase's keys over it (see

@@ -18,8 +18,8 @@ use super::steps::each_tail_step;
 use super::{unavailable, KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo, RunSummary};
 use crate::ports::event::RunEvent;
+use crate::ports::limits::LimitsSpec;
 use crate::ports::run::{KillReason, RunId, RunResult, RunStatus};
-use crate::spec::LimitsSpec;
 use crate::stores::sqlite::to_u64;
 
 /// A stored result back to the [`RunResult`]: one written by schema version

@@ -15,41 +15,12 @@ use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
 use crate::ports::event::RunEvent;
-use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 #[cfg(doc)]
-use crate::spec::Limits;
-use crate::spec::LimitsSpec;
+use crate::ports::limits::Limits;
+use crate::ports::limits::LimitsSpec;
+use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 use crate::stores::sqlite::to_i64;
 use crate::stores::sqlite::writer::{RunRow, SegmentRow};
-
-/// The wire name of an event, read from its JSON: serde writes an internally
-/// tagged enum's tag first, so the body starts with `{"type":"…"`. Names
-/// are interned (a few distinct ones, bound once per record).
-pub(super) fn event_kind(body: &[u8]) -> &'static str {
-    const KNOWN: &[&str] = &[
-        "step.start",
-        "step.finish",
-        "text.delta",
-        "tool.call",
-        "tool.result",
-        "message.create",
-        "critic.steer",
-        "critic.extend",
-        "critic.raise_iterations",
-        "critic.kill",
-        "critic.deny",
-        "critic.ask",
-        "run.resumed",
-        "model.retry",
-        "transcript.compacted",
-        "warning",
-        "error",
-    ];
-    body.strip_prefix(b"{\"type\":\"")
-        .and_then(|rest| rest.iter().position(|&b| b == b'"').map(|end| &rest[..end]))
-        .and_then(|kind| KNOWN.iter().find(|k| k.as_bytes() == kind).copied())
-        .unwrap_or("event")
-}
 
 /// Writes a `run.start` payload: the [`RunInfo`]'s JSON with its absent
 /// optional fields left out and its limits reduced to
@@ -123,7 +94,7 @@ pub(super) fn write_info(
 }
 
 /// Writes an event payload without its `type` tag (the record's kind says
-/// it); returns the kind. An event whose tag is not a known kind keeps it.
+/// it); returns the kind, [`RunEvent::kind`].
 /// The events every run has are written by [`write_common_event`].
 pub(super) fn write_event(out: &mut Vec<u8>, ev: &RunEvent) -> serde_json::Result<&'static str> {
     if let Some(kind) = write_common_event(out, ev) {
@@ -139,10 +110,15 @@ pub(super) fn write_event_serde(
 ) -> serde_json::Result<&'static str> {
     let start = out.len();
     serde_json::to_writer(&mut *out, ev)?;
-    let kind = event_kind(&out[start..]);
-    if kind != "event" {
-        // `{"type":"<kind>"` then `,` or `}`.
-        let tag = 10 + kind.len();
+    let kind = ev.kind();
+    // serde writes an internally tagged enum's tag first: `{"type":"<kind>"`
+    // then `,` or `}`. Were it ever otherwise, the tag would stay in the
+    // payload (and be read back all the same).
+    let tag = 10 + kind.len();
+    if out[start..].starts_with(b"{\"type\":\"")
+        && out.get(start + 9..start + tag - 1) == Some(kind.as_bytes())
+        && out.get(start + tag - 1) == Some(&b'"')
+    {
         let cut = if out.get(start + tag) == Some(&b',') {
             tag + 1
         } else {

@@ -2,21 +2,16 @@
 //! would, and everything written reads back whole.
 
 use super::decode::{full_result, restore};
-use super::encode::{
-    event_kind, write_common_event, write_event, write_event_serde, write_info, write_result,
-};
+use super::encode::{write_common_event, write_event, write_event_serde, write_info, write_result};
 use super::json::{needs_no_escape, push_str, strip_zero_defaults};
 use super::KIND_START;
 use crate::ports::audit::{RunInfo, RunSummary};
 use crate::ports::event::RunEvent;
+use crate::ports::limits::LimitsSpec;
 use crate::ports::run::{KillReason, RunId, RunResult, RunStatus, StepRecord};
-use crate::spec::LimitsSpec;
 
 #[test]
 fn event_kind_is_the_wire_name() {
-    let ev = RunEvent::StepStart { iteration: 1 };
-    let body = serde_json::to_string(&ev).unwrap_or_default();
-    assert_eq!(event_kind(body.as_bytes()), "step.start");
     let ev = RunEvent::TranscriptCompacted {
         iteration: 3,
         messages_before: 8,
@@ -26,9 +21,10 @@ fn event_kind_is_the_wire_name() {
         usage: Default::default(),
         summary: "s".into(),
     };
-    let body = serde_json::to_string(&ev).unwrap_or_default();
-    assert_eq!(event_kind(body.as_bytes()), "transcript.compacted");
-    assert_eq!(event_kind(b"{}"), "event");
+    for ev in events_of_every_family().into_iter().chain([ev]) {
+        let wire = serde_json::to_value(&ev).unwrap_or_default()["type"].clone();
+        assert_eq!(serde_json::Value::from(ev.kind()), wire, "{ev:?}");
+    }
 }
 
 #[test]
@@ -232,7 +228,7 @@ fn common_events_are_written_as_serde_writes_them() {
         );
     }
     // run.start: absent fields left out, limits reduced; read back whole.
-    let full = crate::spec::LimitsSpec {
+    let full = crate::ports::limits::LimitsSpec {
         max_runtime: Some(std::time::Duration::from_secs(30)),
         ..Default::default()
     }
@@ -391,5 +387,78 @@ async fn run_listings_seek_in_an_index() {
                 assert!(plan.contains("SEARCH runs"), "{f:?}: {plan}");
             }
         }
+    }
+}
+
+/// The events a run records that the encoder's own kind list once left out
+/// (MCP servers and tools, approvals), with a few it always had.
+fn events_of_every_family() -> Vec<RunEvent> {
+    vec![
+        RunEvent::StepStart { iteration: 1 },
+        RunEvent::Warning {
+            kind: "w".into(),
+            message: "m".into(),
+        },
+        RunEvent::McpServerStartOk {
+            server: "fs".into(),
+            tool_count: 3,
+            ms: 12,
+        },
+        RunEvent::McpServerExit {
+            server: "fs".into(),
+            code: Some(1),
+            stderr_tail: "bye".into(),
+        },
+        RunEvent::McpServerRestart {
+            server: "fs".into(),
+            attempt: 2,
+            delay_ms: 100,
+        },
+        RunEvent::McpToolCallOk {
+            tool: "fs__read".into(),
+            duration_ms: 4,
+        },
+        RunEvent::McpToolCallFail {
+            tool: "fs__read".into(),
+            duration_ms: 4,
+            error_kind: "server".into(),
+        },
+        RunEvent::McpToolCallTimeout {
+            tool: "fs__read".into(),
+            duration_ms: 4,
+        },
+        RunEvent::ApprovalRequested {
+            iteration: 1,
+            call_id: "c1".into(),
+            tool: "rm".into(),
+            arguments: "{}".into(),
+            timeout_ms: 1000,
+            escalated: Some("the judge could not tell".into()),
+        },
+        RunEvent::ApprovalDecided {
+            call_id: "c1".into(),
+            tool: "rm".into(),
+            approved: false,
+            by: "operator".into(),
+            reason: Some("no".into()),
+            waited_ms: 20,
+        },
+    ]
+}
+
+#[test]
+fn every_event_is_stored_under_its_wire_name() {
+    for ev in events_of_every_family() {
+        let wire = serde_json::to_value(&ev).unwrap_or_default()["type"].clone();
+        let mut out = Vec::new();
+        let kind = write_event(&mut out, &ev).unwrap_or("unwritable");
+        assert_eq!(serde_json::Value::from(kind), wire, "{ev:?}");
+        let stored: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+        assert!(
+            stored.get("type").is_none(),
+            "{kind}: the tag stays: {stored}"
+        );
+        let back: Option<RunEvent> = serde_json::from_value(restore(kind, stored)).ok();
+        assert_eq!(back.as_ref(), Some(&ev), "{kind}");
     }
 }

@@ -43,7 +43,9 @@ use crate::ports::model::{
     ChatModel, ChatRequest, ChatResponse, Message, ModelError, ToolCallRequest,
 };
 use crate::ports::run::Usage;
-use crate::spec::{ScriptEntry, ScriptFailure};
+
+mod script;
+pub use script::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
 
 /// The argument text of a `fail: malformed` tool call: cut off mid-object,
 /// so it is never valid JSON.
@@ -405,7 +407,6 @@ mod tests {
     type TestResult = Result<(), Box<dyn std::error::Error>>;
     use crate::ports::model::Role;
     use crate::ports::model::ToolSpec;
-    use crate::spec::{ScriptToolCall, ScriptUsage};
 
     fn request(call_index: u32) -> ChatRequest {
         ChatRequest {

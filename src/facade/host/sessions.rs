@@ -1,7 +1,7 @@
 //! The sessions open on one host ([`SessionTable`], owned by the host) and
 //! the state every handle of one session shares: its prompt gate, its
 //! lifecycle, the prompt's run in flight and its model's call numbering.
-//! Nothing here submits a run: the handles (`super::Session`) do, through
+//! Nothing here submits a run: the handles (`crate::session::Session`) do, through
 //! the host they hold.
 
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ use crate::ports::session::{SessionMeta, SessionState, SessionStore};
 /// The sessions open on one host: one shared state per session id, held
 /// only while a handle or a prompt uses it. Owned by the host.
 pub(crate) struct SessionTable {
-    pub(super) store: Arc<dyn SessionStore>,
+    pub(crate) store: Arc<dyn SessionStore>,
     open: Mutex<HashMap<String, Weak<SessionInner>>>,
 }
 
@@ -31,14 +31,14 @@ impl SessionTable {
         }
     }
 
-    pub(super) fn live(&self, id: &str) -> Option<Arc<SessionInner>> {
+    pub(crate) fn live(&self, id: &str) -> Option<Arc<SessionInner>> {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         open.get(id).and_then(Weak::upgrade)
     }
 
     /// Keeps `inner` as the session's shared state, unless another task
     /// registered one first (then that one wins and is returned).
-    pub(super) fn register(&self, inner: Arc<SessionInner>) -> Arc<SessionInner> {
+    pub(crate) fn register(&self, inner: Arc<SessionInner>) -> Arc<SessionInner> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|_, w| w.strong_count() > 0);
         if let Some(existing) = open.get(&inner.id).and_then(Weak::upgrade) {
@@ -50,22 +50,22 @@ impl SessionTable {
 }
 
 /// What every handle of one session on one host shares.
-pub(super) struct SessionInner {
-    pub(super) id: String,
-    pub(super) store: Arc<dyn SessionStore>,
+pub(crate) struct SessionInner {
+    pub(crate) id: String,
+    pub(crate) store: Arc<dyn SessionStore>,
     /// The agent, with its model behind [`SessionModel`].
-    pub(super) agent: Agent,
-    pub(super) model: Arc<SessionModel>,
+    pub(crate) agent: Agent,
+    pub(crate) model: Arc<SessionModel>,
     /// Held by a prompt from its start until its answer is stored: one
     /// prompt at a time. Holds the caller the session was opened for.
-    pub(super) gate: Arc<tokio::sync::Mutex<Option<String>>>,
-    pub(super) state: watch::Sender<SessionState>,
+    pub(crate) gate: Arc<tokio::sync::Mutex<Option<String>>>,
+    pub(crate) state: watch::Sender<SessionState>,
     /// The prompt's run in flight.
     current: Mutex<Option<RunRef>>,
 }
 
 impl SessionInner {
-    pub(super) fn new(store: Arc<dyn SessionStore>, agent: Agent, meta: SessionMeta) -> Arc<Self> {
+    pub(crate) fn new(store: Arc<dyn SessionStore>, agent: Agent, meta: SessionMeta) -> Arc<Self> {
         let model = Arc::new(SessionModel::new(agent.model().clone(), meta.model_calls));
         let agent = Agent::new(
             agent.spec_arc(),
@@ -89,11 +89,11 @@ impl SessionInner {
         })
     }
 
-    pub(super) fn set_current(&self, run: Option<RunRef>) {
+    pub(crate) fn set_current(&self, run: Option<RunRef>) {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = run;
     }
 
-    pub(super) fn current(&self) -> Option<RunRef> {
+    pub(crate) fn current(&self) -> Option<RunRef> {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -125,12 +125,12 @@ impl SessionModel {
 
     /// A prompt starts: `calls` were made before it. Prompts run one at a
     /// time (the session's gate), so no run sees another's numbering.
-    pub(super) fn begin(&self, calls: u64) {
+    pub(crate) fn begin(&self, calls: u64) {
         self.offset.store(calls, Ordering::Relaxed);
         self.made.store(0, Ordering::Relaxed);
     }
 
-    pub(super) fn made(&self) -> u64 {
+    pub(crate) fn made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
     }
 }

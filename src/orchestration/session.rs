@@ -71,6 +71,7 @@ use std::sync::Arc;
 use tokio::sync::{oneshot, watch, OwnedMutexGuard};
 
 use crate::handle::{RunEvents, RunHandle, RunRef};
+use crate::host::sessions::SessionInner;
 use crate::host::{AgentSource, Host, SubmitError};
 use crate::ports::model::{Message, Role};
 use crate::ports::run::{unix_ms, RunId, RunResult, RunStatus};
@@ -78,10 +79,6 @@ use crate::ports::session::{
     SessionMessage, SessionMeta, SessionState, SessionStore, SessionStoreError,
 };
 use crate::spec::{AgentSpec, Invocation};
-
-pub(crate) mod table;
-
-use table::SessionInner;
 
 /// The longest session id accepted.
 pub const MAX_SESSION_ID_LEN: usize = 128;
