@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::providers::scripted::ScriptEntry;
 use crate::ports::duration::duration_serde;
+use crate::providers::scripted::ScriptEntry;
 
 /// Which policy the critic applies to a run's runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
