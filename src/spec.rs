@@ -13,7 +13,8 @@
 //! The manifest and its checks are here; its parts have files of their own:
 //! `limits` (the layers and their ranges), `duration` (how durations are
 //! written), `shape` (the guard before parsing), `script` (the scripted
-//! model's entries), `phases` (pipelines), `palette` (sub-agents) and
+//! model's entries), `phases` (pipelines), `palette` (sub-agents),
+//! `critic` (the `critic:` section: how the critic watches runs) and
 //! `invocation` (a run's request and the inputs it fills in).
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 
 mod approval;
+mod critic;
 mod invocation;
 mod palette;
 mod phases;
@@ -41,6 +43,7 @@ pub use crate::ports::duration::{
 };
 pub use crate::ports::limits::*;
 pub use approval::APPROVE_ALL;
+pub use critic::{CriticSpec, LoopsSpec};
 pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use palette::{SubAgent, SubAgentRef};
 pub use phases::*;
@@ -123,6 +126,9 @@ pub struct AgentSpec {
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
+    /// How the critic watches the runs (`critic:`; see [`CriticSpec`]).
+    #[serde(default, skip_serializing_if = "CriticSpec::is_empty")]
+    pub critic: CriticSpec,
     /// The scripted model's responses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub script: Vec<ScriptEntry>,
@@ -284,6 +290,7 @@ impl AgentSpec {
             tools: Vec::new(),
             approval: Vec::new(),
             limits: LimitsSpec::default(),
+            critic: CriticSpec::default(),
             script: Vec::new(),
             budget: None,
             durable: false,
@@ -424,6 +431,7 @@ impl AgentSpec {
         }
         self.check_call_options(source)?;
         self.check_approval(source)?;
+        self.check_critic(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

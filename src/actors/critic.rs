@@ -107,7 +107,7 @@ use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::event::RunEvent;
-use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunStatus};
+use crate::ports::run::{CriticAction, CriticDecision, KillReason, LoopKind, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
 
 /// The `error_kind` of a run killed while its streaming model call still
@@ -476,11 +476,19 @@ impl Critic {
         }
     }
 
-    /// Decides on a repeat that reached the limit, before the next step.
+    /// Decides on a loop a detector saw (a repeat that reached the
+    /// limit first), before the next step: one decision a review.
     fn review(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState) {
-        if std::mem::take(&mut run.watch.repeat_due) && !run.done {
+        let repeat = std::mem::take(&mut run.watch.repeat_due);
+        let other = run.watch.loops.due.take();
+        if run.done {
+            return;
+        }
+        if repeat {
             let count = run.watch.repeats;
             self.ask(myself, run, Trigger::Repeat { count });
+        } else if let Some((kind, count)) = other {
+            self.ask(myself, run, Trigger::Loop { kind, count });
         }
     }
 
@@ -646,17 +654,23 @@ impl Critic {
         let reason = match trigger {
             Trigger::SoftTimeout => "soft_timeout",
             Trigger::Stall => "stalled",
-            Trigger::Repeat { .. } => "runaway",
+            Trigger::Repeat { .. } | Trigger::Loop { .. } => "runaway",
             Trigger::HardDeadline => "deadline",
         };
+        let looped = loop_of(trigger);
         match d {
             Decision::Continue => return,
             Decision::Steer(text) => {
                 match trigger {
                     Trigger::Repeat { .. } => run.watch.runaway_steered = true,
+                    Trigger::Loop { .. } => {}
                     _ => run.watch.steers += 1,
                 }
-                let dec = decision(run, CriticAction::Steer, reason, Some(text.clone()));
+                if let Some(kind) = looped {
+                    run.watch.loops.steered.insert(kind);
+                }
+                let mut dec = decision(run, CriticAction::Steer, reason, Some(text.clone()));
+                dec.loop_kind = looped;
                 self.record(run, dec);
                 run.steer(text);
             }
@@ -695,7 +709,12 @@ impl Critic {
                     ));
                     detail = Some(FIRST_TOKEN_TIMEOUT.to_string());
                 }
-                let dec = decision(run, CriticAction::Kill, kill.as_str(), detail);
+                if let Some(kind) = looped {
+                    ending.loop_kind = Some(kind);
+                    ending.error = Some(format!("killed: {kill} (loop: {kind})"));
+                }
+                let mut dec = decision(run, CriticAction::Kill, kill.as_str(), detail);
+                dec.loop_kind = looped;
                 self.stop(run, ending, Some(dec));
             }
         }
@@ -738,6 +757,11 @@ fn view_of(run: &RunState) -> RunView {
         steers: w.steers,
         runaway_steered: w.runaway_steered,
         limits: run.limits,
+        trace: w.loops.trace,
+        since_progress: run.now.saturating_duration_since(w.progress_at),
+        tokens_since_progress: w.tokens.saturating_sub(w.tokens_at_progress),
+        loops: w.loops.limits,
+        loops_steered: w.loops.steered,
     }
 }
 
@@ -752,6 +776,16 @@ fn decision(
         reason: reason.to_string(),
         at_ms: run.now.saturating_duration_since(run.started).as_millis() as u64,
         detail,
+        loop_kind: None,
+    }
+}
+
+/// The loop a trigger reports, if it is a loop detector's.
+fn loop_of(trigger: Trigger) -> Option<LoopKind> {
+    match trigger {
+        Trigger::Repeat { .. } => Some(LoopKind::Repeat),
+        Trigger::Loop { kind, .. } => Some(kind),
+        _ => None,
     }
 }
 
@@ -865,7 +899,7 @@ mod tests {
         use crate::actors::watch::Watched;
         use crate::spec::Limits;
         let t0 = Instant::now();
-        let mut w = Watched::new(&Limits::default(), t0);
+        let mut w = Watched::new(&Limits::default(), Default::default(), t0);
         let hard = w.hard_deadline;
         w.shift(Duration::from_secs(10), t0 + Duration::from_secs(30));
         assert_eq!(w.last_beat, t0 + Duration::from_secs(10));

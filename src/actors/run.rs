@@ -345,7 +345,11 @@ impl RunState {
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
-            watch: Watched::new(&args.limits, started),
+            watch: Watched::new(
+                &args.limits,
+                args.agent.spec().critic.loops.resolve(args.limits.repeat_limit),
+                started,
+            ),
             shared: args.shared,
             agent: args.agent,
             limits: args.limits,
@@ -728,6 +732,7 @@ impl RunState {
             });
         }
         self.beat(Beat::StepFinished { tokens });
+        self.watch.reply(self.now, &resp.text);
         self.event(RunEvent::StepFinish {
             iteration: self.iteration,
             text: resp.text.clone(),
@@ -912,7 +917,7 @@ impl RunState {
 
     /// A heartbeat: the critic's record of the run sees it at once.
     pub(crate) fn beat(&mut self, beat: Beat) {
-        self.watch.beat(self.now, beat, self.limits.repeat_limit);
+        self.watch.beat(self.now, beat);
     }
 
     /// Sends the tokens charged since the last meter to the budget actor

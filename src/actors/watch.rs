@@ -3,12 +3,23 @@
 //! shard, so a heartbeat is a field update, not a message; the shard reads
 //! it to arm the run's timer and to decide (see `crate::actors::critic`).
 //! It owns no timing of its own and sends nothing.
+//!
+//! The record holds the run's trace and its loop detectors (`loops`, on
+//! hashes made by `digest`): fixed memory a run, and a heartbeat costs a
+//! fixed amount of work whatever the run has done before (a call's result
+//! and a reply's text are each hashed once, in one pass).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::ports::critic::Loops;
 use crate::spec::{Limits, ABSOLUTE_DEADLINE};
+
+mod digest;
+pub(crate) mod loops;
+
+pub(crate) use loops::{Detectors, Observation};
 
 /// A handler (or a call polled in place) that takes longer is reported.
 pub const SLOW_HANDLER: Duration = Duration::from_millis(50);
@@ -30,6 +41,10 @@ pub enum Beat {
     },
     /// A tool call finished.
     ToolFinished,
+    /// A tool call's outcome was taken into the transcript (its hashes).
+    ToolResult(Observation),
+    /// A step's calls have all come back.
+    StepClosed,
     /// Still alive (a retry, a caller's heartbeat).
     Alive,
     /// A model call streamed something (text, tool-call arguments,
@@ -61,6 +76,12 @@ pub struct Watched {
     pub(crate) steers: u32,
     pub(crate) last_call: u64,
     pub(crate) repeats: u32,
+    /// The trace and the loop detectors.
+    pub(crate) loops: Detectors,
+    /// When the run last made progress (a new observation or new text),
+    /// and its tokens then.
+    pub(crate) progress_at: Instant,
+    pub(crate) tokens_at_progress: u64,
     pub(crate) runaway_steered: bool,
     /// A repeat reached the limit: decide before the next step.
     pub(crate) repeat_due: bool,
@@ -77,7 +98,8 @@ pub struct Watched {
 }
 
 impl Watched {
-    pub fn new(limits: &Limits, started: Instant) -> Self {
+    /// The record of a run that starts at `started`, watched for `loops`.
+    pub fn new(limits: &Limits, loops: Loops, started: Instant) -> Self {
         let cap = started + ABSOLUTE_DEADLINE;
         Watched {
             hard_deadline: (started + limits.hard_timeout).min(cap),
@@ -94,6 +116,9 @@ impl Watched {
             steers: 0,
             last_call: 0,
             repeats: 0,
+            loops: Detectors::new(loops),
+            progress_at: started,
+            tokens_at_progress: 0,
             runaway_steered: false,
             repeat_due: false,
             pending: false,
@@ -117,7 +142,7 @@ impl Watched {
     }
 
     /// Counts a heartbeat (O(1)).
-    pub fn beat(&mut self, now: Instant, beat: Beat, repeat_limit: u32) {
+    pub fn beat(&mut self, now: Instant, beat: Beat) {
         self.last_beat = now;
         match beat {
             Beat::StepStarted => self.steps += 1,
@@ -128,6 +153,12 @@ impl Watched {
             }
             Beat::Streaming => self.awaiting_first = false,
             Beat::ToolFinished => self.tool_calls += 1,
+            Beat::ToolResult(o) => {
+                if self.loops.observe(o) {
+                    self.progressed(now);
+                }
+            }
+            Beat::StepClosed => self.loops.step_closed(),
             Beat::Alive => {}
             Beat::ToolStarted { hash } => {
                 if hash == self.last_call {
@@ -136,11 +167,24 @@ impl Watched {
                     self.last_call = hash;
                     self.repeats = 1;
                 }
-                if self.repeats >= repeat_limit {
+                let limit = u32::from(self.loops.limits.repeat);
+                if limit > 0 && self.repeats >= limit {
                     self.repeat_due = true;
                 }
             }
         }
+    }
+
+    /// A model reply's text (see `loops`): new text is progress.
+    pub(crate) fn reply(&mut self, now: Instant, text: &str) {
+        if self.loops.reply(text) {
+            self.progressed(now);
+        }
+    }
+
+    fn progressed(&mut self, now: Instant) {
+        self.progress_at = now;
+        self.tokens_at_progress = self.tokens;
     }
 
     pub(crate) fn progress(&self) -> u32 {

@@ -6,6 +6,7 @@
 #[allow(unused_imports)]
 use super::*;
 
+use crate::actors::watch::Observation;
 use crate::ports::checkpoint::CallDecision;
 use crate::tools::PreparedCall;
 
@@ -17,6 +18,8 @@ type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send
 pub struct ToolOutcome {
     pub(super) call_id: Arc<str>,
     pub(super) tool: Arc<str>,
+    /// The call's canonical hash (tool and arguments), for the critic.
+    call: u64,
     args: String,
     result: Result<String, ToolError>,
     duration_ms: u64,
@@ -88,6 +91,7 @@ impl RunState {
                 outcome: ToolOutcome {
                     call_id: call.id.clone(),
                     tool: call.name.clone(),
+                    call: hash,
                     args,
                     result: Ok(String::new()),
                     duration_ms: 0,
@@ -248,6 +252,9 @@ impl RunState {
                 }
             };
             any_ok |= ok;
+            // The critic's trace: the outcome as hashes (see `watch`).
+            let said = error.as_deref().unwrap_or(&content);
+            self.beat(Beat::ToolResult(Observation::of(&o.tool, o.call, ok, said)));
             let summary = cap_text(&content, SUMMARY_BYTES);
             self.event(RunEvent::ToolResult {
                 iteration: self.iteration,
@@ -274,6 +281,7 @@ impl RunState {
                 attachments: Vec::new(),
             });
         }
+        self.beat(Beat::StepClosed);
         if any_ok {
             self.error_steps = 0;
         } else {

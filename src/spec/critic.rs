@@ -1,0 +1,170 @@
+//! The manifest's `critic:` section: how the critic watches the agent's
+//! runs. One type ([`CriticSpec`]) for the whole section, so every key the
+//! critic reads is parsed and checked here; today it holds the loop
+//! detectors' thresholds ([`LoopsSpec`]).
+//!
+//! ```yaml
+//! critic:
+//!   loops: { repeat: 3, same_observation: 4, same_error: 3, cycle: 3, poll: 5, no_progress: 8, chant: 10 }
+//! ```
+//!
+//! Every key is optional (the defaults above); `0` turns a detector off;
+//! an unknown key or a value out of its range is refused, naming the key.
+//! `limits.repeat_limit` is the older spelling of `critic.loops.repeat`:
+//! a manifest sets one or the other (both is refused), and
+//! `critic.loops.repeat`, when set, wins over a `repeat_limit` from an
+//! invocation or the host's defaults (see [`LoopsSpec::resolve`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::{line_of, AgentSpec};
+use crate::ports::critic::{Loops, CHANT_WINDOW_CHUNKS, LOOPS_DEFAULT, MAX_LOOP_COUNT, TRACE_LEN};
+
+/// The manifest's `critic:` section.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CriticSpec {
+    /// The loop detectors' thresholds (see [`LoopsSpec`]).
+    #[serde(default, skip_serializing_if = "LoopsSpec::is_empty")]
+    pub loops: LoopsSpec,
+}
+
+impl CriticSpec {
+    /// Whether the section sets nothing (it is then left out of JSON).
+    pub fn is_empty(&self) -> bool {
+        self.loops.is_empty()
+    }
+}
+
+/// `critic.loops`: each detector's threshold (`0`: off; unset: its
+/// default, see [`LOOPS_DEFAULT`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopsSpec {
+    /// Identical consecutive calls (tool and canonical arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<u32>,
+    /// The same call with the same result, anywhere in the trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_observation: Option<u32>,
+    /// The same tool ending in the same normalised error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_error: Option<u32>,
+    /// A cycle of period 2 to 4, repeated this many times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycle: Option<u32>,
+    /// The same call answering the same (normalised) result, in a row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll: Option<u32>,
+    /// Steps in a row with no new result and no new text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_progress: Option<u32>,
+    /// The same chunk of model text, repeated in the recent text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chant: Option<u32>,
+}
+
+impl LoopsSpec {
+    /// Every detector off (`0` for every key): a replay, a workload that
+    /// repeats itself on purpose.
+    pub fn off() -> Self {
+        LoopsSpec {
+            repeat: Some(0),
+            same_observation: Some(0),
+            same_error: Some(0),
+            cycle: Some(0),
+            poll: Some(0),
+            no_progress: Some(0),
+            chant: Some(0),
+        }
+    }
+
+    /// Whether no key is set.
+    pub fn is_empty(&self) -> bool {
+        *self == LoopsSpec::default()
+    }
+
+    /// The thresholds in force: the keys set here, the defaults for the
+    /// others. `repeat_limit` (the run's resolved `limits.repeat_limit`)
+    /// is the `repeat` threshold unless `repeat` is set here.
+    pub fn resolve(&self, repeat_limit: u32) -> Loops {
+        let d = LOOPS_DEFAULT;
+        let v = |k: Option<u32>, default: u16| {
+            k.map_or(default, |n| n.min(MAX_LOOP_COUNT) as u16)
+        };
+        Loops {
+            repeat: v(Some(self.repeat.unwrap_or(repeat_limit)), d.repeat),
+            same_observation: v(self.same_observation, d.same_observation),
+            same_error: v(self.same_error, d.same_error),
+            cycle: v(self.cycle, d.cycle),
+            poll: v(self.poll, d.poll),
+            no_progress: v(self.no_progress, d.no_progress),
+            chant: v(self.chant, d.chant),
+        }
+    }
+
+    /// Checks every key set against its range: `0` (off), or from its
+    /// least meaningful count to the most the critic can see. `Err` names
+    /// the key (`critic.loops.KEY`) and the range.
+    ///
+    /// | key | range |
+    /// |---|---|
+    /// | `repeat` | 0 – 10000 |
+    /// | `same_observation`, `same_error` | 0, 2 – 32 (the trace's length) |
+    /// | `cycle`, `poll`, `no_progress` | 0, 2 – 10000 |
+    /// | `chant` | 0, 2 – 100 (the chunks of text it remembers) |
+    pub fn check(&self) -> Result<(), String> {
+        let window = TRACE_LEN as u32;
+        let chunks = CHANT_WINDOW_CHUNKS as u32;
+        for (key, v, lo, hi) in [
+            ("repeat", self.repeat, 1, MAX_LOOP_COUNT),
+            ("same_observation", self.same_observation, 2, window),
+            ("same_error", self.same_error, 2, window),
+            ("cycle", self.cycle, 2, MAX_LOOP_COUNT),
+            ("poll", self.poll, 2, MAX_LOOP_COUNT),
+            ("no_progress", self.no_progress, 2, MAX_LOOP_COUNT),
+            ("chant", self.chant, 2, chunks),
+        ] {
+            match v {
+                Some(n) if n != 0 && (n < lo || n > hi) => {
+                    return Err(format!(
+                        "`critic.loops.{key}` is {n}; use 0 (off) or {lo} to {hi}"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AgentSpec {
+    /// Checks `critic:` (part of [`check`](Self::check)).
+    pub(super) fn check_critic(&self, source: &str) -> Result<(), String> {
+        if self.critic.loops.repeat.is_some() && self.limits.repeat_limit.is_some() {
+            return Err(format!(
+                "both `critic.loops.repeat` and `limits.repeat_limit` are set{}: `limits.repeat_limit` is the older spelling of `critic.loops.repeat`; keep one",
+                line_of(source, "repeat_limit")
+            ));
+        }
+        self.critic.loops.check().map_err(|e| {
+            let key = e
+                .split('`')
+                .nth(1)
+                .and_then(|k| k.rsplit('.').next())
+                .unwrap_or("loops");
+            // The line of the key, searched from the `critic` line.
+            let from = source
+                .lines()
+                .position(|l| l.trim_start().starts_with("critic"))
+                .unwrap_or(0);
+            let line = source
+                .lines()
+                .skip(from)
+                .position(|l| l.split('#').next().unwrap_or("").contains(key))
+                .map(|i| format!(" at line {}", from + i + 1))
+                .unwrap_or_default();
+            format!("{e}{line}")
+        })
+    }
+}
