@@ -15,7 +15,8 @@
 //! `critic.loops.repeat`, when set, wins over a `repeat_limit` from an
 //! invocation or the host's defaults (see [`LoopsSpec::resolve`]).
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{line_of, AgentSpec};
 use crate::ports::critic::{Loops, CHANT_WINDOW_CHUNKS, LOOPS_DEFAULT, MAX_LOOP_COUNT, TRACE_LEN};
@@ -25,7 +26,11 @@ use crate::ports::critic::{Loops, CHANT_WINDOW_CHUNKS, LOOPS_DEFAULT, MAX_LOOP_C
 #[serde(deny_unknown_fields)]
 pub struct CriticSpec {
     /// The loop detectors' thresholds (see [`LoopsSpec`]).
-    #[serde(default, skip_serializing_if = "LoopsSpec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "LoopsSpec::is_empty",
+        deserialize_with = "loops_or_off"
+    )]
     pub loops: LoopsSpec,
 }
 
@@ -37,7 +42,8 @@ impl CriticSpec {
 }
 
 /// `critic.loops`: each detector's threshold (`0`: off; unset: its
-/// default, see [`LOOPS_DEFAULT`]).
+/// default, see [`LOOPS_DEFAULT`]). `loops: off` sets every key to 0 (an
+/// agent that repeats itself on purpose).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoopsSpec {
@@ -62,6 +68,38 @@ pub struct LoopsSpec {
     /// The same chunk of model text, repeated in the recent text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chant: Option<u32>,
+}
+
+/// `loops:` as a map of keys, or the word `off`.
+fn loops_or_off<'de, D: Deserializer<'de>>(d: D) -> Result<LoopsSpec, D::Error> {
+    struct Either;
+    impl<'de> Visitor<'de> for Either {
+        type Value = LoopsSpec;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("`off` or a map of detector thresholds")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<LoopsSpec, E> {
+            match v {
+                "off" => Ok(LoopsSpec::off()),
+                other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+            }
+        }
+
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<LoopsSpec, E> {
+            // YAML 1.1 reads a bare `off` as false.
+            match v {
+                false => Ok(LoopsSpec::off()),
+                true => Err(E::invalid_value(de::Unexpected::Bool(v), &self)),
+            }
+        }
+
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<LoopsSpec, A::Error> {
+            LoopsSpec::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(Either)
 }
 
 impl LoopsSpec {

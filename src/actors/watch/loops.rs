@@ -20,9 +20,9 @@
 //!   [`CHANT_WINDOW_CHUNKS`] chunks (see [`Chant`]).
 //!
 //! (`repeat`, identical consecutive calls, is counted as calls start; see
-//! `Watched`.) A detector that sees its pattern flags it ([`Detectors::due`],
-//! the first of a step wins); the shard asks the policy before the run's
-//! next model call. Memory: the trace (32 × 24 bytes) and a few counters
+//! `Watched`.) A detector that sees its pattern flags it (`Detectors::due`:
+//! the first of a step, unless a later one was steered already); the shard
+//! asks the policy before the run's next model call. Memory: the trace (32 × 24 bytes) and a few counters
 //! inline; the chant window (400 bytes) is allocated once, for a run whose
 //! replies hold a chunk of text long enough to compare.
 
@@ -108,9 +108,20 @@ impl Detectors {
         }
     }
 
+    /// A detector saw its pattern `count` times: due if that reaches its
+    /// threshold. The first of a step is decided on, except that a loop
+    /// steered already goes before one that was not (it is the second
+    /// strike: a run that goes on with it after the steer is killed).
     fn flag(&mut self, kind: LoopKind, count: u32) {
         let limit = u32::from(self.limits.get(kind));
-        if limit > 0 && count >= limit && self.due.is_none() {
+        if limit == 0 || count < limit {
+            return;
+        }
+        let replace = match self.due {
+            None => true,
+            Some((first, _)) => !self.steered.contains(first) && self.steered.contains(kind),
+        };
+        if replace {
             self.due = Some((kind, count));
         }
     }
