@@ -406,3 +406,34 @@ async fn the_critic_sees_the_trace_and_the_time_since_progress() {
     assert!(view.since_progress.as_secs() >= 3, "{:?}", view.since_progress);
     host.shutdown().await;
 }
+
+#[test]
+fn the_loops_example_exits_non_zero_with_its_loop_in_json_and_on_record() {
+    use support::cli::agentvisor;
+    let dir = support::scratch::Scratch::new("loops");
+    let db = dir.path("a.db").display().to_string();
+    let run = agentvisor(&["run", "examples/agents/loops.yaml", "--db", &db, "--json"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let result: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(result["status"], "killed");
+    assert_eq!(result["kill_reason"], "runaway");
+    assert_eq!(result["loop"], "cycle");
+    assert_eq!(result["critic"][0]["action"], "steer");
+    assert_eq!(result["critic"][0]["loop"], "cycle");
+    assert_eq!(result["critic"][1]["loop"], "cycle");
+
+    // The database keeps it: the result and the kill's record.
+    let id = result["run_id"].as_str().unwrap();
+    let show = agentvisor(&["runs", "show", id, "--db", &db, "--json"]);
+    let shown = support::cli::ok_json(&show);
+    assert_eq!(shown["result"], result, "the recorded result is the printed one");
+    let kill = shown["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r.to_string().contains("critic.kill"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(kill.to_string().contains("\"loop\":\"cycle\""), "{kill}");
+}

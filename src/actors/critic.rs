@@ -12,9 +12,12 @@
 //! # Handling a run's message
 //! For each message of a run the shard reads the clock once, runs the
 //! run's handler inside the run's span and under `catch_unwind`, then
-//! reviews it: a tool call repeated up to `repeat_limit` is decided on
-//! before the run's next step, so a run whose tools answer at once cannot
-//! outrun the repeat decision. A step whose calls answered at once goes
+//! reviews it: a loop one of its detectors saw (a tool call repeated up to
+//! `critic.loops.repeat`, a poll, a cycle, …; see `crate::actors::watch`)
+//! is decided on before the run's next step, so a run whose tools answer
+//! at once cannot outrun the decision. One loop is decided a review; a
+//! decision on a loop carries its kind (`loop`) into the decision, and a
+//! kill into the result. A step whose calls answered at once goes
 //! straight on to the next one, up to [`INLINE_STEPS`] in one handler
 //! (then through the mailbox, so other runs of the shard get their turn).
 //! The records the handler made go to the audit actor as one message.
