@@ -353,6 +353,13 @@ fn the_critic_section_is_checked_like_the_rest_of_the_manifest() {
     }
     let e = refused("limits: { repeat_limit: 4 }\ncritic: { loops: { repeat: 4 } }\n");
     assert!(e.contains("older spelling"), "{e}");
+    let e = match AgentSpec::from_yaml(
+        "name: p\ncritic: { loops: { repeat: 2 } }\nphases:\n  - { name: a, prompt: go, limits: { repeat_limit: 3 }, script: [{ text: hi }] }\n",
+    ) {
+        Ok(_) => panic!("a phase's repeat_limit with critic.loops.repeat was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("older spelling"), "{e}");
 
     let ok = AgentSpec::from_yaml(&format!(
         "{base}critic:\n  loops: {{ repeat: 0, same_observation: 32, same_error: 2, cycle: 10000, poll: 0, no_progress: 2, chant: 100 }}\n"

@@ -179,7 +179,9 @@ impl LoopsSpec {
 impl AgentSpec {
     /// Checks `critic:` (part of [`check`](Self::check)).
     pub(super) fn check_critic(&self, source: &str) -> Result<(), String> {
-        if self.critic.loops.repeat.is_some() && self.limits.repeat_limit.is_some() {
+        let legacy = self.limits.repeat_limit.is_some()
+            || self.phases.iter().any(|p| p.limits.repeat_limit.is_some());
+        if self.critic.loops.repeat.is_some() && legacy {
             return Err(format!(
                 "both `critic.loops.repeat` and `limits.repeat_limit` are set{}: `limits.repeat_limit` is the older spelling of `critic.loops.repeat`; keep one",
                 line_of(source, "repeat_limit")

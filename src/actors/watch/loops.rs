@@ -546,6 +546,22 @@ mod tests {
     }
 
     #[test]
+    fn the_detectors_fit_in_a_fixed_size() {
+        // The trace inline (32 calls × 24 bytes), the counters, a pointer
+        // to the chant window: no more per run, whatever it does.
+        assert_eq!(std::mem::size_of::<TraceStep>(), 24);
+        let size = std::mem::size_of::<Detectors>();
+        assert!(size <= 832, "{size} bytes");
+        let mut d = Detectors::new(LOOPS_DEFAULT);
+        for i in 0..1000u64 {
+            let text = "a reply long enough to be cut into chunks. ".repeat(3);
+            step(&mut d, &text, &[call("t", i, true, "r")]);
+        }
+        assert_eq!(d.trace.len(), TRACE_LEN);
+        assert_eq!(std::mem::size_of::<Detectors>(), size);
+    }
+
+    #[test]
     fn a_detector_at_zero_is_off() {
         let mut d = Detectors::new(Loops::OFF);
         for _ in 0..40 {
