@@ -185,7 +185,10 @@ mod tests {
             let Decision::Steer(text) = rules(Trigger::Loop { kind, count: 5 }, &v) else {
                 panic!("{kind}: a steer first");
             };
-            assert!(text.starts_with(&format!("Loop detected ({kind}).")), "{text}");
+            assert!(
+                text.starts_with(&format!("Loop detected ({kind}).")),
+                "{text}"
+            );
             if kind == LoopKind::Poll {
                 assert!(text.contains("`wait` tool"), "{text}");
             }

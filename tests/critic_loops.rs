@@ -67,8 +67,7 @@ impl Tool for StatusTool {
 }
 
 async fn run(yaml: &str) -> (RunResult, Vec<RunEvent>, Vec<String>) {
-    let (host, store) =
-        support::host_from(support::builder().tool(StatusTool::new())).await;
+    let (host, store) = support::host_from(support::builder().tool(StatusTool::new())).await;
     let spec = support::spec(yaml);
     let (r, events) = support::run_to_end(&host, spec, Invocation::prompt("go")).await;
     host.shutdown().await;
@@ -97,7 +96,10 @@ fn steered_then_killed(r: &RunResult, events: &[RunEvent], audited: &[String], k
         ]
     );
     let steer = r.critic[0].detail.clone().unwrap();
-    assert!(steer.starts_with(&format!("Loop detected ({kind}).")), "{steer}");
+    assert!(
+        steer.starts_with(&format!("Loop detected ({kind}).")),
+        "{steer}"
+    );
     // The model read the steer before its next call.
     assert!(events.iter().any(
         |e| matches!(e, RunEvent::MessageCreate { role, text } if role == "user" && *text == steer)
@@ -110,7 +112,10 @@ fn steered_then_killed(r: &RunResult, events: &[RunEvent], audited: &[String], k
         .find(|e| matches!(e, RunEvent::CriticKill(_)))
         .unwrap();
     assert_eq!(serde_json::to_value(kill).unwrap()["loop"], kind.as_str());
-    let critic: Vec<&String> = audited.iter().filter(|k| k.starts_with("critic.")).collect();
+    let critic: Vec<&String> = audited
+        .iter()
+        .filter(|k| k.starts_with("critic."))
+        .collect();
     assert_eq!(critic, ["critic.steer", "critic.kill"]);
 }
 
@@ -160,7 +165,11 @@ script:
 "#)
     .await;
     steered_then_killed(&r, &events, &audited, LoopKind::SameError);
-    assert_eq!(r.steps.len(), 7, "steer at the 3rd failure, kill at the 4th");
+    assert_eq!(
+        r.steps.len(),
+        7,
+        "steer at the 3rd failure, kill at the 4th"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -190,7 +199,9 @@ script:
 async fn polling_is_caught_and_the_steer_points_at_wait() {
     // A parent polls a slow job between other calls: every reply differs
     // (its clock and counter), none twice in a row.
-    let mut yaml = String::from("name: poller\ntools: [status, echo]\nlimits: { max_iterations: 40 }\nscript:\n");
+    let mut yaml = String::from(
+        "name: poller\ntools: [status, echo]\nlimits: { max_iterations: 40 }\nscript:\n",
+    );
     for i in 0..8 {
         yaml += "  - { tool: status, args: { job: ci-481 } }\n";
         yaml += &format!("  - {{ tool: echo, args: {{ text: \"waiting {i}\" }} }}\n");
@@ -208,7 +219,9 @@ async fn polling_is_caught_and_the_steer_points_at_wait() {
 async fn steps_that_bring_nothing_new_are_caught() {
     // Three calls revisited in no fixed order: each seen before, so no
     // step is progress; `same_observation` is off to let this one show.
-    let order = ["a", "b", "c", "b", "a", "c", "a", "b", "c", "b", "c", "a", "c"];
+    let order = [
+        "a", "b", "c", "b", "a", "c", "a", "b", "c", "b", "c", "a", "c",
+    ];
     let mut yaml = String::from(
         "name: stale\ntools: [echo]\nlimits: { max_iterations: 40 }\ncritic: { loops: { same_observation: 0 } }\nscript:\n",
     );
@@ -218,7 +231,11 @@ async fn steps_that_bring_nothing_new_are_caught() {
     yaml += "  - { text: never }\n";
     let (r, events, audited) = run(&yaml).await;
     steered_then_killed(&r, &events, &audited, LoopKind::NoProgress);
-    assert_eq!(r.steps.len(), 12, "3 new steps, steer after 8 stale, kill at the 9th");
+    assert_eq!(
+        r.steps.len(),
+        12,
+        "3 new steps, steer after 8 stale, kill at the 9th"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -339,7 +356,10 @@ fn the_critic_section_is_checked_like_the_rest_of_the_manifest() {
     let e = refused("critic: { lopos: {} }\n");
     assert!(e.contains("lopos"), "{e}");
     let e = refused("critic: { loops: { same_observation: 1 } }\n");
-    assert!(e.contains("critic.loops.same_observation") && e.contains("2 to 32"), "{e}");
+    assert!(
+        e.contains("critic.loops.same_observation") && e.contains("2 to 32"),
+        "{e}"
+    );
     assert!(e.contains("line 5"), "{e}");
     let e = refused("critic: { loops: { chant: 101 } }\n");
     assert!(e.contains("critic.loops.chant"), "{e}");
@@ -395,6 +415,7 @@ async fn the_critic_sees_the_trace_and_the_time_since_progress() {
     );
     let r = host.execute(spec, Invocation::prompt("x")).await.unwrap();
     assert_eq!(r.status, RunStatus::Ok);
+    host.shutdown().await;
     let seen = policy.0.lock().unwrap();
     let (trigger, view) = seen.first().expect("the policy was asked");
     assert_eq!(
@@ -410,8 +431,11 @@ async fn the_critic_sees_the_trace_and_the_time_since_progress() {
     assert!(newest.ok && oldest.ok);
     assert_eq!(view.trace.back(1).unwrap().call, oldest.call);
     assert_ne!(newest.call, oldest.call);
-    assert!(view.since_progress.as_secs() >= 3, "{:?}", view.since_progress);
-    host.shutdown().await;
+    assert!(
+        view.since_progress.as_secs() >= 3,
+        "{:?}",
+        view.since_progress
+    );
 }
 
 #[test]
@@ -434,7 +458,10 @@ fn the_loops_example_exits_non_zero_with_its_loop_in_json_and_on_record() {
     let id = result["run_id"].as_str().unwrap();
     let show = agentvisor(&["runs", "show", id, "--db", &db, "--json"]);
     let shown = support::cli::ok_json(&show);
-    assert_eq!(shown["result"], result, "the recorded result is the printed one");
+    assert_eq!(
+        shown["result"], result,
+        "the recorded result is the printed one"
+    );
     let kill = shown["records"]
         .as_array()
         .unwrap()

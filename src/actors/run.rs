@@ -347,7 +347,11 @@ impl RunState {
             max_iterations: args.limits.max_iterations,
             watch: Watched::new(
                 &args.limits,
-                args.agent.spec().critic.loops.resolve(args.limits.repeat_limit),
+                args.agent
+                    .spec()
+                    .critic
+                    .loops
+                    .resolve(args.limits.repeat_limit),
                 started,
             ),
             shared: args.shared,

@@ -127,9 +127,7 @@ impl LoopsSpec {
     /// is the `repeat` threshold unless `repeat` is set here.
     pub fn resolve(&self, repeat_limit: u32) -> Loops {
         let d = LOOPS_DEFAULT;
-        let v = |k: Option<u32>, default: u16| {
-            k.map_or(default, |n| n.min(MAX_LOOP_COUNT) as u16)
-        };
+        let v = |k: Option<u32>, default: u16| k.map_or(default, |n| n.min(MAX_LOOP_COUNT) as u16);
         Loops {
             repeat: v(Some(self.repeat.unwrap_or(repeat_limit)), d.repeat),
             same_observation: v(self.same_observation, d.same_observation),

@@ -71,10 +71,7 @@ pub(crate) fn normalised(text: &str, error: bool) -> u32 {
         // A token: up to whitespace or a quote that opens a span.
         let start = i;
         i += 1;
-        while i < b.len()
-            && !b[i].is_ascii_whitespace()
-            && !(error && is_quote(b[i]) && opens(i))
-        {
+        while i < b.len() && !b[i].is_ascii_whitespace() && !(error && is_quote(b[i]) && opens(i)) {
             i += 1;
         }
         let token = &b[start..i];
@@ -132,8 +129,14 @@ mod tests {
             normalised("run 550e8400-e29b-41d4-a716-446655440000 queued", false),
             normalised("run 6ba7b810-9dad-11d1-80b4-00c04fd430c8 queued", false)
         );
-        assert_eq!(normalised("sha 3f2a9c1", false), normalised("sha 77be01d", false));
-        assert_ne!(normalised("job running", false), normalised("job done", false));
+        assert_eq!(
+            normalised("sha 3f2a9c1", false),
+            normalised("sha 77be01d", false)
+        );
+        assert_ne!(
+            normalised("job running", false),
+            normalised("job done", false)
+        );
         assert_eq!(normalised("a  b\n\tc", false), normalised("a b c", false));
     }
 

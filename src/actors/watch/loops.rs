@@ -198,11 +198,8 @@ impl Detectors {
             };
             let periods = u32::from(self.cycle_runs[i]) / p as u32 + 1;
             // Not one call repeated: the period holds another call.
-            let varied = (0..p - 1).any(|b| {
-                self.trace
-                    .back(b)
-                    .is_some_and(|e| e.observation() != key)
-            });
+            let varied =
+                (0..p - 1).any(|b| self.trace.back(b).is_some_and(|e| e.observation() != key));
             if cycle.is_none() && periods >= 2 && varied {
                 cycle = Some(periods);
             }
@@ -382,7 +379,9 @@ impl Cutter {
 
     /// The end of a reply: its last chunk, if long enough to compare.
     fn end(&mut self) -> Option<u32> {
-        (self.chars >= CHANT_MIN_CHARS).then(|| self.take()).flatten()
+        (self.chars >= CHANT_MIN_CHARS)
+            .then(|| self.take())
+            .flatten()
     }
 
     fn take(&mut self) -> Option<u32> {
@@ -415,7 +414,11 @@ mod tests {
         let mut d = Detectors::new(LOOPS_DEFAULT);
         for i in 0..200u64 {
             let r = format!("chunk {i}: {}", "x".repeat((i % 7) as usize));
-            assert_eq!(step(&mut d, "", &[call("process", i, true, &r)]), None, "{i}");
+            assert_eq!(
+                step(&mut d, "", &[call("process", i, true, &r)]),
+                None,
+                "{i}"
+            );
         }
     }
 
@@ -454,7 +457,10 @@ mod tests {
             due = step(
                 &mut d,
                 "",
-                &[call("status", 7, true, &status), call("sleep", 99, true, "slept")],
+                &[
+                    call("status", 7, true, &status),
+                    call("sleep", 99, true, "slept"),
+                ],
             );
             if due.is_some() {
                 break;
@@ -472,7 +478,10 @@ mod tests {
             due = step(
                 &mut d,
                 "",
-                &[call("status", 7, true, &status), call("sleep", 99, true, "slept")],
+                &[
+                    call("status", 7, true, &status),
+                    call("sleep", 99, true, "slept"),
+                ],
             );
         }
         assert_eq!(due, Some((LoopKind::Poll, 5)));
