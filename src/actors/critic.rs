@@ -760,7 +760,7 @@ fn view_of(run: &RunState) -> RunView {
         steers: w.steers,
         runaway_steered: w.runaway_steered,
         limits: run.limits,
-        trace: w.loops.trace,
+        trace: w.loops.trace.clone(),
         since_progress: run.now.saturating_duration_since(w.progress_at),
         tokens_since_progress: w.tokens.saturating_sub(w.tokens_at_progress),
         loops: w.loops.limits,

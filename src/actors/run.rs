@@ -736,7 +736,11 @@ impl RunState {
             });
         }
         self.beat(Beat::StepFinished { tokens });
-        self.watch.reply(self.now, &resp.text);
+        if !resp.tool_calls.is_empty() {
+            // The critic reads the text of a reply the run goes on from
+            // (one that ends it is not judged).
+            self.watch.reply(self.now, &resp.text);
+        }
         self.event(RunEvent::StepFinish {
             iteration: self.iteration,
             text: resp.text.clone(),

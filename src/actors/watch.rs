@@ -5,7 +5,7 @@
 //! It owns no timing of its own and sends nothing.
 //!
 //! The record holds the run's trace and its loop detectors (`loops`, on
-//! hashes made by `digest`): fixed memory a run, and a heartbeat costs a
+//! hashes made by `digest`): bounded memory a run, and a heartbeat costs a
 //! fixed amount of work whatever the run has done before (a call's result
 //! and a reply's text are each hashed once, in one pass).
 

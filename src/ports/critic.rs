@@ -5,7 +5,7 @@
 //! never holds up the critic's mailbox.
 //!
 //! What a policy sees of a run ([`RunView`]) includes its [`Trace`]: the
-//! last [`TRACE_LEN`] tool calls as hashes (fixed memory a run, no text),
+//! last [`TRACE_LEN`] tool calls as hashes (at most 768 bytes a run, no text),
 //! which the loop detectors read and a model-backed policy may summarise.
 
 use std::time::Duration;
@@ -139,39 +139,46 @@ impl TraceStep {
 }
 
 /// The last [`TRACE_LEN`] tool calls of a run, newest last: a ring of
-/// fixed size that never allocates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// bounded size. Its buffer grows with the run's first calls (4, 8, 16,
+/// then 32 calls: at most three reallocations a run, none once full), so
+/// a run of a few calls holds room for a few, and none holds more than
+/// `TRACE_LEN` × 24 bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trace {
-    steps: [TraceStep; TRACE_LEN],
-    /// Where the next step goes.
+    steps: Vec<TraceStep>,
+    /// Where the next step goes once the ring is full.
     next: u8,
-    len: u8,
 }
 
 impl Trace {
     /// Remembers a call, forgetting the oldest when full.
     pub fn push(&mut self, step: TraceStep) {
-        self.steps[usize::from(self.next)] = step;
+        if self.steps.len() < TRACE_LEN {
+            self.steps.push(step);
+        } else if let Some(slot) = self.steps.get_mut(usize::from(self.next)) {
+            *slot = step;
+        }
         self.next = ((usize::from(self.next) + 1) % TRACE_LEN) as u8;
-        self.len = (usize::from(self.len) + 1).min(TRACE_LEN) as u8;
     }
 
     /// Calls remembered.
     pub fn len(&self) -> usize {
-        usize::from(self.len)
+        self.steps.len()
     }
 
     /// Whether no call is remembered.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.steps.is_empty()
     }
 
     /// The call `back` calls before the newest (0: the newest).
     pub fn back(&self, back: usize) -> Option<&TraceStep> {
-        if back >= self.len() {
+        let len = self.len();
+        if back >= len {
             return None;
         }
-        let i = (usize::from(self.next) + TRACE_LEN - 1 - back) % TRACE_LEN;
+        // Not full: `next` is `len`; full: it is the oldest's slot.
+        let i = (usize::from(self.next) + len - 1 - back) % len;
         self.steps.get(i)
     }
 

@@ -22,9 +22,11 @@
 //! (`repeat`, identical consecutive calls, is counted as calls start; see
 //! `Watched`.) A detector that sees its pattern flags it (`Detectors::due`:
 //! the first of a step, unless a later one was steered already); the shard
-//! asks the policy before the run's next model call. Memory: the trace (32 × 24 bytes) and a few counters
-//! inline; the chant window (400 bytes) is allocated once, for a run whose
-//! replies hold a chunk of text long enough to compare.
+//! asks the policy before the run's next model call. Memory: a few
+//! counters inline; the trace's buffer (24 bytes a call, grown with the
+//! run's first calls to 32 calls at most); the chant window (400 bytes),
+//! allocated once, for a run whose replies hold a chunk of text long
+//! enough to compare.
 
 use crate::ports::critic::{
     LoopKinds, Loops, Trace, TraceStep, CHANT_CHUNK_CHARS, CHANT_WINDOW_CHUNKS, TRACE_LEN,
@@ -191,16 +193,17 @@ impl Detectors {
                 .trace
                 .back(p - 1)
                 .is_some_and(|e| e.observation() == key);
-            self.cycle_runs[i] = if again {
-                self.cycle_runs[i].saturating_add(1)
-            } else {
-                0
-            };
+            if !again {
+                self.cycle_runs[i] = 0;
+                continue;
+            }
+            self.cycle_runs[i] = self.cycle_runs[i].saturating_add(1);
             let periods = u32::from(self.cycle_runs[i]) / p as u32 + 1;
             // Not one call repeated: the period holds another call.
-            let varied =
-                (0..p - 1).any(|b| self.trace.back(b).is_some_and(|e| e.observation() != key));
-            if cycle.is_none() && periods >= 2 && varied {
+            if cycle.is_none()
+                && periods >= 2
+                && (0..p - 1).any(|b| self.trace.back(b).is_some_and(|e| e.observation() != key))
+            {
                 cycle = Some(periods);
             }
         }
@@ -556,18 +559,26 @@ mod tests {
 
     #[test]
     fn the_detectors_fit_in_a_fixed_size() {
-        // The trace inline (32 calls × 24 bytes), the counters, a pointer
-        // to the chant window: no more per run, whatever it does.
+        // Counters and two pointers inline; the trace's buffer bounded at
+        // 32 calls of 24 bytes, whatever the run does.
         assert_eq!(std::mem::size_of::<TraceStep>(), 24);
         let size = std::mem::size_of::<Detectors>();
-        assert!(size <= 832, "{size} bytes");
+        assert!(size <= 96, "{size} bytes");
         let mut d = Detectors::new(LOOPS_DEFAULT);
+        step(
+            &mut d,
+            "",
+            &[call("t", 1, true, "r"), call("t", 2, true, "r")],
+        );
+        assert_eq!(d.trace.len(), 2);
         for i in 0..1000u64 {
             let text = "a reply long enough to be cut into chunks. ".repeat(3);
             step(&mut d, &text, &[call("t", i, true, "r")]);
         }
         assert_eq!(d.trace.len(), TRACE_LEN);
-        assert_eq!(std::mem::size_of::<Detectors>(), size);
+        assert_eq!(d.trace.back(0).map(|s| s.call), Some(digest::fold(999)));
+        assert_eq!(d.trace.back(31).map(|s| s.call), Some(digest::fold(968)));
+        assert_eq!(d.trace.back(32), None);
     }
 
     #[test]
