@@ -41,10 +41,6 @@ pub enum Beat {
     },
     /// A tool call finished.
     ToolFinished,
-    /// A tool call's outcome was taken into the transcript (its hashes).
-    ToolResult(Observation),
-    /// A step's calls have all come back.
-    StepClosed,
     /// Still alive (a retry, a caller's heartbeat).
     Alive,
     /// A model call streamed something (text, tool-call arguments,
@@ -153,12 +149,6 @@ impl Watched {
             }
             Beat::Streaming => self.awaiting_first = false,
             Beat::ToolFinished => self.tool_calls += 1,
-            Beat::ToolResult(o) => {
-                if self.loops.observe(o) {
-                    self.progressed(now);
-                }
-            }
-            Beat::StepClosed => self.loops.step_closed(),
             Beat::Alive => {}
             Beat::ToolStarted { hash } => {
                 if hash == self.last_call {
@@ -173,6 +163,20 @@ impl Watched {
                 }
             }
         }
+    }
+
+    /// A tool call's outcome, taken into the transcript (see `loops`): a
+    /// new observation is progress. Kept out of [`beat`](Self::beat), which
+    /// stays small for the heartbeats every step makes.
+    pub(crate) fn observe(&mut self, now: Instant, o: Observation) {
+        if self.loops.observe(o) {
+            self.progressed(now);
+        }
+    }
+
+    /// A step's calls have all come back (see `loops`).
+    pub(crate) fn step_closed(&mut self) {
+        self.loops.step_closed();
     }
 
     /// A model reply's text (see `loops`): new text is progress.

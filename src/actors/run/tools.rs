@@ -254,7 +254,8 @@ impl RunState {
             any_ok |= ok;
             // The critic's trace: the outcome as hashes (see `watch`).
             let said = error.as_deref().unwrap_or(&content);
-            self.beat(Beat::ToolResult(Observation::of(&o.tool, o.call, ok, said)));
+            let seen = Observation::of(&o.tool, o.call, ok, said);
+            self.watch.observe(self.now, seen);
             let summary = cap_text(&content, SUMMARY_BYTES);
             self.event(RunEvent::ToolResult {
                 iteration: self.iteration,
@@ -281,7 +282,7 @@ impl RunState {
                 attachments: Vec::new(),
             });
         }
-        self.beat(Beat::StepClosed);
+        self.watch.step_closed();
         if any_ok {
             self.error_steps = 0;
         } else {
