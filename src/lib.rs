@@ -166,8 +166,8 @@ pub use pipeline::{PhaseOutcome, PipelineError, PipelineResult, PipelineRun};
 pub use ports::critic::{CriticPolicy, Decision, Trigger};
 pub use ports::event::{Event, RunEvent};
 pub use ports::run::{
-    CriticAction, CriticDecision, CriticUsage, KillReason, RunId, RunResult, RunStatus, RunUsage,
-    StepRecord, Usage,
+    CriticAction, CriticDecision, CriticUsage, KillReason, LoopKind, RunId, RunResult, RunStatus,
+    RunUsage, StepRecord, Usage,
 };
 pub use ports::session::{SessionMessage, SessionMeta, SessionState, SessionStore};
 pub use record::{Ending, LEASE_LOST, STORE_UNAVAILABLE, SUBSCRIBER_BUFFER};

@@ -24,7 +24,7 @@ fn worker(d: &Path, file: &str, latency: &str) -> PathBuf {
     std::fs::write(
         &p,
         format!(
-            "name: {}\ntools: [echo]\nlimits: {{ max_iterations: 100000, max_runtime: 1h, stall_timeout: 1h, repeat_limit: 10000 }}\nscript:\n  - {{ tool: echo, args: {{ text: w }}, usage: {{ input: 90, output: 10 }}, latency: {latency}, forever: true }}\n",
+            "name: {}\ntools: [echo]\nlimits: {{ max_iterations: 100000, max_runtime: 1h, stall_timeout: 1h }}\ncritic: {{ loops: off }}\nscript:\n  - {{ tool: echo, args: {{ text: w }}, usage: {{ input: 90, output: 10 }}, latency: {latency}, forever: true }}\n",
             file.trim_end_matches(".yaml")
         ),
     )

@@ -30,7 +30,8 @@ async fn progress_earns_extensions_up_to_the_ceiling_then_a_steer_then_the_deadl
         r#"
 name: forever
 tools: [sleep]
-limits: { max_runtime: 10s, extension: 10s, max_extensions: 2, stall_timeout: 1h, repeat_limit: 1000, max_iterations: 1000 }
+limits: { max_runtime: 10s, extension: 10s, max_extensions: 2, stall_timeout: 1h, max_iterations: 1000 }
+critic: { loops: off }
 script:
   - { tool: sleep, args: { ms: 1000 }, forever: true }
 "#,
@@ -173,7 +174,8 @@ async fn with_no_extensions_allowed_a_busy_run_is_steered_then_timed_out() {
         r#"
 name: strict
 tools: [sleep]
-limits: { max_runtime: 5s, max_extensions: 0, stall_timeout: 1h, repeat_limit: 1000, max_iterations: 1000 }
+limits: { max_runtime: 5s, max_extensions: 0, stall_timeout: 1h, max_iterations: 1000 }
+critic: { loops: off }
 script:
   - { tool: sleep, args: { ms: 1000 }, forever: true }
 "#,

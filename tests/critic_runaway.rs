@@ -99,6 +99,9 @@ async fn different_arguments_are_not_a_repeat() {
         r#"
 name: varied
 tools: [add, echo]
+# add(1, 1) comes back 2 five times: `same_observation` (and `poll`) would
+# see that; this test is about `repeat` alone.
+critic: { loops: { same_observation: 0, poll: 0 } }
 script:
   - { tool: add, args: { a: 1, b: 1 } }
   - { tool: add, args: { a: 1, b: 2 } }

@@ -55,6 +55,9 @@ name: respelled
 model: respelling
 tools: [add]
 limits: { repeat_limit: 5, max_iterations: 20 }
+# The same call with the same result: `same_observation` (at 4) and `poll`
+# would see it first; this test is about `repeat`'s canonical hash.
+critic: { loops: { same_observation: 0, poll: 0 } }
 "#,
     );
     let model = Arc::new(Respelling {

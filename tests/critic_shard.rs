@@ -78,7 +78,7 @@ async fn a_tool_that_blocks_its_thread_does_not_freeze_its_shard() {
     for _ in 0..100 {
         beating.push(
             host.submit(
-                support::spec("name: beats\ntools: [sleep]\nlimits: { stall_timeout: 500ms, max_runtime: 1h, repeat_limit: 100 }\nscript:\n  - { tool: sleep, args: { ms: 100 }, repeat: 10 }\n  - { text: done }\n"),
+                support::spec("name: beats\ntools: [sleep]\nlimits: { stall_timeout: 500ms, max_runtime: 1h }\ncritic: { loops: off }\nscript:\n  - { tool: sleep, args: { ms: 100 }, repeat: 10 }\n  - { text: done }\n"),
                 Invocation::prompt("x"),
             )
             .await

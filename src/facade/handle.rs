@@ -335,6 +335,7 @@ fn lost_result(run_id: RunId) -> RunResult {
         root_run_id: None,
         status: RunStatus::Error,
         kill_reason: None,
+        loop_kind: None,
         error_kind: Some("lost".into()),
         error: Some("the runtime stopped before the run finished".into()),
         output: None,

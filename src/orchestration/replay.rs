@@ -487,6 +487,8 @@ pub async fn replay(
         context_window: Some(0),
         ..spec.limits
     };
+    // Nor is any other loop detector's.
+    spec.critic.loops = crate::spec::LoopsSpec::off();
     let host = Host::builder()
         .tools(registry)
         .model("recorded", Arc::new(RecordedModel { responses, failure }))

@@ -226,6 +226,61 @@ impl fmt::Display for KillReason {
     }
 }
 
+/// The loop a run was caught in (the critic's loop detectors, see the
+/// README's critic section): carried by the critic's steer and kill
+/// decisions and by the result of a run killed `runaway`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LoopKind {
+    /// Identical consecutive calls (tool and canonical arguments).
+    Repeat,
+    /// The same call with the same result, again and again.
+    SameObservation,
+    /// The same tool ending in the same (normalised) error.
+    SameError,
+    /// A cycle of calls (A B A B …) with the same results.
+    Cycle,
+    /// The same call answering the same (normalised) result: polling.
+    Poll,
+    /// Steps with no new result and no new text.
+    NoProgress,
+    /// The same text repeated in the model's replies.
+    Chant,
+}
+
+impl LoopKind {
+    /// Every kind, in the order the critic checks them.
+    pub const ALL: [LoopKind; 7] = [
+        LoopKind::Repeat,
+        LoopKind::SameObservation,
+        LoopKind::SameError,
+        LoopKind::Cycle,
+        LoopKind::Poll,
+        LoopKind::NoProgress,
+        LoopKind::Chant,
+    ];
+
+    /// The stable snake_case name (the manifest's `critic.loops` key).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoopKind::Repeat => "repeat",
+            LoopKind::SameObservation => "same_observation",
+            LoopKind::SameError => "same_error",
+            LoopKind::Cycle => "cycle",
+            LoopKind::Poll => "poll",
+            LoopKind::NoProgress => "no_progress",
+            LoopKind::Chant => "chant",
+        }
+    }
+}
+
+impl fmt::Display for LoopKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Token usage, summed over a run's model calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -428,6 +483,9 @@ pub struct CriticDecision {
     /// Extra detail: the steer text, the extension in ms, the new ceiling.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub detail: Option<String>,
+    /// The loop that a steer or kill for `runaway` answers (`loop`).
+    #[serde(rename = "loop", skip_serializing_if = "Option::is_none", default)]
+    pub loop_kind: Option<LoopKind>,
 }
 
 /// The terminal record of a run. Partial output, steps and usage are kept
@@ -453,6 +511,11 @@ pub struct RunResult {
     pub status: RunStatus,
     /// Why it was killed, when it was.
     pub kill_reason: Option<KillReason>,
+    /// The loop it was caught in, when it was killed `runaway` (`loop`:
+    /// `repeat`, `same_observation`, `same_error`, `cycle`, `poll`,
+    /// `no_progress`, `chant`).
+    #[serde(rename = "loop", default, skip_serializing_if = "Option::is_none")]
+    pub loop_kind: Option<LoopKind>,
     /// A stable snake_case error kind when not ok (`tool_errors`,
     /// `max_iterations`, `rate_limited`, `panic`, …).
     pub error_kind: Option<String>,

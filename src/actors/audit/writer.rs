@@ -304,6 +304,7 @@ impl Writer {
                 *result = Arc::new(RunResult {
                     status: RunStatus::Cancelled,
                     kill_reason: None,
+                    loop_kind: None,
                     error_kind: ending.error_kind,
                     error: ending.error,
                     output: None,

@@ -12,9 +12,12 @@
 //! # Handling a run's message
 //! For each message of a run the shard reads the clock once, runs the
 //! run's handler inside the run's span and under `catch_unwind`, then
-//! reviews it: a tool call repeated up to `repeat_limit` is decided on
-//! before the run's next step, so a run whose tools answer at once cannot
-//! outrun the repeat decision. A step whose calls answered at once goes
+//! reviews it: a loop one of its detectors saw (a tool call repeated up to
+//! `critic.loops.repeat`, a poll, a cycle, …; see `crate::actors::watch`)
+//! is decided on before the run's next step, so a run whose tools answer
+//! at once cannot outrun the decision. One loop is decided a review; a
+//! decision on a loop carries its kind (`loop`) into the decision, and a
+//! kill into the result. A step whose calls answered at once goes
 //! straight on to the next one, up to [`INLINE_STEPS`] in one handler
 //! (then through the mailbox, so other runs of the shard get their turn).
 //! The records the handler made go to the audit actor as one message.
@@ -115,7 +118,7 @@ use crate::actors::watch::{Beat, SLOW_HANDLER};
 use crate::policy::rules;
 use crate::ports::critic::{CriticPolicy, Decision, RunView, Trigger, Verdict};
 use crate::ports::event::RunEvent;
-use crate::ports::run::{CriticAction, CriticDecision, KillReason, RunStatus};
+use crate::ports::run::{CriticAction, CriticDecision, KillReason, LoopKind, RunStatus};
 use crate::record::{Command, Ending, Mailbox};
 
 mod judge;
@@ -500,11 +503,19 @@ impl Critic {
         }
     }
 
-    /// Decides on a repeat that reached the limit, before the next step.
+    /// Decides on a loop a detector saw (a repeat that reached the
+    /// limit first), before the next step: one decision a review.
     fn review(&self, myself: &ActorRef<CriticMsg>, run: &mut RunState) {
-        if std::mem::take(&mut run.watch.repeat_due) && !run.done {
+        let repeat = std::mem::take(&mut run.watch.repeat_due);
+        let other = run.watch.loops.due.take();
+        if run.done {
+            return;
+        }
+        if repeat {
             let count = run.watch.repeats;
             self.ask(myself, run, Trigger::Repeat { count });
+        } else if let Some((kind, count)) = other {
+            self.ask(myself, run, Trigger::Loop { kind, count });
         }
         if run.judging.is_some() {
             self.review_judge(myself, run);
@@ -694,11 +705,12 @@ impl Critic {
         let named = match trigger {
             Some(Trigger::SoftTimeout) => "soft_timeout",
             Some(Trigger::Stall) => "stalled",
-            Some(Trigger::Repeat { .. }) => "runaway",
+            Some(Trigger::Repeat { .. } | Trigger::Loop { .. }) => "runaway",
             Some(Trigger::HardDeadline) => "deadline",
             None => "judge",
         };
         let reason = said.unwrap_or(named);
+        let looped = trigger.and_then(loop_of);
         match d {
             Decision::Continue => return,
             Decision::Steer(text) => {
@@ -706,7 +718,11 @@ impl Critic {
                     Some(Trigger::Repeat { .. }) => run.watch.runaway_steered = true,
                     _ => run.watch.steers += 1,
                 }
-                let dec = decision(run, CriticAction::Steer, reason, Some(text.clone()));
+                if let Some(kind) = looped {
+                    run.watch.loops.steered.insert(kind);
+                }
+                let mut dec = decision(run, CriticAction::Steer, reason, Some(text.clone()));
+                dec.loop_kind = looped;
                 self.record(run, dec);
                 run.steer(text);
             }
@@ -745,12 +761,17 @@ impl Critic {
                     ));
                     detail = Some(FIRST_TOKEN_TIMEOUT.to_string());
                 }
-                let dec = decision(
+                if let Some(kind) = looped {
+                    ending.loop_kind = Some(kind);
+                    ending.error = Some(format!("killed: {kill} (loop: {kind})"));
+                }
+                let mut dec = decision(
                     run,
                     CriticAction::Kill,
                     said.unwrap_or(kill.as_str()),
                     detail,
                 );
+                dec.loop_kind = looped;
                 self.stop(run, ending, Some(dec));
             }
         }
@@ -793,6 +814,11 @@ fn view_of(run: &RunState) -> RunView {
         steers: w.steers,
         runaway_steered: w.runaway_steered,
         limits: run.limits,
+        trace: w.loops.trace.clone(),
+        since_progress: run.now.saturating_duration_since(w.progress_at),
+        tokens_since_progress: w.tokens.saturating_sub(w.tokens_at_progress),
+        loops: w.loops.limits,
+        loops_steered: w.loops.steered,
     }
 }
 
@@ -807,6 +833,16 @@ fn decision(
         reason: reason.to_string(),
         at_ms: run.now.saturating_duration_since(run.started).as_millis() as u64,
         detail,
+        loop_kind: None,
+    }
+}
+
+/// The loop a trigger reports, if it is a loop detector's.
+fn loop_of(trigger: Trigger) -> Option<LoopKind> {
+    match trigger {
+        Trigger::Repeat { .. } => Some(LoopKind::Repeat),
+        Trigger::Loop { kind, .. } => Some(kind),
+        _ => None,
     }
 }
 
@@ -920,7 +956,7 @@ mod tests {
         use crate::actors::watch::Watched;
         use crate::spec::Limits;
         let t0 = Instant::now();
-        let mut w = Watched::new(&Limits::default(), t0);
+        let mut w = Watched::new(&Limits::default(), Default::default(), t0);
         let hard = w.hard_deadline;
         w.shift(Duration::from_secs(10), t0 + Duration::from_secs(30));
         assert_eq!(w.last_beat, t0 + Duration::from_secs(10));

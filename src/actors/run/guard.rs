@@ -185,6 +185,7 @@ impl RunState {
             reason: reason.to_string(),
             at_ms: self.now.saturating_duration_since(self.started).as_millis() as u64,
             detail: Some(detail),
+            loop_kind: None,
         };
         super::spans::decided(self.span(), &d);
         let event = RunEvent::from_decision(d.clone());

@@ -368,7 +368,15 @@ impl RunState {
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
-            watch: Watched::new(&args.limits, started),
+            watch: Watched::new(
+                &args.limits,
+                args.agent
+                    .spec()
+                    .critic
+                    .loops
+                    .resolve(args.limits.repeat_limit),
+                started,
+            ),
             shared: args.shared,
             agent: args.agent,
             limits: args.limits,
@@ -755,6 +763,11 @@ impl RunState {
             });
         }
         self.beat(Beat::StepFinished { tokens });
+        if !resp.tool_calls.is_empty() {
+            // The critic reads the text of a reply the run goes on from
+            // (one that ends it is not judged).
+            self.watch.reply(self.now, &resp.text);
+        }
         self.event(RunEvent::StepFinish {
             iteration: self.iteration,
             text: resp.text.clone(),
@@ -943,7 +956,7 @@ impl RunState {
 
     /// A heartbeat: the critic's record of the run sees it at once.
     pub(crate) fn beat(&mut self, beat: Beat) {
-        self.watch.beat(self.now, beat, self.limits.repeat_limit);
+        self.watch.beat(self.now, beat);
     }
 
     /// Sends the tokens charged since the last meter to the budget actor

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{poll_once, spans, Inflight, RunMsg, RunState};
-use crate::actors::watch::{Beat, SLOW_HANDLER};
+use crate::actors::watch::{Beat, Observation, SLOW_HANDLER};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{Message, Role, ToolCallRequest};
 use crate::ports::run::{cap_text, RunStatus, StepRecord, SUMMARY_BYTES};
@@ -30,6 +30,8 @@ type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send
 pub struct ToolOutcome {
     pub(super) call_id: Arc<str>,
     pub(super) tool: Arc<str>,
+    /// The call's canonical hash (tool and arguments), for the critic.
+    call: u64,
     args: String,
     result: Result<String, ToolError>,
     duration_ms: u64,
@@ -110,6 +112,7 @@ impl RunState {
                 outcome: ToolOutcome {
                     call_id: call.id.clone(),
                     tool: call.name.clone(),
+                    call: hash,
                     args,
                     result: Ok(String::new()),
                     duration_ms: 0,
@@ -279,6 +282,10 @@ impl RunState {
                 }
             };
             any_ok |= ok;
+            // The critic's trace: the outcome as hashes (see `watch`).
+            let said = error.as_deref().unwrap_or(&content);
+            let seen = Observation::of(&o.tool, o.call, ok, said);
+            self.watch.observe(self.now, seen);
             let summary = cap_text(&content, SUMMARY_BYTES);
             self.event(RunEvent::ToolResult {
                 iteration: self.iteration,
@@ -305,6 +312,7 @@ impl RunState {
                 attachments: Vec::new(),
             });
         }
+        self.watch.step_closed();
         if any_ok {
             self.error_steps = 0;
         } else {

@@ -272,7 +272,7 @@ impl Host {
             judge.api_key_env = spec.api_key_env.clone();
             self.model_for(&judge).map(JudgeModel::new)
         };
-        let critic = match &spec.critic {
+        let critic = match &spec.critic.judge {
             Some(j) if j.enabled() => Some(Arc::new(CriticJudge {
                 model: resolve(&j.model, &j.script)?,
                 confirm: match &j.confirm_model {

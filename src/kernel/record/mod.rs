@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use crate::ports::audit::{AuditEntry, AuditRecord};
 use crate::ports::event::{Event, RunEvent};
 use crate::ports::run::{
-    unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
+    unix_ms, CriticDecision, KillReason, LoopKind, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 
 mod allowance;
@@ -107,6 +107,8 @@ pub struct PendingApproval {
 pub struct Ending {
     pub(crate) status: RunStatus,
     pub(crate) kill_reason: Option<KillReason>,
+    /// The loop a `runaway` kill answers.
+    pub(crate) loop_kind: Option<LoopKind>,
     pub(crate) error_kind: Option<String>,
     pub(crate) error: Option<String>,
     pub(crate) output: Option<String>,
@@ -117,6 +119,7 @@ impl Ending {
         Ending {
             status: RunStatus::Ok,
             kill_reason: None,
+            loop_kind: None,
             error_kind: None,
             error: None,
             output: Some(output),
@@ -127,6 +130,7 @@ impl Ending {
         Ending {
             status,
             kill_reason: None,
+            loop_kind: None,
             error_kind: Some(kind.to_string()),
             error: Some(error.into()),
             output: None,
@@ -137,6 +141,7 @@ impl Ending {
         Ending {
             status: reason.status(),
             kill_reason: Some(reason),
+            loop_kind: None,
             error_kind: Some(reason.as_str().to_string()),
             error: Some(format!("killed: {reason}")),
             output: None,
@@ -192,6 +197,7 @@ pub(crate) fn off_record(result: &RunResult) -> RunResult {
     RunResult {
         status: RunStatus::Error,
         kill_reason: None,
+        loop_kind: None,
         error_kind: Some(STORE_UNAVAILABLE.to_string()),
         error: Some(format!(
             "the run ended `{}`, but its terminal record could be written neither to the \
@@ -706,6 +712,7 @@ impl RunShared {
                 root_run_id: self.tree_root,
                 status: ending.status,
                 kill_reason: ending.kill_reason,
+                loop_kind: ending.loop_kind,
                 error_kind: ending.error_kind,
                 error: ending.error,
                 output,

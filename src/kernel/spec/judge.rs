@@ -272,7 +272,7 @@ mod tests {
             "name: a\nmodel: scripted\nscript: [{text: x}]\ncritic: { policy: judge, model: scripted, script: [{text: x}] }\n",
         )
         .unwrap();
-        let j = ok.critic.unwrap();
+        let j = ok.critic.judge.unwrap();
         assert!(j.enabled());
         assert_eq!(
             (j.after_steps, j.every_steps, j.budget_tokens),

@@ -13,7 +13,10 @@
 //! The manifest and its checks are here; its parts have files of their own:
 //! `limits` (the layers and their ranges), `duration` (how durations are
 //! written), `shape` (the guard before parsing), `script` (the scripted
-//! model's entries, owned by `crate::providers::scripted`), `phases` (pipelines), `palette` (sub-agents) and
+//! model's entries, owned by `crate::providers::scripted`), `phases`
+//! (pipelines), `palette` (sub-agents), `guard` (tool and output guards),
+//! `critic` (the `critic:` section: how the critic watches runs), `judge`
+//! (the model judges' keys) and
 //! `invocation` (a run's request and the inputs it fills in).
 
 use std::collections::BTreeMap;
@@ -27,6 +30,7 @@ pub use crate::ports::model::Attachment;
 use crate::ports::model::{CallOptions, ToolChoice};
 
 mod approval;
+mod critic;
 mod guard;
 mod invocation;
 mod judge;
@@ -42,6 +46,7 @@ pub use crate::ports::duration::{
 pub use crate::ports::limits::*;
 pub use crate::providers::scripted::{ScriptEntry, ScriptFailure, ScriptToolCall, ScriptUsage};
 pub use approval::APPROVE_ALL;
+pub use critic::{CriticSpec, LoopsSpec};
 pub use guard::{
     glob_matches, ArgsPattern, GuardAction, GuardRule, GuardVerdict, Guards, OutputGuard,
     GUARDRAIL, GUARD_DENIED,
@@ -134,12 +139,12 @@ pub struct AgentSpec {
     /// `error`/`guardrail`; see [`OutputGuard`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_guard: Option<OutputGuard>,
-    /// The critic's settings for this agent's runs (its model judge).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub critic: Option<JudgeSpec>,
     /// Limits (unset keys fall back to the host's defaults).
     #[serde(default)]
     pub limits: LimitsSpec,
+    /// How the critic watches the runs (`critic:`; see [`CriticSpec`]).
+    #[serde(default, skip_serializing_if = "CriticSpec::is_empty")]
+    pub critic: CriticSpec,
     /// The scripted model's responses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub script: Vec<ScriptEntry>,
@@ -302,8 +307,8 @@ impl AgentSpec {
             approval: ApprovalSpec::default(),
             guard: Vec::new(),
             output_guard: None,
-            critic: None,
             limits: LimitsSpec::default(),
+            critic: CriticSpec::default(),
             script: Vec::new(),
             budget: None,
             durable: false,
@@ -445,11 +450,12 @@ impl AgentSpec {
         self.check_call_options(source)?;
         self.check_approval(source)?;
         self.check_guards(source)?;
-        if let Some(critic) = &self.critic {
+        if let Some(critic) = &self.critic.judge {
             critic
                 .check()
                 .map_err(|e| format!("{e}{}", line_of(source, "critic")))?;
         }
+        self.check_critic(source)?;
         self.check_phases(source)?;
         if self.model == "scripted" && self.script.is_empty() && self.phases.is_empty() {
             return Err("`model: scripted` needs a `script`".into());

@@ -258,6 +258,7 @@ pub(super) fn write_result(
         root_run_id: _,
         status: _,
         kill_reason: _,
+        loop_kind,
         error_kind: _,
         error,
         output,
@@ -328,6 +329,10 @@ pub(super) fn write_result(
     if !critic.is_empty() {
         out.extend_from_slice(b",\"critic\":");
         serde_json::to_writer(&mut *out, critic)?;
+    }
+    if let Some(kind) = loop_kind {
+        out.extend_from_slice(b",\"loop\":");
+        push_str(out, kind.as_str());
     }
     out.push(b'}');
     Ok(())

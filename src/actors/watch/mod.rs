@@ -3,12 +3,23 @@
 //! shard, so a heartbeat is a field update, not a message; the shard reads
 //! it to arm the run's timer and to decide (see `crate::actors::critic`).
 //! It owns no timing of its own and sends nothing.
+//!
+//! The record holds the run's trace and its loop detectors (`loops`, on
+//! hashes made by `digest`): bounded memory a run, and a heartbeat costs a
+//! fixed amount of work whatever the run has done before (a call's result
+//! and a reply's text are each hashed once, in one pass).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::ports::critic::Loops;
 use crate::spec::{Limits, ABSOLUTE_DEADLINE};
+
+mod digest;
+pub(crate) mod loops;
+
+pub(crate) use loops::{Detectors, Observation};
 
 /// A handler (or a call polled in place) that takes longer is reported.
 pub const SLOW_HANDLER: Duration = Duration::from_millis(50);
@@ -61,6 +72,12 @@ pub struct Watched {
     pub(crate) steers: u32,
     pub(crate) last_call: u64,
     pub(crate) repeats: u32,
+    /// The trace and the loop detectors.
+    pub(crate) loops: Detectors,
+    /// When the run last made progress (a new observation or new text),
+    /// and its tokens then.
+    pub(crate) progress_at: Instant,
+    pub(crate) tokens_at_progress: u64,
     pub(crate) runaway_steered: bool,
     /// A repeat reached the limit: decide before the next step.
     pub(crate) repeat_due: bool,
@@ -77,7 +94,8 @@ pub struct Watched {
 }
 
 impl Watched {
-    pub fn new(limits: &Limits, started: Instant) -> Self {
+    /// The record of a run that starts at `started`, watched for `loops`.
+    pub fn new(limits: &Limits, loops: Loops, started: Instant) -> Self {
         let cap = started + ABSOLUTE_DEADLINE;
         Watched {
             hard_deadline: (started + limits.hard_timeout).min(cap),
@@ -94,6 +112,9 @@ impl Watched {
             steers: 0,
             last_call: 0,
             repeats: 0,
+            loops: Detectors::new(loops),
+            progress_at: started,
+            tokens_at_progress: 0,
             runaway_steered: false,
             repeat_due: false,
             pending: false,
@@ -117,7 +138,7 @@ impl Watched {
     }
 
     /// Counts a heartbeat (O(1)).
-    pub fn beat(&mut self, now: Instant, beat: Beat, repeat_limit: u32) {
+    pub fn beat(&mut self, now: Instant, beat: Beat) {
         self.last_beat = now;
         match beat {
             Beat::StepStarted => self.steps += 1,
@@ -136,11 +157,38 @@ impl Watched {
                     self.last_call = hash;
                     self.repeats = 1;
                 }
-                if self.repeats >= repeat_limit {
+                let limit = u32::from(self.loops.limits.repeat);
+                if limit > 0 && self.repeats >= limit {
                     self.repeat_due = true;
                 }
             }
         }
+    }
+
+    /// A tool call's outcome, taken into the transcript (see `loops`): a
+    /// new observation is progress. Kept out of [`beat`](Self::beat), which
+    /// stays small for the heartbeats every step makes.
+    pub(crate) fn observe(&mut self, now: Instant, o: Observation) {
+        if self.loops.observe(o) {
+            self.progressed(now);
+        }
+    }
+
+    /// A step's calls have all come back (see `loops`).
+    pub(crate) fn step_closed(&mut self) {
+        self.loops.step_closed();
+    }
+
+    /// A model reply's text (see `loops`): new text is progress.
+    pub(crate) fn reply(&mut self, now: Instant, text: &str) {
+        if self.loops.reply(text) {
+            self.progressed(now);
+        }
+    }
+
+    fn progressed(&mut self, now: Instant) {
+        self.progress_at = now;
+        self.tokens_at_progress = self.tokens;
     }
 
     pub(crate) fn progress(&self) -> u32 {
