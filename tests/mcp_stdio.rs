@@ -618,7 +618,7 @@ async fn scope_run_gives_each_run_its_own_server_stopped_with_it() {
 async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
     let yaml = manifest("", ", allow: [echo, pid]", "  - { text: done }\n", "");
     let servers = spec(&yaml).mcp.expect("mcp").servers;
-    let listed = agentvisor::mcp::list_tools(&servers, McpConfig::default())
+    let listed = agentvisor::host::list_mcp_tools(&servers, McpConfig::default())
         .await
         .expect("listed");
     let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
@@ -626,7 +626,7 @@ async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
     assert_eq!(listed[0].parameters["required"][0], "text");
     let bad = manifest("--fail-start", "", "  - { text: done }\n", "");
     let servers = spec(&bad).mcp.expect("mcp").servers;
-    let err = agentvisor::mcp::list_tools(&servers, McpConfig::default()).await;
+    let err = agentvisor::host::list_mcp_tools(&servers, McpConfig::default()).await;
     assert_eq!(
         err.map(|_| ()).map_err(|e| e.kind()),
         Err("mcp_server_start_failed")

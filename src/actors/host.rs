@@ -1,12 +1,14 @@
 //! The host actor: the root of the supervision tree. Critic shards, the
-//! budget actor and the audit actor are its children; runs are hosted and
-//! supervised by the critic shards.
+//! budget actor, the audit actor and the MCP server actors (see
+//! `crate::actors::mcp`) are its children; runs are hosted and supervised
+//! by the critic shards.
 //!
 //! It decides explicitly on every child event. A critic shard that fails
 //! outside a run's handler (a run's own panic is caught by its shard) is
 //! replaced: every run it hosted ends `error`/`shard_failed` with one
 //! terminal record each (their handles resolve), and a fresh shard takes
-//! its place for new runs. Any other child that fails is logged (the
+//! its place for new runs. An MCP server actor that fails is replaced by
+//! the next use of its definition. Any other child that fails is logged (the
 //! `Host` handle's shutdown finalizes what is left); a child that stops is
 //! expected during shutdown.
 

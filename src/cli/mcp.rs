@@ -52,7 +52,7 @@ async fn tools(a: ToolsArgs) -> ExitCode {
         Err(e) => return super::refuse(e),
     };
     let servers = spec.mcp.map(|m| m.servers).unwrap_or_default();
-    let listed = match agentvisor::mcp::list_tools(&servers, McpConfig::default()).await {
+    let listed = match agentvisor::host::list_mcp_tools(&servers, McpConfig::default()).await {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {} ({e})", e.kind());

@@ -34,20 +34,13 @@ pub(crate) mod client;
 #[cfg(feature = "mcp")]
 pub mod env;
 #[cfg(feature = "mcp")]
-pub(crate) mod hub;
-#[cfg(feature = "mcp")]
 pub(crate) mod names;
-#[cfg(feature = "mcp")]
-pub(crate) mod per_run;
 #[cfg(feature = "mcp")]
 pub(crate) mod process;
 #[cfg(feature = "mcp")]
 pub(crate) mod result;
 #[cfg(feature = "mcp")]
 pub(crate) mod tool;
-
-#[cfg(feature = "mcp")]
-pub use hub::{list_tools, ListedTool};
 
 use std::sync::Arc;
 use std::time::Duration;

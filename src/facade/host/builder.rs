@@ -277,7 +277,7 @@ impl HostBuilder {
         Ok(Host {
             inner: Arc::new(HostInner {
                 #[cfg(feature = "mcp")]
-                mcp: crate::mcp::hub::McpHub::new(c.mcp.clone()),
+                mcp: crate::actors::mcp::hub::McpHub::new(c.mcp.clone(), Some(root.get_cell())),
                 config: c,
                 tools,
                 models: self.models,

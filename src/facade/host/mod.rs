@@ -42,6 +42,8 @@ pub mod palette;
 mod recovery;
 pub(crate) mod sessions;
 
+#[cfg(feature = "mcp")]
+pub use crate::actors::mcp::{list_mcp_tools, ListedTool};
 pub use builder::{HostBuilder, HostError};
 pub use config::HostConfig;
 pub use recovery::{
@@ -88,7 +90,7 @@ pub enum SubmitError {
 pub(crate) struct HostInner {
     /// The host's MCP servers (shared by every run that uses them).
     #[cfg(feature = "mcp")]
-    mcp: crate::mcp::hub::McpHub,
+    mcp: crate::actors::mcp::hub::McpHub,
     config: HostConfig,
     tools: ToolRegistry,
     models: HashMap<String, Arc<dyn ChatModel>>,

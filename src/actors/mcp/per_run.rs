@@ -13,15 +13,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dashmap::DashMap;
 use ractor::rpc::CallResult;
-use ractor::{Actor, ActorRef};
+use ractor::{Actor, ActorCell, ActorRef};
 use serde_json::Value;
 use tokio::sync::{watch, OnceCell};
 
-use super::client::{Avail, Link};
-use super::spec::McpServerSpec;
-use super::tool::{event_sink, ServerTools};
-use super::{McpConfig, McpError};
-use crate::actors::mcp::{McpMsg, McpServer};
+use super::{McpMsg, McpServer};
+use crate::mcp::client::{Avail, Link};
+use crate::mcp::spec::McpServerSpec;
+use crate::mcp::tool::{event_sink, ServerTools};
+use crate::mcp::{McpConfig, McpError};
 use crate::ports::model::ToolSpec;
 use crate::ports::run::RunId;
 use crate::ports::tool::{Tool, ToolContext, ToolError};
@@ -32,12 +32,15 @@ type Started = Result<(ActorRef<McpMsg>, ServerTools), McpError>;
 pub(crate) struct RunServers {
     config: McpConfig,
     by_run: DashMap<(RunId, String), Arc<OnceCell<Started>>>,
+    /// The host's root actor, which supervises the server actors.
+    supervisor: Option<ActorCell>,
 }
 
 impl RunServers {
-    pub(crate) fn new(config: McpConfig) -> Arc<Self> {
+    pub(crate) fn new(config: McpConfig, supervisor: Option<ActorCell>) -> Arc<Self> {
         Arc::new(RunServers {
             config,
+            supervisor,
             by_run: DashMap::new(),
         })
     }
@@ -49,7 +52,9 @@ impl RunServers {
             .entry((run, spec.name.clone()))
             .or_default()
             .clone();
-        cell.get_or_init(|| start(spec, &self.config)).await.clone()
+        cell.get_or_init(|| start(spec, &self.config, self.supervisor.as_ref()))
+            .await
+            .clone()
     }
 
     /// Stops the servers of run `run` (when it has ended).
@@ -94,8 +99,27 @@ pub(crate) async fn stop_all(actors: Vec<ActorRef<McpMsg>>, config: &McpConfig) 
     }
 }
 
-/// Spawns a server actor for `spec` and waits for its tools.
-pub(crate) async fn start(spec: &McpServerSpec, config: &McpConfig) -> Started {
+/// Spawns a server actor, a child of `supervisor` when there is one.
+pub(crate) async fn spawn(
+    actor: McpServer,
+    supervisor: Option<&ActorCell>,
+) -> Result<ActorRef<McpMsg>, McpError> {
+    let spawned = match supervisor {
+        Some(s) => Actor::spawn_linked(None, actor, (), s.clone()).await,
+        None => Actor::spawn(None, actor, ()).await,
+    };
+    spawned
+        .map(|(actor, _)| actor)
+        .map_err(|e| McpError::Unavailable(format!("cannot spawn the server actor: {e}")))
+}
+
+/// Spawns a server actor for `spec` (supervised by `supervisor`) and waits
+/// for its tools.
+pub(crate) async fn start(
+    spec: &McpServerSpec,
+    config: &McpConfig,
+    supervisor: Option<&ActorCell>,
+) -> Started {
     let link = Link::new();
     let (avail, _) = watch::channel(Avail::Starting);
     let actor = McpServer {
@@ -105,9 +129,7 @@ pub(crate) async fn start(spec: &McpServerSpec, config: &McpConfig) -> Started {
         link,
         avail,
     };
-    let (actor, _) = Actor::spawn(None, actor, ())
-        .await
-        .map_err(|e| McpError::Unavailable(format!("cannot spawn the server actor: {e}")))?;
+    let actor = spawn(actor, supervisor).await?;
     let tools = ensure(&actor, spec, config).await;
     match tools {
         Ok(t) => Ok((actor, t)),

@@ -32,6 +32,11 @@ use crate::mcp::tool::{build_tools, AskStart, ServerTools};
 use crate::mcp::{McpConfig, McpError};
 use crate::ports::event::RunEvent;
 
+pub(crate) mod hub;
+pub(crate) mod per_run;
+
+pub use hub::{list_mcp_tools, ListedTool};
+
 /// What the actor tells those who asked for the server.
 pub(crate) type EnsureReply = RpcReplyPort<Result<ServerTools, McpError>>;
 

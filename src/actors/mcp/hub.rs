@@ -1,21 +1,26 @@
 //! A host's MCP servers: one actor per server definition (`scope: host`),
 //! started when an agent that names it is first prepared, shared by every
 //! run after, stopped with the host.
+//!
+//! The server actors are children of the host's root actor (its
+//! supervisor), beside the critic shards: a server actor that fails is
+//! seen there, and the next agent prepared with its definition gets a
+//! fresh one. `list_mcp_tools` (no host) spawns them unsupervised.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ractor::{Actor, ActorRef};
+use ractor::{ActorCell, ActorRef, ActorStatus};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::client::{Avail, Link};
 use super::per_run::{self, RunScopedTool, RunServers};
-use super::spec::{McpScope, McpServerSpec};
-use super::tool::event_sink;
-use super::{McpConfig, McpError, ServedTool};
-use crate::actors::mcp::{McpMsg, McpServer};
+use super::{McpMsg, McpServer};
+use crate::mcp::client::{Avail, Link};
+use crate::mcp::spec::{McpScope, McpServerSpec};
+use crate::mcp::tool::event_sink;
+use crate::mcp::{McpConfig, McpError, ServedTool};
 use crate::ports::run::RunId;
 use crate::record::RunShared;
 use crate::tools::CompiledTool;
@@ -27,12 +32,16 @@ pub(crate) struct McpHub {
     /// The tools of each `scope: run` server, as discovered once.
     templates: Mutex<HashMap<McpServerSpec, Vec<ServedTool>>>,
     runs: Arc<RunServers>,
+    /// The host's root actor, which supervises the server actors (`None`:
+    /// unsupervised, for a listing without a host).
+    supervisor: Option<ActorCell>,
 }
 
 impl McpHub {
-    pub(crate) fn new(config: McpConfig) -> Self {
+    pub(crate) fn new(config: McpConfig, supervisor: Option<ActorCell>) -> Self {
         McpHub {
-            runs: RunServers::new(config.clone()),
+            runs: RunServers::new(config.clone(), supervisor.clone()),
+            supervisor,
             config,
             servers: Mutex::new(HashMap::new()),
             templates: Mutex::new(HashMap::new()),
@@ -54,7 +63,7 @@ impl McpHub {
         if let Some(t) = lock(&self.templates).get(spec) {
             return Ok(t.clone());
         }
-        let (actor, listed) = per_run::start(spec, &self.config).await?;
+        let (actor, listed) = per_run::start(spec, &self.config, self.supervisor.as_ref()).await?;
         per_run::stop_all(vec![actor], &self.config).await;
         let server = Arc::new(spec.clone());
         let name: Arc<str> = Arc::from(spec.name.as_str());
@@ -108,7 +117,10 @@ impl McpHub {
     /// The actor of `spec`, spawned if there is none.
     async fn server(&self, spec: &McpServerSpec) -> Result<ActorRef<McpMsg>, McpError> {
         if let Some(a) = self.lock().get(spec) {
-            return Ok(a.clone());
+            // A server actor that failed (its supervisor saw it) is replaced.
+            if !matches!(a.get_status(), ActorStatus::Stopping | ActorStatus::Stopped) {
+                return Ok(a.clone());
+            }
         }
         let link = Link::new();
         let (avail, _) = watch::channel(Avail::Starting);
@@ -119,11 +131,12 @@ impl McpHub {
             link,
             avail,
         };
-        let (actor, _) = Actor::spawn(None, actor, ())
-            .await
-            .map_err(|e| McpError::Unavailable(format!("cannot spawn the server actor: {e}")))?;
+        let actor = per_run::spawn(actor, self.supervisor.as_ref()).await?;
         let mut map = self.lock();
-        if let Some(existing) = map.get(spec) {
+        if let Some(existing) = map
+            .get(spec)
+            .filter(|a| !matches!(a.get_status(), ActorStatus::Stopping | ActorStatus::Stopped))
+        {
             // Another caller won the race: use its server.
             actor.stop(None);
             return Ok(existing.clone());
@@ -179,11 +192,11 @@ pub struct ListedTool {
 
 /// Starts `servers`, lists their tools as a model would see them, and
 /// stops them.
-pub async fn list_tools(
+pub async fn list_mcp_tools(
     servers: &[McpServerSpec],
     config: McpConfig,
 ) -> Result<Vec<ListedTool>, McpError> {
-    let hub = McpHub::new(config);
+    let hub = McpHub::new(config, None);
     let mut out = Vec::new();
     let mut result = Ok(());
     for spec in servers {
