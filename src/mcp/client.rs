@@ -14,9 +14,9 @@ use rmcp::service::{NotificationContext, Peer, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use super::process::{self, ExitCode, ServerProcess};
-use super::spec::McpServerSpec;
 use super::{env, McpConfig, McpError};
 use crate::ports::tool::ToolContext;
+use crate::spec::mcp::McpServerSpec;
 
 /// What a server's connection shares with the tools that call it.
 pub(crate) struct Link {

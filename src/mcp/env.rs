@@ -10,8 +10,8 @@
 //! the resolved secrets list so the caller can scrub it from whatever the server
 //! writes back (its stderr tail), and no error names more than its name.
 
-use super::spec::{McpServerSpec, McpValue};
 use super::McpError;
+use crate::spec::mcp::{McpServerSpec, McpValue};
 
 /// The host variables every stdio server gets (when the host has them).
 pub const INHERITED: &[&str] = &["PATH", "HOME", "LANG", "TZ"];

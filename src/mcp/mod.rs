@@ -24,10 +24,11 @@
 //!   (`AGENTVISOR_SECRET_NAME`), scrubbed from the server's stderr tail.
 //!   Events carry no arguments, results or secret values.
 //!
-//! The manifest types ([`spec`]) and [`McpConfig`] are plain data, built
+//! The manifest types ([`crate::spec::mcp`]) and [`McpConfig`] are plain data, built
 //! with every feature set; the client needs the `mcp` feature.
 
-pub mod spec;
+/// The manifest's `mcp:` key (it is the manifest's: see [`crate::spec::mcp`]).
+pub use crate::spec::mcp as spec;
 
 #[cfg(feature = "mcp")]
 pub(crate) mod client;

@@ -27,10 +27,10 @@ use tokio::sync::watch;
 
 use crate::mcp::client::{self, Avail, Connection, Link};
 use crate::mcp::process::ExitCode;
-use crate::mcp::spec::McpServerSpec;
 use crate::mcp::tool::{build_tools, AskStart, ServerTools};
 use crate::mcp::{McpConfig, McpError};
 use crate::ports::event::RunEvent;
+use crate::spec::mcp::McpServerSpec;
 
 pub(crate) mod hub;
 pub(crate) mod per_run;

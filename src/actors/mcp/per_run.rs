@@ -19,12 +19,12 @@ use tokio::sync::{watch, OnceCell};
 
 use super::{McpMsg, McpServer};
 use crate::mcp::client::{Avail, Link};
-use crate::mcp::spec::McpServerSpec;
 use crate::mcp::tool::{event_sink, ServerTools};
 use crate::mcp::{McpConfig, McpError};
 use crate::ports::model::ToolSpec;
 use crate::ports::run::RunId;
 use crate::ports::tool::{Tool, ToolContext, ToolError};
+use crate::spec::mcp::McpServerSpec;
 
 type Started = Result<(ActorRef<McpMsg>, ServerTools), McpError>;
 

@@ -256,7 +256,7 @@ impl Host {
         if agent.spec().mcp.as_ref().is_some_and(|m| {
             m.servers
                 .iter()
-                .any(|s| s.scope == crate::mcp::spec::McpScope::Run)
+                .any(|s| s.scope == crate::spec::mcp::McpScope::Run)
         }) {
             h.mcp.watch_run(shared.clone(), run_id);
         }

@@ -34,6 +34,7 @@ mod critic;
 mod guard;
 mod invocation;
 mod judge;
+pub mod mcp;
 mod palette;
 mod phases;
 mod shape;
@@ -168,7 +169,7 @@ pub struct AgentSpec {
     pub output_schema: Option<Value>,
     /// MCP servers whose tools the agent's runs get (`<server>__<tool>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mcp: Option<crate::mcp::spec::McpSpec>,
+    pub mcp: Option<mcp::McpSpec>,
     /// Sub-agents this agent may delegate to, by name: each is a tool
     /// `agent__NAME` that runs the named manifest as a child run
     /// (`researcher: researcher.yaml`, or `{ file: …, description: … }`;
