@@ -2,56 +2,7 @@
 //! loop as messages — `NextStep` → `ModelDone` → `ToolsDone` → `NextStep` …
 //! → answer — and never awaits a model or tool call while it handles one.
 //!
-//! # An actor without a task of its own
-//! A run has what makes an actor: its own state, its own message vocabulary
-//! ([`RunMsg`]), one message handled at a time, in the order sent, and a
-//! supervisor that sees it fail. It does not have a ractor actor (two
-//! tasks, four channels, about 6.5 KB) of its own: its messages go through
-//! the mailbox of the critic shard that supervises it
-//! (`CriticMsg::Run { key, msg }`), and the shard runs its handler. So a
-//! run costs its state and nothing else, its critic record sits inside that
-//! state (heartbeats are field updates, not messages), and a critic
-//! decision reaches it at once. A panic in a run's handler is caught by the
-//! shard and ends that run alone `error`/`panic`.
-//!
-//! A call is polled once in place (a scripted or cached answer is ready at
-//! once, and then costs no task); if it is not ready, it moves into a task
-//! the run holds an abort handle for, and its result comes back as a
-//! message tagged with an epoch, so a stale result after an abort is ignored.
-//! A stop (kill, cancel, deadline) therefore lands between any two awaits
-//! and aborts the in-flight HTTP request or tool at once.
-//!
-//! Before a model call the run estimates its prompt; past 0.7 × the model's
-//! context window it first makes a summary call the same way (a task, its
-//! result a `SummaryDone` message) and replaces the transcript's middle with
-//! the summary, or keeps the transcript whole if the call fails (see
-//! `crate::compaction`).
-//!
-//! A run on a model that streams hands each call an observer
-//! (`observer`): streamed chunks are heartbeats, the
-//! call's wait for its first token is bounded by `first_token_timeout`
-//! instead of the stall timeout, streamed text is kept as partial output,
-//! and a provider's fallbacks and estimates become `warning` events.
-//!
-//! Audit records are collected while a message is handled and sent to the
-//! audit actor as one batch at the end of it. The partial result lives in
-//! the shared record (`RunShared`) that the run's handle reads.
-//!
-//! Guarantees: the run finalizes exactly once (the shared finisher decides);
-//! partial output, steps and usage are kept on every ending; a durable run
-//! takes its next step only once its last step's checkpoint is written
-//! (`checkpoint_then_step`).
-//!
-//! The loop stays in this file (its messages, its state, their dispatch
-//! and the step that starts each model call); each concern the handlers
-//! share has a module of its own under `run/`: the model call and its
-//! reply (`model_call`), a turn's tool calls (`tools`), the summary call
-//! (`summary`), a durable run's checkpoints (`durable`), what a handler
-//! records (`recording`), how a run ends (`ending`), what a model call
-//! reports while it runs (`observer`), how a sub-agent's deadline follows
-//! its parent's (`parent`), the guards a call and an answer pass
-//! (`guard`), what a tool that works through its run reaches (`wait`) and
-//! what the run tells and asks its model judges (`judging`).
+#![doc = include_str!("../../../docs/run.md")]
 
 use std::future::Future;
 use std::pin::Pin;
