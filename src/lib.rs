@@ -44,17 +44,23 @@
 //! The supervision tree as built:
 //!
 //! ```text
-//! Host (library handle) ── HostActor (root supervisor)
-//!   │                        ├── Audit actor  ──▶ writer ──▶ AuditStore port
-//!   │                        │                    (group commit, spool)
+//! Host (library handle) ── HostActor (root supervisor, actors/host.rs)
+//!   │                        ├── Audit actor  ──▶ writer task ──▶ AuditStore port
+//!   │                        │     │              (group commit, spool)
+//!   │                        │     └──▶ checkpoint task ──▶ Checkpointer port
+//!   │                        │          (saves, clears, lease renewals)
 //!   │                        ├── Budget actor ──▶ BudgetLedger port
-//!   │                        └── Critic shard × N (supervisor and host of its runs)
+//!   │                        └── Critic shard × N (supervisor and host of its runs;
+//!   │                              │               one sleeper task for its timers)
 //!   │                              └── Run × many ──▶ ChatModel, Tool ports
-//!   │                                    └── a palette's sub-agent call: a child
-//!   │                                        Run on a shard, like any run
-//!   ├── MCP server actors (mcp/): one per `scope: host` server, owned by the
-//!   │   host's hub; one per run and `scope: run` server, owned by that run's
-//!   │   calls; both unlinked from the HostActor (stopped by the hub)
+//!   │                                    │  (its calls and model judges are tasks)
+//!   │                                    └── a palette's sub-agent call
+//!   │                                        (host/palette.rs): a child Run on
+//!   │                                        a shard, like any run
+//!   ├── MCP hub (mcp/hub.rs) ── MCP server actors (actors/mcp.rs): one per
+//!   │   `scope: host` server, and one per run and `scope: run` server (stopped
+//!   │   when its run ends); spawned by the hub, unlinked from the HostActor,
+//!   │   and stopped by the hub when the host shuts down
 //!   └── session table (host/sessions.rs): the chat sessions open on the
 //!       host; a session's prompt is a run like any other, its model
 //!       wrapped to keep history
@@ -81,8 +87,9 @@
 //!   compare traces.
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
-//! - `actors` (private): host, critic, run, watch, budget, audit, mcp — one
-//!   per file or folder.
+//! - `actors` (private): host, critic, run, watch, judging, budget, audit,
+//!   mcp — one per file or folder (judging is a run's model-judge state,
+//!   not an actor of its own).
 //! - kernel: [`spec`]: manifests, limits, invocations; [`agent`]: a manifest
 //!   resolved to run; `record` (private): a run's shared record and the
 //!   host's registry of runs; [`policy`]: the default critic policy;

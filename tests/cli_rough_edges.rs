@@ -123,7 +123,11 @@ fn a_caught_tool_panic_is_one_warn_line_even_with_backtraces_on() {
         "name: panicky\ntools: [panic]\nscript:\n  - { tool: panic, args: { message: on purpose } }\n  - { text: survived }\n",
     )
     .unwrap();
-    let out = agentvisor(&["--db", ":memory:", "run", &manifest, "--json"]);
+    // The binary offers the `panic` tool only when a test asks for it.
+    let out = command(&["--db", ":memory:", "run", &manifest, "--json"])
+        .env("AGENTVISOR_TEST_TOOLS", "1")
+        .output()
+        .expect("the binary runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();

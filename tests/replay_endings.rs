@@ -52,7 +52,7 @@ async fn records_of(store: &MemoryAuditStore, r: &RunResult) -> Vec<AuditRecord>
 }
 
 async fn replayed(records: &[AuditRecord]) -> ReplayReport {
-    replay(records, &ToolRegistry::with_builtins())
+    replay(records, &ToolRegistry::with_builtins().with_test_tools())
         .await
         .unwrap()
 }

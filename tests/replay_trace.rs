@@ -46,7 +46,7 @@ async fn recorded_run() -> (
 async fn a_recorded_run_replays_to_the_same_trace() {
     let (records, result) = recorded_run().await;
     assert_eq!(result.status, RunStatus::Ok);
-    let report = replay(&records, &ToolRegistry::with_builtins())
+    let report = replay(&records, &ToolRegistry::with_builtins().with_test_tools())
         .await
         .unwrap();
     assert!(report.same, "{:#?}", report);
@@ -81,7 +81,7 @@ async fn a_tampered_record_does_not_replay_the_same() {
             *res = Arc::new(changed);
         }
     }
-    let report = replay(&records, &ToolRegistry::with_builtins())
+    let report = replay(&records, &ToolRegistry::with_builtins().with_test_tools())
         .await
         .unwrap();
     assert!(!report.same);
@@ -92,7 +92,9 @@ async fn a_tampered_record_does_not_replay_the_same() {
 async fn a_run_without_a_terminal_record_is_refused() {
     let (records, _) = recorded_run().await;
     let partial: Vec<_> = records.into_iter().filter(|r| !r.is_terminal()).collect();
-    assert!(replay(&partial, &ToolRegistry::with_builtins())
-        .await
-        .is_err());
+    assert!(
+        replay(&partial, &ToolRegistry::with_builtins().with_test_tools())
+            .await
+            .is_err()
+    );
 }

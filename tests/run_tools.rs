@@ -327,3 +327,26 @@ async fn long_tool_results_are_capped() {
     assert!(seen.len() < 1100 && seen.contains("cut"), "{}", seen.len());
     assert!(r.steps[0].result.len() <= 260, "step summaries are short");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_host_offers_the_failing_test_tools_only_when_asked() {
+    use agentvisor::tools::RegistryError;
+    use agentvisor::{Host, SubmitError};
+    for tool in ["fail", "panic"] {
+        let spec = support::spec(&format!(
+            "name: t\ntools: [{tool}]\nscript:\n  - {{ text: never }}\n"
+        ));
+        let plain = Host::builder().build().await.unwrap();
+        match plain.prepare(spec.clone()).await {
+            Err(SubmitError::Tool(RegistryError::UnknownTool { name, available })) => {
+                assert_eq!(name, tool);
+                assert!(!available.iter().any(|n| n == "fail" || n == "panic"));
+            }
+            other => panic!("a plain host offered `{tool}`: {:?}", other.err()),
+        }
+        plain.shutdown().await;
+        let asked = Host::builder().test_tools().build().await.unwrap();
+        assert!(asked.prepare(spec).await.is_ok(), "`{tool}` asked for");
+        asked.shutdown().await;
+    }
+}

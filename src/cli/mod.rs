@@ -435,8 +435,15 @@ pub(crate) async fn prepare_with(
     Ok((host, agent))
 }
 
+/// The host the commands that run a manifest build. With
+/// `AGENTVISOR_TEST_TOOLS` set (a test hook) it also offers the tools that
+/// fail on purpose, `fail` and `panic`.
 fn host_builder() -> HostBuilder {
-    Host::builder()
+    let builder = Host::builder();
+    match std::env::var_os("AGENTVISOR_TEST_TOOLS") {
+        Some(_) => builder.test_tools(),
+        None => builder,
+    }
 }
 
 /// How `run` and `swarm` resolve models: tiers from `AGENTVISOR_TIERS`

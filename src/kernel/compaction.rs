@@ -3,65 +3,7 @@
 //! and replaced by the summary; the system prompt, the first user turn and
 //! the recent tail stay as they were.
 //!
-//! This module owns the arithmetic and the transcript surgery — when a
-//! compaction is due, where to cut, what the summary call asks, what the
-//! transcript becomes ([`Compaction::settle`]) — and knows nothing about
-//! actors: the run actor makes the summary call as a task like any model
-//! call and applies what `settle` decides (see `crate::actors::run`).
-//!
-//! # A compaction shrinks the prompt, or it is not kept
-//!
-//! A summary is kept only if it is shorter than the messages it replaces
-//! and the next request then fits the window with room for the reply (the
-//! manifest's `max_tokens`, else an eighth of the window). Otherwise — a
-//! summary longer than its input (small local models write those), or one
-//! that still leaves the prompt too large — the middle is trimmed instead:
-//! whole turns, oldest first (an assistant message with tool calls always
-//! goes with its results), until the prompt is back under the threshold,
-//! and a marker message says how many messages were dropped; the run gets
-//! a `transcript_trimmed` warning. A summary call that fails keeps the
-//! transcript whole (`compaction_failed`) if the next request still fits,
-//! and trims it otherwise.
-//!
-//! # The window
-//!
-//! The run's `limits.context_window` when set (`0` turns compaction off),
-//! else the price table's window for the model's price id. A model with no
-//! known window (scripted, `ollama:`, a test double) never compacts unless
-//! the limits give one.
-//!
-//! # Estimating the prompt
-//!
-//! The last call's reported input tokens, plus chars/4 of the messages
-//! appended since. The provider's count is exact for what it saw — its own
-//! tokenizer, the tool schemas, the system prompt's wrapping — where chars/4
-//! is only a guess about text (far off for code or non-English text), so
-//! the guess covers only the few messages appended since; and it costs
-//! O(appended) per step instead of O(transcript). When no call has reported
-//! input tokens (the first step, right after a compaction, a server that
-//! reports no usage) it falls back to chars/4 over the whole transcript.
-//!
-//! # Guarantees
-//!
-//! - **Turns stay whole.** The tail starts at a turn boundary, never at a
-//!   tool result, so an assistant message with tool calls is never separated
-//!   from its results; the tail keeps at least the latest model turn.
-//! - **Bounded.** At most [`MAX_ATTEMPTS`] summary calls per run, never two
-//!   without a step between them and never two without new content (the
-//!   transcript must have grown since the last one), and after a failed one
-//!   the next [`FAILURE_PAUSE`] steps are made without trying. After a
-//!   success the next step compacts again only if the prompt passes the
-//!   threshold again.
-//! - **Deterministic call indices.** A summary call is a model call: it takes
-//!   the next call index (the scripted model plays the next script entry for
-//!   it), and every later step's index moves up by one. Summary calls are
-//!   not iterations: they do not count against `max_iterations`, but their
-//!   usage counts toward the run's usage, budget and cost.
-//! - A resumed durable run starts counting summary calls from zero (the
-//!   checkpoint does not carry them).
-//!
-//! The file stays whole: when, where and what to cut are one decision over
-//! one transcript, and a third of its length is the tests of that decision.
+#![doc = include_str!("../../docs/compaction.md")]
 
 use crate::ports::model::{Message, Role};
 

@@ -12,36 +12,7 @@
 //! stack values; the hook calls only async-signal-safe functions and
 //! allocates nothing. This is the crate's only `unsafe` code.
 //!
-//! # Nothing outlives the host
-//! The parent-death signal reaches one process, and a server's own
-//! children (a shell's commands, a language server's workers) are not it:
-//! when the host is SIGKILLed nobody is left to signal the group. So on
-//! Linux the child forked for a server is not the server but its *guard*:
-//! it leads the process group, forks once more (that child execs the
-//! server, in the group, with SIGKILL as its own parent-death signal),
-//! closes every descriptor, and waits. When the host dies (the guard's
-//! parent-death signal, SIGHUP, with a new parent) it SIGKILLs the group,
-//! itself included; when the server exits it steps into the host's group,
-//! SIGKILLs the server's, and exits with the server's code (or by SIGKILL
-//! if a signal ended the server). The host holds the guard as its child,
-//! so its own `killpg` reaches the guard, the server and every descendant
-//! at once, and the exit it sees is the server's. Each server costs one
-//! more, idle, process: a copy-on-write fork of the host that touches
-//! almost none of its memory.
-//!
-//! What the group cannot hold: a descendant that leaves it (`setsid`, a
-//! daemon's double fork into a new session) escapes the kill; only a
-//! cgroup would catch it. Elsewhere than Linux there is no guard: the
-//! server leads its group and notices its parent's death by EOF on stdin.
-//!
-//! # Parent death and threads
-//! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends,
-//! not the process. Children are therefore forked on one keeper thread
-//! that lives as long as the process; and the guard acts on the signal
-//! only when its parent pid has changed (if the keeper thread could not be
-//! started, the forking thread's end is then ignored). A guard whose host
-//! died before the hook ran exits at once (the hook compares the parent
-//! pid), and so does a server whose guard did.
+#![doc = include_str!("../../docs/mcp-process.md")]
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};

@@ -2,62 +2,7 @@
 //! OTLP/HTTP (protobuf) to a collector, configured by the standard `OTEL_*`
 //! environment variables.
 //!
-//! The kernel makes ordinary `tracing` spans, named and attributed after the
-//! OpenTelemetry GenAI semantic conventions; this module turns them into
-//! OpenTelemetry spans ([`tracing-opentelemetry`]) and exports them:
-//!
-//! | span | when | `otel.kind` | attributes |
-//! |---|---|---|---|
-//! | `invoke_agent {agent}` | a run, from its start to its terminal record | internal | `gen_ai.operation.name`, `gen_ai.agent.name`, `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.usage.*` (the run's total), `error.type`, `agentvisor.run_id` |
-//! | `chat {model}` | a model call (and a summary call) | client | `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `error.type` |
-//! | `execute_tool {tool}` | a tool call | internal | `gen_ai.operation.name`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `gen_ai.tool.type`, `error.type` |
-//!
-//! A run's span is a child of the span that was current where the run was
-//! submitted: a sub-agent's run sits under its parent's `execute_tool
-//! agent__NAME` span, itself under the parent's `invoke_agent`. The model
-//! and tool calls a run moves into tasks carry their span with them.
-//! Critic and operator decisions are events on the run's span (named like
-//! the run's events: `critic.steer`, `critic.extend`,
-//! `critic.raise_iterations`, `critic.kill`, a guard's `critic.deny` and
-//! `critic.ask`, with `reason` and `detail`);
-//! a provider's retries are `model.retry` events on the call's span.
-//! No prompt, answer, tool argument or result is put on a span.
-//!
-//! # Configuration
-//! [`Traces::from_env`] reads what the OpenTelemetry SDKs read:
-//!
-//! - `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL, `…/v1/traces`) or
-//!   `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL, `/v1/traces` appended).
-//!   With neither there is no exporter: `from_env` answers `None`.
-//! - `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`: no exporter.
-//! - `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: `http/protobuf` only (no gRPC).
-//! - `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS` (e.g. an API key: never logged),
-//!   `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` (ms, default 10 000),
-//!   `OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION`.
-//! - `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES` (the service name
-//!   defaults to `agentvisor`).
-//! - `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_*`.
-//!
-//! # Cost
-//! Without a layer installed every span the kernel makes is disabled: its
-//! fields are not even evaluated. Spans are exported in batches from a
-//! thread of the SDK's own (a blocking HTTP client on it), never from a
-//! run's shard; a full queue drops spans rather than slow runs down.
-//!
-//! ```no_run
-//! use tracing_subscriber::prelude::*;
-//! let traces = agentvisor::otel::Traces::from_env()?;
-//! tracing_subscriber::registry()
-//!     .with(traces.as_ref().map(|t| t.layer()))
-//!     .init();
-//! // … run a host …
-//! if let Some(t) = traces {
-//!     t.shutdown()?; // exports what is buffered
-//! }
-//! # Ok::<(), agentvisor::otel::OtelError>(())
-//! ```
-//!
-//! [`tracing-opentelemetry`]: https://docs.rs/tracing-opentelemetry
+#![doc = include_str!("../../docs/otel.md")]
 
 use std::time::Duration;
 

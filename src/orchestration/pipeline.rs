@@ -12,52 +12,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # How it runs
-//!
-//! A pipeline is not a run itself: each phase is a run submitted through
-//! the host like any other — supervised by its critic, recorded, metered on
-//! the pipeline's caller — one after the other. A phase's manifest is the
-//! pipeline's with the phase's keys over it ([`AgentSpec::phase_manifest`]:
-//! its own prompt template, tools, model or tier, limits, script), named
-//! `PIPELINE.PHASE`. Phases are top-level runs (no `parent_run_id`): a
-//! pipeline has no run of its own in flight for them to hang under.
-//!
-//! # Guarantees
-//!
-//! - **Outputs go forward.** `{{phases.NAME.output}}` in a phase's prompt
-//!   is that earlier phase's output (the manifest is refused at load when
-//!   it names a phase that does not come earlier); `{{prompt}}` is the
-//!   invocation's prompt and `{{inputs.NAME}}` one of its inputs (a missing
-//!   input is [`PipelineError::MissingInput`] before any phase runs).
-//! - **Stop at the first failure.** A phase that does not end `ok` ends the
-//!   pipeline with its status (the later phases do not run), unless it is
-//!   `optional: true`: then the pipeline goes on and its output reads as
-//!   empty. The pipeline's output is the last `ok` phase's.
-//! - **Usage is summed** over every phase (failed ones included, and those
-//!   taken from an earlier attempt), as is cost.
-//! - **Durable pipelines resume.** With `durable: true`, each phase's run is
-//!   durable (checkpointed after every step, resumed by `Host::recover`),
-//!   and its id is derived from the pipeline's id, its place and its attempt,
-//!   so the audit log is the pipeline's checkpoint: running the pipeline
-//!   again with the same id ([`Invocation::run_id`]) skips every phase whose
-//!   run is on record `ok` (its output is read back), waits for a phase run
-//!   still in flight (one `Host::recover` resumed), and runs the rest with
-//!   fresh attempt ids. A pipeline that is not durable runs every phase
-//!   each time, with fresh ids.
-//! - **Dropping the future** of [`Host::run_pipeline`] cancels the phase in
-//!   flight (its run ends `cancelled`).
-//! - **One tree.** Each phase's run (and its sub-agents') is recorded with
-//!   the pipeline's id as its `root_run_id`, so the run index lists a
-//!   pipeline's runs by it (`agentvisor runs list --root ID`, `runs show
-//!   ID --tree`).
-//!
-//! [`Host::start_pipeline`] runs a pipeline as a task of its own and hands
-//! back a [`PipelineRun`]: the events of every phase's run (and of their
-//! sub-agents) as they happen, in order, with no loss (the pipeline waits
-//! for a reader that falls behind: read them, or drop the `PipelineRun`'s
-//! events with [`PipelineRun::ignore_events`]); [`PipelineRun::cancel`]
-//! cancels the phase in flight and runs no more (the pipeline ends
-//! `cancelled`); dropping it cancels too.
+#![doc = include_str!("../../docs/pipelines.md")]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

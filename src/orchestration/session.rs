@@ -17,54 +17,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # The API
-//!
-//! - [`Host::open_session`] starts a new session (an id is minted unless
-//!   [`SessionOptions::id`] gives one) or reopens the one with the given id.
-//! - [`Host::session`] reaches a session by its id alone: the handle open
-//!   on this host, else the session as the store keeps it (its manifest is
-//!   stored with it). Any number of handles may exist for one session; on
-//!   one host they share one prompt gate and one lifecycle.
-//! - [`Session::prompt`] runs one prompt and waits for its result;
-//!   [`Session::prompt_streaming`] returns a [`SessionTurn`] with the run's
-//!   events (`text.delta` as the answer arrives) and a reference to cancel
-//!   it; [`Session::send`] takes a whole [`Invocation`].
-//!
-//! # Guarantees
-//!
-//! - **History.** A prompt's run starts from the system prompt, then the
-//!   session's history (every earlier user and assistant turn, in order),
-//!   then the new prompt. Like any transcript it is compacted by the
-//!   kernel when it grows past the model's window (see
-//!   `crate::compaction`); the stored history itself stays whole.
-//! - **Only ok answers are kept.** When the run ends `ok`, the prompt and
-//!   the answer are appended together (one store transaction). A run that
-//!   fails, is cancelled or is killed leaves the history as it was; its
-//!   usage still counts in the session's totals.
-//! - **One prompt at a time.** A second prompt while one runs waits for it
-//!   ([`OnBusy::Wait`], the default) or is refused at once with
-//!   `session_busy` ([`OnBusy::Refuse`], per handle:
-//!   [`Session::on_busy`]). A rule can also be kept with the session in
-//!   its store ([`Session::keep_on_busy`]) for a host that serves it (the
-//!   HTTP server applies it to every message). The gate is per host: two processes prompting
-//!   one session of a shared store at once are caught by the store's
-//!   sequence check (`session_store`, the second answer is not kept).
-//! - **A started prompt finishes.** Dropping the future of
-//!   [`Session::prompt`] or a [`SessionTurn`] does not stop the run: its
-//!   answer is still kept. Stop it with [`SessionTurn::cancel`] or
-//!   [`Session::cancel`].
-//! - **Lifecycle.** `created → running → idle (→ running → idle)* →
-//!   closed`, watched through [`Session::watch`] (a `tokio::sync::watch`
-//!   receiver: a watcher sees the latest state, not every transition) and
-//!   written to the store on every change. [`Session::close`] cancels a
-//!   prompt in flight; a closed session refuses prompts with
-//!   `session_closed` and keeps its history. A session the store says is
-//!   `running` when it is reopened (its process ended mid-prompt) reopens
-//!   `idle`: that prompt's answer was never kept.
-//! - **Scripted models play on.** A session numbers its model calls across
-//!   prompts (the call index a model sees continues from the previous
-//!   prompt's), so `model: scripted` plays its script through the
-//!   conversation instead of answering every prompt with its first entry.
+#![doc = include_str!("../../docs/sessions.md")]
 
 use std::sync::Arc;
 

@@ -1,44 +1,7 @@
 //! The `Checkpointer` port: where a durable run's state is saved after every
 //! step, so a process that dies mid-run can resume it (`Host::recover`).
 //!
-//! Lifecycle: saved when a durable run is accepted and after every step;
-//! cleared once the run's terminal record is in the audit store (success,
-//! failure or kill — a killed run is never resumed); kept when the host
-//! shuts down or the process dies. A resumed run repeats at most the step
-//! it was in.
-//!
-//! A checkpoint carries the run's manifest and invocation as JSON encoded
-//! once per run ([`EncodedJson`]): this port knows nothing of their shape,
-//! a save copies and re-encodes neither, and `recover` decodes them.
-//!
-//! # Leases
-//!
-//! A host holds a lease on each durable run it runs: an owner id and an
-//! expiry, written with every save and renewed while the host lives
-//! ([`Checkpointer::renew`]); a clean shutdown releases them. `recover`
-//! resumes a run only after claiming it ([`Checkpointer::claim`]), which
-//! succeeds for one caller at most while a lease is live: two `recover`s,
-//! or a `recover` beside a live host, never run the same run twice. Times
-//! are Unix milliseconds of the callers' clocks, so hosts sharing a store
-//! need clocks that agree to well within the lease's length. Nothing here
-//! assumes SQLite: a claim is one conditional update of one row.
-//!
-//! **Fencing.** Only a run's first save (when it is accepted) creates its
-//! row; every later save updates the row only while its owner still holds
-//! it. A host whose lease expired while it was paused, and whose run a
-//! `recover` elsewhere claimed (and perhaps finished and cleared), finds
-//! that run in the answer of its next save or renewal: it stops the run
-//! without writing anything more of it.
-//!
-//! **Host leases.** Every host also holds a lease of its own, renewed with
-//! its run leases (and taken when it starts), so that `recover` can tell
-//! the runs of a live host (left alone) from those of a host that is gone
-//! (ended `interrupted`) even for runs that are not durable and have no
-//! checkpoint: each run's `run.start` record names its host
-//! ([`RunInfo::host`](super::audit::RunInfo::host)). `recover` takes over a
-//! gone host ([`Checkpointer::take_over_host`]) before it ends its runs;
-//! should that host come back (it was only paused), its next renewal says
-//! so ([`Renewal::taken_over`]).
+#![doc = include_str!("../../docs/checkpoints.md")]
 
 use std::sync::Arc;
 

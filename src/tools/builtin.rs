@@ -1,8 +1,11 @@
 //! The built-in tools: small, deterministic, and enough to drive every path
 //! a run can take through a tool call — a result (`add`, `upper`, `echo`),
-//! a slow call (`sleep`, on tokio's clock so paused-time tests control it),
-//! an error (`fail`) and a panic (`panic`) — and `wait` (see
-//! [`super::wait`]), which works through the run that calls it.
+//! a slow call (`sleep`, on tokio's clock so paused-time tests control it)
+//! — and `wait` (see [`super::wait`]), which works through the run that
+//! calls it. Two more fail on purpose, an error (`fail`) and a panic
+//! (`panic`): they are [`test_tools`], which a host offers only when asked
+//! ([`ToolRegistry::with_test_tools`](super::ToolRegistry::with_test_tools),
+//! `HostBuilder::test_tools`).
 //!
 //! Each schema is strict (`additionalProperties: false`), so the registry
 //! refuses a malformed call before the tool runs. The tools still decode
@@ -26,10 +29,14 @@ pub fn builtins() -> Vec<Arc<dyn Tool>> {
         Arc::new(UpperTool::new()),
         Arc::new(EchoTool::new()),
         Arc::new(SleepTool::new()),
-        Arc::new(FailTool::new()),
-        Arc::new(PanicTool::new()),
         Arc::new(super::wait::WaitTool::new()),
     ]
+}
+
+/// The tools that fail on purpose, `fail` and `panic`: for tests of the
+/// paths a failing tool takes, registered only where a test asks for them.
+pub fn test_tools() -> Vec<Arc<dyn Tool>> {
+    vec![Arc::new(FailTool::new()), Arc::new(PanicTool::new())]
 }
 
 /// A spec with a strict object schema.

@@ -15,8 +15,9 @@
 //! - [`registry`]: [`ToolRegistry`], [`ToolSet`], [`PreparedCall`],
 //!   [`RegistryError`].
 //! - [`validate`]: the validation steps, as pure functions.
-//! - [`builtin`]: `add`, `upper`, `echo`, `sleep`, `fail`, `panic`, and
-//!   [`wait`]'s tool.
+//! - [`builtin`]: `add`, `upper`, `echo`, `sleep` and [`wait`]'s tool;
+//!   `fail` and `panic`, which fail on purpose, for tests that ask for
+//!   them ([`ToolRegistry::with_test_tools`]).
 //! - [`wait`]: `wait`, which calls another of the run's tools on a timer
 //!   (or waits for a run) in place of the model.
 

@@ -26,7 +26,7 @@ use futures_util::FutureExt;
 use jsonschema::Validator;
 use serde_json::Value;
 
-use super::builtin::builtins;
+use super::builtin::{builtins, test_tools};
 use super::validate::{
     check_schema, compile_schema, require_object, validate_arguments, MAX_ERROR_BYTES,
 };
@@ -102,6 +102,22 @@ impl ToolRegistry {
             entry.builtin = true;
         }
         registry
+    }
+
+    /// This registry with the [test tools](super::builtin::test_tools)
+    /// added (`fail` and `panic`, which fail on purpose), as built-ins: a
+    /// host's own tool of the same name replaces them.
+    pub fn with_test_tools(mut self) -> Self {
+        for tool in test_tools() {
+            let name = tool.spec().name.clone();
+            if let Err(e) = self.register(tool) {
+                tracing::error!(error = %e, "test tool failed to register");
+            }
+            if let Some(entry) = self.entries.get_mut(&name) {
+                entry.builtin = true;
+            }
+        }
+        self
     }
 
     /// Registers a tool under its spec's name, compiling its schema.
@@ -472,7 +488,7 @@ mod tests {
     use serde_json::json;
 
     fn registry() -> ToolRegistry {
-        ToolRegistry::with_builtins()
+        ToolRegistry::with_builtins().with_test_tools()
     }
 
     /// A tool that prints a secret in its result, or in its error.
@@ -572,6 +588,10 @@ mod tests {
 
     #[test]
     fn builtins_all_register() {
+        assert_eq!(
+            ToolRegistry::with_builtins().names(),
+            ["add", "echo", "sleep", "upper", "wait"]
+        );
         assert_eq!(
             registry().names(),
             ["add", "echo", "fail", "panic", "sleep", "upper", "wait"]

@@ -37,14 +37,16 @@ use agentvisor::{
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-/// A host builder as tests want it: built-in tools, in-memory stores, two
-/// critic shards (so the runs of one test spread over more than one
-/// supervisor).
+/// A host builder as tests want it: built-in tools and the test tools
+/// (`fail`, `panic`), in-memory stores, two critic shards (so the runs of
+/// one test spread over more than one supervisor).
 pub(crate) fn builder() -> HostBuilder {
-    Host::builder().config(HostConfig {
-        critic_shards: 2,
-        ..HostConfig::default()
-    })
+    Host::builder()
+        .config(HostConfig {
+            critic_shards: 2,
+            ..HostConfig::default()
+        })
+        .test_tools()
 }
 
 /// A default test host, with its audit store kept for reading back.

@@ -1,50 +1,7 @@
 //! Durable runs' checkpoints on their own path: a task that owns the
 //! [`Checkpointer`] port, beside the audit writer rather than inside it.
 //!
-//! Saves come from runs (through the audit actor's `Checkpoint` message,
-//! forwarded here at once: a save never waits behind an audit batch, and
-//! an audit batch never waits for a save, so the audit writer pipelines
-//! batches of durable runs too). Clears come from the audit writer, once a
-//! run's terminal record is in the store — not when it went to the spool
-//! or is held in memory: a checkpoint whose run has no terminal record on
-//! disk is what `recover` resumes.
-//!
-//! # Guarantees
-//!
-//! - **Latest wins.** Saves that queue up while one is written are
-//!   coalesced: the latest per run is written, in one call.
-//! - **Order per run.** A run's saves are sent before its terminal record,
-//!   and its clear after that record is written: one queue, handled in
-//!   order, so a clear is never overtaken by an older save.
-//! - **A save that waits is answered.** A run being admitted (its first
-//!   checkpoint) gets `Ok` once the save is written, or the error.
-//! - **A step waits for its save.** A durable run's checkpoint after a
-//!   step comes with a [`SaveWaiter`]: it is told once that checkpoint (or
-//!   a later one of the run) is written, and told it is still waiting each
-//!   time a write fails (the run takes no next step meanwhile, and ends at
-//!   its deadline if the store never takes it). So a step's tools never
-//!   run again after `recover` once the run went on: a run that went on
-//!   has that step on record.
-//! - **Leases.** Every save holds the run under the host's lease (see
-//!   [`Lease`]); the task renews the host's lease and its run leases every
-//!   third of their length, so a live host's runs are never claimed, nor
-//!   its runs in flight ended, by a `recover` elsewhere.
-//! - **Fencing.** A save that finds its run held by another owner (or its
-//!   row gone: finished there), and a renewal that holds fewer runs than
-//!   this host saved, mean a `recover` elsewhere took those runs over
-//!   while this host's lease had expired (it was paused): each is stopped
-//!   here without a terminal record or another checkpoint (a warning, and
-//!   a `cancelled`/[`LEASE_LOST`] result for its caller). After a pause,
-//!   and whenever the last renewal is older than two thirds of the lease,
-//!   the audit writer asks for a renewal before it writes a batch, and
-//!   drops the records of the runs found lost ([`LeaseWatch`]).
-//! - **Failures are retried**, every [`RETRY_EVERY`] and with the next
-//!   job, until the work is done or the host stops. Lost on a crash:
-//!   saves and clears not yet written (a resumed run repeats at most the
-//!   step it was in; a run whose clear was lost is found finished by
-//!   `recover` and cleared then).
-//!
-//! Rate: a save per step of a durable run; a clear per finished durable run.
+#![doc = include_str!("../../../docs/audit-checkpoints.md")]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -5,78 +5,7 @@
 //! Durable runs' checkpoints take their own path (`checkpoints`): the actor
 //! forwards each save at once, and the writer sends the clears.
 //!
-//! Batches are cut by group commit: when the writer is idle, the actor
-//! hands over what it holds as soon as the messages already in its mailbox
-//! are buffered; while a write is under way, records gather, and the writer
-//! asks for them when it is done. So a lone run (a chat turn, a sub-agent)
-//! waits for its own write only, never for `max_age`, and under load
-//! batches grow with the write time. `max_age` bounds the wait only when
-//! the writer does not ask.
-//!
-//! The writer is a separate task so that the actor keeps batching while a
-//! write is in flight. Between them sits a queue of at most
-//! [`WRITER_QUEUE`] batches (the back-pressure: when it is full the actor
-//! waits, and records wait in its mailbox); batches that queued up while
-//! the writer was busy are written together, in order, in one `append`.
-//! With a store that pipelines ([`AuditStore::pipelines`]), the writer
-//! starts the next batch while the last one is written; the store applies
-//! them in order or refuses the later one, which then takes the failure
-//! path behind the earlier one. While the store fails or the spool holds
-//! records, batches are written one at a time.
-//!
-//! # Guarantees
-//!
-//! - **On record before delivered.** A run's terminal record comes with
-//!   the run's result channel: the result is handed to the caller only
-//!   once the batch holding its terminal record was written — to the
-//!   store, or to the spool while the store fails — so a caller never sees
-//!   a result that is not on record. When neither takes it, the record is
-//!   held in memory, the host stops admitting runs (below), and:
-//!   - a run that is not durable gets its result at once (it never blocks
-//!     on bookkeeping); if its record is still held (or was dropped) when
-//!     the host shuts down, it is counted in [`AuditStats::unrecorded`] by
-//!     the status its caller was told;
-//!   - a durable run's result waits for the record to be written or
-//!     spooled, until the run's deadline; past it, the caller is told
-//!     `error`/`store_unavailable` ([`off_record`](crate::record::off_record))
-//!     and the held record is changed to say so. A durable run's result is
-//!     never `ok` off the record.
-//! - **Order.** The store receives every run's records in the order they
-//!   were produced, spool replays included.
-//! - **Checkpoints.** A durable run's checkpoint is cleared only once its
-//!   terminal record is in the store (not while it is in the spool or in
-//!   memory). A durable run's step checkpoint (`SaveStep`) is answered
-//!   once written: the run takes no next step before (see `checkpoints`).
-//! - **Fencing.** Records of a durable run another host took over (see
-//!   `checkpoints`) are dropped, its terminal record too: its caller gets a
-//!   `cancelled`/[`LEASE_LOST`](crate::record::LEASE_LOST) result. While
-//!   the host's leases may have expired (after a pause, or when the last
-//!   renewal is old), a batch waits for a renewal first.
-//! - **Drain.** `Drain` writes everything buffered (replaying the whole
-//!   spool, ignoring the backoff) and the pending checkpoint work before
-//!   it answers; so does stopping the actor gracefully. Lost on a crash:
-//!   the buffer and the writer's queue (a few batches).
-//!
-//! # When the store fails
-//!
-//! - **With a spool** (`HostConfig::audit_spool`): the batch is appended to
-//!   the spool, an append-only file of JSON lines (`spool`), and the store
-//!   is retried with a backoff (100 ms doubling to 5 s). While the spool
-//!   holds records it is the queue: new batches are appended behind them,
-//!   and each write replays a bounded slice of it into the store, in
-//!   order. Once all of it is replayed the file is truncated. A replay may
-//!   repeat records a failed replay had already written; stores ignore a
-//!   `(run_id, seq)` they hold. A spool left by a previous process is
-//!   replayed when the actor starts. One process per spool file: a host
-//!   locks its own, and one whose configured spool a live process holds
-//!   writes a sibling (`spool::claim`).
-//! - **Without a spool** (or while the spool cannot be written): the
-//!   records are held in memory and retried with the same backoff, at most
-//!   [`HELD_MAX`] of them; past that the oldest are dropped and counted (an
-//!   error log line says how many, and `AuditStats::unwritten` at the end).
-//!
-//! Rate: one cast per handled run message that produced records (a few per
-//! model iteration).
+#![doc = include_str!("../../../docs/audit.md")]
 
 pub(crate) mod checkpoints;
 pub(crate) mod spool;

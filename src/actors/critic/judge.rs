@@ -36,12 +36,14 @@
 
 use ractor::ActorRef;
 
-use super::{rules, view_of, Critic, CriticMsg};
+use super::decisions::view_of;
+use super::{Critic, CriticMsg};
 use crate::actors::run::RunState;
 use crate::judge::{
     self, critic_question, next_interval, JudgeError, Occasion, Verdict, VerdictKind, REPLY_TOKENS,
     VERDICT_SCHEMA,
 };
+use crate::policy::rules;
 use crate::ports::critic::{Decision, Trigger};
 use crate::ports::event::RunEvent;
 use crate::ports::run::{cap_text, CriticUsage, KillReason};

@@ -2,101 +2,53 @@
 //! loop as messages — `NextStep` → `ModelDone` → `ToolsDone` → `NextStep` …
 //! → answer — and never awaits a model or tool call while it handles one.
 //!
-//! # An actor without a task of its own
-//! A run has what makes an actor: its own state, its own message vocabulary
-//! ([`RunMsg`]), one message handled at a time, in the order sent, and a
-//! supervisor that sees it fail. It does not have a ractor actor (two
-//! tasks, four channels, about 6.5 KB) of its own: its messages go through
-//! the mailbox of the critic shard that supervises it
-//! (`CriticMsg::Run { key, msg }`), and the shard runs its handler. So a
-//! run costs its state and nothing else, its critic record sits inside that
-//! state (heartbeats are field updates, not messages), and a critic
-//! decision reaches it at once. A panic in a run's handler is caught by the
-//! shard and ends that run alone `error`/`panic`.
-//!
-//! A call is polled once in place (a scripted or cached answer is ready at
-//! once, and then costs no task); if it is not ready, it moves into a task
-//! the run holds an abort handle for, and its result comes back as a
-//! message tagged with an epoch, so a stale result after an abort is ignored.
-//! A stop (kill, cancel, deadline) therefore lands between any two awaits
-//! and aborts the in-flight HTTP request or tool at once.
-//!
-//! Before a model call the run estimates its prompt; past 0.7 × the model's
-//! context window it first makes a summary call the same way (a task, its
-//! result a `SummaryDone` message) and replaces the transcript's middle with
-//! the summary, or keeps the transcript whole if the call fails (see
-//! `crate::compaction`).
-//!
-//! A run on a model that streams hands each call an observer
-//! (`observer`): streamed chunks are heartbeats, the
-//! call's wait for its first token is bounded by `first_token_timeout`
-//! instead of the stall timeout, streamed text is kept as partial output,
-//! and a provider's fallbacks and estimates become `warning` events.
-//!
-//! Audit records are collected while a message is handled and sent to the
-//! audit actor as one batch at the end of it. The partial result lives in
-//! the shared record (`RunShared`) that the run's handle reads.
-//!
-//! Guarantees: the run finalizes exactly once (the shared finisher decides);
-//! partial output, steps and usage are kept on every ending; a durable run
-//! takes its next step only once its last step's checkpoint is written
-//! (`checkpoint_then_step`).
-//!
-//! The loop stays in this file (its messages, its state and the step
-//! handlers that read and write that state); what stands apart has a file
-//! of its own under `run/`: a turn's tool calls (`tools`), the summary call
-//! (`summary`), how a run ends (`ending`), what a model call reports
-//! while it runs (`observer`), how a sub-agent's deadline follows its
-//! parent's (`parent`), the guards a call and an answer pass (`guard`),
-//! what a tool that works through its run reaches (`wait`) and what the
-//! run tells and asks its model judges (`judging`).
+#![doc = include_str!("../../../docs/run.md")]
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures_util::FutureExt;
 use ractor::ActorRef;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::audit::{AuditMsg, SaveWaiter};
+use crate::actors::audit::AuditMsg;
 use crate::actors::budget::{BudgetMsg, Ticket};
-use crate::actors::watch::{Beat, Watched, SLOW_HANDLER};
+use crate::actors::watch::{Beat, Watched};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction};
-use crate::output::OutputSchema;
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
-use crate::ports::checkpoint::{Checkpoint, EncodedJson, ParkedCalls};
+use crate::ports::checkpoint::{Checkpoint, ParkedCalls};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
-    CallObserver, CallOptions, ChatRequest, ChatResponse, DeltaSink, Message, ModelError,
-    RetrySink, Role,
+    ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
 };
-use crate::ports::run::{unix_ms, KillReason, RunStatus, Usage};
-use crate::record::{Ending, RunShared, STORE_UNAVAILABLE};
+use crate::ports::run::{unix_ms, KillReason, RunStatus};
+use crate::record::{Ending, RunShared};
 use crate::spec::Limits;
 
 mod approval;
+mod durable;
 mod ending;
 mod guard;
 mod judging;
+mod model_call;
 mod observer;
 pub(crate) mod parent;
+mod recording;
 pub(crate) mod spans;
 mod summary;
 mod tools;
 mod wait;
 
+use model_call::capped_options;
 use observer::RunObserver;
 
+pub(crate) use durable::DurableRun;
+pub(crate) use model_call::checked_usage;
 pub use tools::ToolOutcome;
-
-/// Audit records a handler's buffer has room for from its first record.
-const AUDIT_RESERVE: usize = 16;
 
 /// The call a run has in flight.
 enum Inflight {
@@ -255,17 +207,6 @@ pub struct RunArgs {
     pub(crate) deadline_cap: Option<Instant>,
     /// The span the run's span is a child of (`otel` feature).
     pub(crate) parent_span: spans::Traced,
-}
-
-/// What a durable run's checkpoints carry besides its progress: its
-/// manifest and invocation encoded once (a save copies neither).
-pub(crate) struct DurableRun {
-    pub(crate) agent: Arc<str>,
-    pub(crate) spec: EncodedJson,
-    /// The invocation, with its run id and resolved prompt.
-    pub(crate) invocation: EncodedJson,
-    pub(crate) resumes: u32,
-    pub(crate) started_at: u64,
 }
 
 /// A run's state: the loop's, and its critic's record of it.
@@ -620,71 +561,6 @@ impl RunState {
         }
     }
 
-    /// Starts a model call. A model that answers at once without blocking
-    /// (`ChatModel::answers_at_once`) is polled once in place, and its
-    /// result is returned when ready; any other call — and one that was not
-    /// ready — runs in a task the run holds an abort handle for, its result
-    /// coming back as `done(epoch, result)` (or `ModelPanicked`). So a
-    /// provider's first poll (encoding a long transcript, connecting) never
-    /// runs on the shard.
-    fn start_call(
-        &mut self,
-        request: ChatRequest,
-        done: fn(u32, Result<ChatResponse, ModelError>) -> RunMsg,
-    ) -> Option<Result<ChatResponse, ModelError>> {
-        let model = self.agent.model().clone();
-        let in_place = model.answers_at_once();
-        let span = spans::chat(&self.span, model.name());
-        let call = async move { model.complete(request).await };
-        let fut = Box::pin(spans::instrument(call, spans::fork(&span)));
-        self.epoch += 1;
-        let epoch = self.epoch;
-        let fut = if in_place {
-            let polled = poll_once(fut);
-            let took = Instant::now().saturating_duration_since(self.now);
-            if polled.is_ok() {
-                crate::telemetry::model_call(self.agent.model().name(), took);
-            }
-            if took > SLOW_HANDLER {
-                let what = format!("the model call ({})", self.agent.model().name());
-                self.slow(&what, took);
-            }
-            match polled {
-                Ok(result) => {
-                    spans::chat_done(&span, &result);
-                    return Some(result);
-                }
-                Err(fut) => fut,
-            }
-        } else {
-            fut
-        };
-        let me = self.addr.clone();
-        let timed =
-            crate::telemetry::enabled().then(|| (self.agent.model().clone(), Instant::now()));
-        let task = tokio::spawn(async move {
-            let msg = match AssertUnwindSafe(crate::panics::quietly(fut))
-                .catch_unwind()
-                .await
-            {
-                Ok(result) => {
-                    if let Some((model, t0)) = timed {
-                        crate::telemetry::model_call(model.name(), t0.elapsed());
-                    }
-                    spans::chat_done(&span, &result);
-                    done(epoch, result)
-                }
-                Err(panic) => RunMsg::ModelPanicked {
-                    epoch,
-                    text: panic_text(&panic),
-                },
-            };
-            me.send(msg);
-        });
-        self.inflight = Some(Inflight::Model(task.abort_handle()));
-        None
-    }
-
     /// Reports a handler, or a call polled in place, that held the shard
     /// for `took`: a warn log and a `warning` event (`slow_handler`) naming
     /// the run and the call.
@@ -702,319 +578,9 @@ impl RunState {
         }
     }
 
-    /// Counts a call's usage in the run's usage and cost (and its answer,
-    /// if substantive, as the partial output) and charges it to the caller's
-    /// budget; returns its tokens.
-    fn charge(&mut self, usage: &Usage, answer: Option<&str>) -> u64 {
-        let tokens = usage.total();
-        let mut cost = 0;
-        {
-            let mut p = self.shared.partial();
-            p.usage.add(usage);
-            if let Some(price) = self.agent.price() {
-                let total = price.cost_micros(&p.usage);
-                cost = total.saturating_sub(p.cost_micros);
-                p.cost_micros = total;
-            }
-            if let Some(text) = answer.filter(|t| !t.trim().is_empty()) {
-                p.last_text = Some(text.to_string());
-            }
-        }
-        if let Some(t) = &mut self.ticket {
-            // The account sees it now; the ledger with the handler's end.
-            t.charge(tokens, cost);
-        }
-        tokens
-    }
-
-    /// Charges a streamed model call cut before its end with what arrived
-    /// (see `observer`): its usage counts in the run's usage, cost and
-    /// budgets like a finished call's.
-    pub(crate) fn charge_cut_call(&mut self) {
-        let Some(o) = &self.observer else {
-            return;
-        };
-        if let Some(usage) = o.cut_usage(&self.transcript) {
-            self.charge(&usage, None);
-        }
-    }
-
-    fn model_done(&mut self, result: Result<ChatResponse, ModelError>) {
-        if let Some(o) = &self.observer {
-            o.call_ended();
-        }
-        let resp = match checked_usage(result) {
-            Ok(r) => r,
-            Err(e) => {
-                self.beat(Beat::StepFinished { tokens: 0 });
-                return self.finish(Ending::failed(RunStatus::Error, e.kind(), e.to_string()));
-            }
-        };
-        // The transcript is still the one the call saw.
-        let sent = self.transcript.len();
-        self.compaction.observe(sent, resp.usage.input_tokens);
-        let tokens = self.charge(&resp.usage, Some(&resp.text));
-        let passed = self.ticket.as_ref().and_then(|t| t.passed());
-        if let (1, Some(id)) = (self.iteration, self.agent.unpriced_model()) {
-            let message = format!("the price table has no model `{id}`: its cost counts as 0");
-            self.event(RunEvent::Warning {
-                kind: "unknown_price".into(),
-                message,
-            });
-        }
-        self.beat(Beat::StepFinished { tokens });
-        if !resp.tool_calls.is_empty() {
-            // The critic reads the text of a reply the run goes on from
-            // (one that ends it is not judged).
-            self.watch.reply(self.now, &resp.text);
-        }
-        self.event(RunEvent::StepFinish {
-            iteration: self.iteration,
-            text: resp.text.clone(),
-            tool_calls: resp.tool_calls.len() as u32,
-            usage: resp.usage,
-            calls: resp.tool_calls.clone(),
-            finish_reason: resp.finish_reason.clone(),
-        });
-        if let Some(spent) = passed {
-            // The reply passed a budget: the run ends here, the reply's
-            // text kept as its output, its tool calls not run.
-            let mut e = Ending::killed(KillReason::Budget);
-            e.error = Some(spent.message());
-            if !resp.text.trim().is_empty() {
-                e.output = Some(resp.text);
-            }
-            return self.finish(e);
-        }
-        if resp.tool_calls.is_empty() {
-            self.transcript_mut()
-                .push(Message::text(Role::Assistant, resp.text.clone()));
-            self.event(RunEvent::MessageCreate {
-                role: "assistant".into(),
-                text: resp.text.clone(),
-            });
-            // The output guard: one repair turn, then `guardrail`.
-            if self.output_refused(&resp.text) {
-                return;
-            }
-            // Structured output (M7): one repair turn, then `invalid_output`.
-            if let Some(Err(why)) = self.agent.output().map(|o| o.check(&resp.text)) {
-                if OutputSchema::repaired(&self.transcript) {
-                    let mut e = Ending::failed(RunStatus::Error, "invalid_output", why);
-                    e.output = Some(resp.text);
-                    return self.finish(e);
-                }
-                let text = self
-                    .agent
-                    .output()
-                    .map(|o| o.repair_prompt(&why))
-                    .unwrap_or_default();
-                self.steers.push(text);
-                self.step_due = true;
-                return;
-            }
-            return self.finish(Ending::ok(resp.text));
-        }
-        // The calls start (each polled once in place) before the assistant
-        // message takes them into the transcript: no copy of the list.
-        let ready = self.dispatch_tools(&resp.tool_calls, &[]);
-        self.transcript_mut().push(Message {
-            role: Role::Assistant,
-            content: resp.text,
-            tool_calls: resp.tool_calls,
-            tool_call_id: None,
-            attachments: Vec::new(),
-        });
-        if let Some(outcomes) = ready {
-            self.tools_done(outcomes);
-        } else if self.parked.is_some() {
-            // Parked: saved with the turn, so a resumed run waits again.
-            self.checkpoint();
-        }
-    }
-
-    /// What the retry layer calls before each backoff sleep: a `Retrying`
-    /// message to the run through its shard (a heartbeat, and a
-    /// `model.retry` event the run records). Made once a run,
-    /// and only for a model that reports retries (see
-    /// `ChatModel::reports_retries`): `None` otherwise.
-    fn retry_sink(&mut self) -> Option<RetrySink> {
-        if let Some(sink) = &self.retry {
-            return Some(sink.clone());
-        }
-        if !self.agent.model().reports_retries() {
-            return None;
-        }
-        let addr = self.addr.clone();
-        let sink: RetrySink = Arc::new(move |e: &ModelError, delay: std::time::Duration| {
-            // The run records it in its own handler (so its `seq` is taken
-            // in order); the message is also the heartbeat.
-            addr.send(RunMsg::Retrying {
-                kind: e.kind(),
-                message: e.to_string(),
-                delay,
-            });
-        });
-        self.retry = Some(sink.clone());
-        Some(sink)
-    }
-
-    /// The observer for the model call about to start (see
-    /// `observer`): made once, for a model that streams, whose calls
-    /// then have a first-token phase. `None` for other models.
-    fn call_observer(&mut self) -> Option<Arc<dyn CallObserver>> {
-        if self.observer.is_none() {
-            if !self.agent.model().streams() {
-                return None;
-            }
-            let throttle =
-                RunObserver::throttle(self.limits.stall_timeout, self.limits.first_token());
-            self.observer = Some(Arc::new(RunObserver::new(
-                self.addr.clone(),
-                self.shared.clone(),
-                throttle,
-            )));
-        }
-        let observer = self.observer.as_ref()?;
-        observer.call_started();
-        self.watch.await_first_token();
-        Some(observer.clone())
-    }
-
-    /// A durable run's progress as a checkpoint (`None` for a run that is
-    /// not durable).
-    fn progress(&self) -> Option<Checkpoint> {
-        let d = self.durable.as_ref()?;
-        let (steps, usage, cost, critic) = {
-            let p = self.shared.partial();
-            (p.steps.clone(), p.usage, p.cost_micros, p.critic.clone())
-        };
-        Some(Checkpoint {
-            run_id: self.shared.run_id,
-            agent: d.agent.clone(),
-            spec: d.spec.clone(),
-            invocation: d.invocation.clone(),
-            transcript: self.transcript.clone(),
-            iteration: self.iteration,
-            steps,
-            usage,
-            cost_micros: Some(cost),
-            critic,
-            // A run parked for approval is at rest, not crashing: its
-            // resumes no longer count toward a crash loop.
-            resumes: if self.parked.is_some() { 0 } else { d.resumes },
-            started_at: d.started_at,
-            saved_at: unix_ms(),
-            parked: self.parked_calls(),
-        })
-    }
-
-    /// Saves a parked durable run's state (its turn and the calls that
-    /// wait) without waiting: the run takes no step until a decision, and
-    /// the next step's checkpoint is waited for as usual.
-    pub(crate) fn checkpoint(&mut self) {
-        if let Some(checkpoint) = self.progress() {
-            let _ = self.audit.cast(AuditMsg::Checkpoint {
-                checkpoint: Box::new(checkpoint),
-                saved: None,
-            });
-        }
-    }
-
-    /// A step is done: the next is due — for a durable run, once its
-    /// progress is saved. The checkpoint goes to the audit actor's
-    /// checkpoint task, and the run waits (`Inflight::Checkpoint`) until
-    /// it is written: a run that goes on has its steps on record, so
-    /// `recover` never runs them again. While the store refuses it, the
-    /// wait is retried, beats, and ends at the run's deadline
-    /// (`error`/`store_unavailable`, see `finish`). A run that is not
-    /// durable goes on at once.
-    fn checkpoint_then_step(&mut self) {
-        let Some(checkpoint) = self.progress() else {
-            self.step_due = true;
-            return;
-        };
-        self.epoch += 1;
-        let waiter = StepSaved {
-            addr: self.addr.clone(),
-            epoch: self.epoch,
-        };
-        let sent = self.audit.cast(AuditMsg::SaveStep {
-            checkpoint: Box::new(checkpoint),
-            waiter: Box::new(waiter),
-        });
-        if sent.is_err() {
-            let e = Ending::failed(
-                RunStatus::Error,
-                STORE_UNAVAILABLE,
-                "the run's checkpoint could not be saved: the audit actor is gone",
-            );
-            return self.finish(e);
-        }
-        self.inflight = Some(Inflight::Checkpoint);
-    }
-
     /// A heartbeat: the critic's record of the run sees it at once.
     pub(crate) fn beat(&mut self, beat: Beat) {
         self.watch.beat(self.now, beat);
-    }
-
-    /// Sends the tokens charged since the last meter to the budget actor
-    /// (once per handler; a finished run's go with its commit).
-    fn flush_meter(&mut self) {
-        if self.done {
-            return;
-        }
-        if let Some(t) = &mut self.ticket {
-            let spend = t.take_unmetered();
-            if spend != Default::default() {
-                let _ = self.budget.cast(BudgetMsg::Meter {
-                    caller: t.caller_arc(),
-                    spend,
-                });
-            }
-        }
-    }
-
-    /// Records an event: its `seq` is taken, subscribers get it, and its
-    /// audit record goes out with the handler's batch.
-    pub(crate) fn event(&mut self, ev: RunEvent) {
-        // A subscriber may decide the moment it reads `approval.requested`,
-        // on another thread: the call must wait before anyone hears of it.
-        // (A race no test can time; every test that gates a call checks it.)
-        #[cfg(debug_assertions)]
-        if let RunEvent::ApprovalRequested { call_id, .. } = &ev {
-            let waits = self
-                .shared
-                .partial()
-                .awaiting
-                .iter()
-                .any(|p| p.call_id == *call_id);
-            debug_assert!(waits, "approval.requested for {call_id} before it waits");
-        }
-        let seq = self.shared.next_seq();
-        self.shared.emit(seq, &ev);
-        self.push_record(seq, AuditEntry::Event(ev));
-    }
-
-    pub(crate) fn audit_entry(&mut self, entry: AuditEntry) {
-        let seq = self.shared.next_seq();
-        self.push_record(seq, entry);
-    }
-
-    fn push_record(&mut self, seq: u32, entry: AuditEntry) {
-        let at_ms = *self.clock_ms.get_or_insert_with(unix_ms);
-        if self.pending_audit.capacity() == 0 {
-            // Room for a whole run that answers at once (W1 makes 13
-            // records): one allocation, not a chain of regrowths.
-            self.pending_audit.reserve(AUDIT_RESERVE);
-        }
-        self.pending_audit.push(AuditRecord {
-            run_id: self.shared.run_id,
-            seq,
-            at_ms,
-            entry,
-        });
     }
 
     /// Stops what the run has in flight without finalizing it (its shard
@@ -1034,32 +600,6 @@ impl RunState {
             self.transcript = Arc::new(own);
         }
         Arc::make_mut(&mut self.transcript)
-    }
-
-    fn flush_audit(&mut self) {
-        if !self.pending_audit.is_empty() {
-            let batch = std::mem::take(&mut self.pending_audit);
-            let _ = self.audit.cast(AuditMsg::Records(batch));
-        }
-    }
-}
-
-/// A durable run waiting for its step's checkpoint: told through its
-/// shard (see `checkpoint_then_step`).
-struct StepSaved {
-    addr: RunAddr,
-    epoch: u32,
-}
-
-impl SaveWaiter for StepSaved {
-    fn saved(self: Box<Self>) {
-        self.addr
-            .send(RunMsg::CheckpointSaved { epoch: self.epoch });
-    }
-
-    fn still_waiting(&self) {
-        // Waiting for the store is no stall.
-        self.addr.beat(Beat::Alive);
     }
 }
 
@@ -1085,46 +625,4 @@ fn poll_once<F: Future + Unpin>(mut fut: F) -> Result<F::Output, F> {
 /// The text of a panic payload.
 pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     crate::panics::payload_text(p.as_ref()).to_string()
-}
-
-/// A model call's result with its usage checked (`Usage::check_call`): a
-/// reply that claims more tokens than a call can use is malformed.
-pub(crate) fn checked_usage(
-    result: Result<ChatResponse, ModelError>,
-) -> Result<ChatResponse, ModelError> {
-    let resp = result?;
-    match resp.usage.check_call() {
-        Ok(()) => Ok(resp),
-        Err(why) => Err(ModelError::Malformed(why)),
-    }
-}
-
-/// The largest reply cap a budget sends on its own (a manifest with no
-/// `max_tokens`): every chat model takes a cap this small, where a larger
-/// one can exceed a model's output limit and be refused; it is also the
-/// Anthropic provider's default. Above it, the budget is checked when the
-/// reply's usage is known.
-const BUDGET_CAP_MAX: u64 = 4096;
-
-/// The call options with the reply's token cap no larger than what the
-/// run's budgets leave (`room`, see `Ticket::room`), the manifest's own
-/// `max_tokens` the upper bound. The agent's options as they are (no
-/// copy) when no budget is tighter.
-fn capped_options(
-    options: Option<Arc<CallOptions>>,
-    room: Option<u64>,
-) -> Option<Arc<CallOptions>> {
-    let Some(room) = room else {
-        return options;
-    };
-    let set = options.as_ref().and_then(|o| o.max_tokens).map(u64::from);
-    let bound = set.unwrap_or(BUDGET_CAP_MAX);
-    if room >= bound {
-        return options;
-    }
-    let mut o = options.as_deref().cloned().unwrap_or_default();
-    // `room` is under a u32 bound here; at least 1 (0 means "no cap" to
-    // some servers).
-    o.max_tokens = Some(u32::try_from(room.max(1)).unwrap_or(u32::MAX));
-    Some(Arc::new(o))
 }

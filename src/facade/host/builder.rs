@@ -100,6 +100,15 @@ impl HostBuilder {
         self
     }
 
+    /// Offers the [test tools](crate::tools::builtin::test_tools) too
+    /// (`fail` and `panic`, which fail on purpose): for tests of the paths
+    /// a failing tool takes. Apply after [`tools`](Self::tools), which
+    /// replaces the registry.
+    pub fn test_tools(mut self) -> Self {
+        self.tools = std::mem::take(&mut self.tools).with_test_tools();
+        self
+    }
+
     /// Starts from this tool registry instead of the built-in tools.
     pub fn tools(mut self, registry: ToolRegistry) -> Self {
         self.tools = registry;

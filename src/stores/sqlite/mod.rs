@@ -6,48 +6,7 @@
 //! default store; a library host opts in with
 //! `Host::builder().audit_store(store.clone()).budget_ledger(store)`.
 //!
-//! # Guarantees
-//!
-//! - **Durability.** The file runs in WAL mode with `synchronous = NORMAL`:
-//!   a committed batch survives a process crash; a power loss may lose the
-//!   last transactions but never corrupts the file.
-//! - **Atomic batches.** `append` writes one batch in one transaction (the
-//!   records, and a `runs` row per terminal record), or nothing.
-//! - **Idempotence.** `(run_id, seq)` is a record's key and `run_id` a run's:
-//!   writing a record or a terminal row again is a no-op
-//!   (`ON CONFLICT DO NOTHING`), so the audit actor's spool can be replayed
-//!   after an outage without duplicates.
-//! - **Opening never destroys.** A path that cannot be created or written, a
-//!   file that is not a SQLite database (or is corrupt), a SQLite database
-//!   that belongs to something else, or a schema newer than this build
-//!   knows: each is a [`StoreError`] naming the path, and the file is left
-//!   as it was.
-//! - **Concurrency.** Every write of a store goes through its writer thread
-//!   (`writer`), one transaction at a time, on its own connection: no
-//!   `SQLITE_BUSY` between our own writes, and no store I/O on the host's
-//!   tokio workers. Reads run on tokio's blocking pool, on a few kept
-//!   connections, in parallel with writes (WAL); the writer checkpoints the
-//!   WAL every 64 MiB.
-//! - **Another process's lock** is waited for, at most [`BUSY_TIMEOUT`]
-//!   (an audit append: [`APPEND_BUSY_TIMEOUT`], after which its batch goes
-//!   to the spool and the runs' results are delivered); a wait longer than
-//!   [`BUSY_WARN_AFTER`] says so on stderr (a `warn` log line naming the file).
-//! - **One driver.** Everything goes through `rusqlite` on a bundled SQLite:
-//!   a fresh machine needs no system library.
-//!
-//! # Schema and migrations
-//!
-//! The migrations are SQL files under `migrations/` at the crate root,
-//! embedded in the binary with `include_str!` and applied in order inside
-//! one `BEGIN IMMEDIATE` transaction (taken only when the file's version is
-//! behind: opening an up-to-date file writes nothing); `schema_version`
-//! records each version applied, and a newer schema is refused with a
-//! typed error. The SQL sticks to what SQLite and Postgres share, so the
-//! Postgres battery can apply the same files (less one `WITHOUT ROWID`).
-//!
-//! Chat sessions ([`SessionStore`](crate::ports::session::SessionStore))
-//! live in `sessions` and `session_messages` (schema version 7); host
-//! leases in `host_leases` (version 8).
+#![doc = include_str!("../../../docs/sqlite.md")]
 
 mod audit;
 mod background;
