@@ -50,6 +50,11 @@
 //!   │                        │     └──▶ checkpoint task ──▶ Checkpointer port
 //!   │                        │          (saves, clears, lease renewals)
 //!   │                        ├── Budget actor ──▶ BudgetLedger port
+//!   │                        ├── MCP server actors (actors/mcp/): one per
+//!   │                        │     `scope: host` server, and one per run and
+//!   │                        │     `scope: run` server (stopped when its run
+//!   │                        │     ends); spawned by the host's MCP hub
+//!   │                        │     (actors/mcp/hub.rs), stopped by it at shutdown
 //!   │                        └── Critic shard × N (supervisor and host of its runs;
 //!   │                              │               one sleeper task for its timers)
 //!   │                              └── Run × many ──▶ ChatModel, Tool ports
@@ -57,10 +62,6 @@
 //!   │                                    └── a palette's sub-agent call
 //!   │                                        (host/palette.rs): a child Run on
 //!   │                                        a shard, like any run
-//!   ├── MCP hub (mcp/hub.rs) ── MCP server actors (actors/mcp.rs): one per
-//!   │   `scope: host` server, and one per run and `scope: run` server (stopped
-//!   │   when its run ends); spawned by the hub, unlinked from the HostActor,
-//!   │   and stopped by the hub when the host shuts down
 //!   └── session table (host/sessions.rs): the chat sessions open on the
 //!       host; a session's prompt is a run like any other, its model
 //!       wrapped to keep history
@@ -120,14 +121,14 @@
 //! # ports import only ports (prints nothing)
 //! grep -rnE 'crate::[a-z_]+' src/ports | grep -v '//' | grep -v 'crate::ports'
 //! # below the facade, nothing names the facade, orchestration or faces;
-//! # kernel, batteries (but mcp), observability and base name no actor.
-//! # (Prints one line: the providers' wrapper test lists the session's
-//! # model wrapper; mcp ─▶ actors is the tie left to cut.)
+//! # kernel, batteries, observability and base name no actor.
+//! # (The first prints one line: the test that lists every wrapper of the
+//! # model port, the session's among them.)
 //! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|server|soak)\b' \
 //!     src/actors src/kernel src/providers src/stores src/tools src/mcp \
 //!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
 //! grep -rnE 'crate::actors\b' src/kernel src/providers src/stores src/tools \
-//!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
+//!     src/mcp src/observability src/base | grep -vE ':[0-9]+:\s*//'
 //! ```
 
 pub(crate) mod actors;
