@@ -175,8 +175,13 @@ async fn overload_in_stream_errors_and_cut_streams_are_typed() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, ModelError::Interrupted(c) if c.kind() == "transport"),
+        matches!(&e, ModelError::Interrupted(c) if c.kind() == "incomplete_response"),
         "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("/v1/messages answered 200 OK")
+            && e.to_string().contains("3 events"),
+        "{e}"
     );
     assert!(!e.is_retryable());
 

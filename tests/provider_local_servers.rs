@@ -17,7 +17,7 @@ use agentvisor::providers::{
     RetryPolicy, Retrying, StreamMode,
 };
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunEvent, RunStatus};
-use provider_wire::vendor::{serve_vendor, Pace};
+use provider_wire::vendor::{serve_vendor, serve_vendor_with, Pace, Quirks, CONTEXT_MESSAGE};
 use provider_wire::{serve, Reply};
 use serde_json::{json, Value};
 
@@ -211,12 +211,17 @@ async fn a_server_that_refuses_response_format_gets_the_schema_in_the_prompt() {
         );
     }
     let bodies = server.bodies();
-    let with_format = bodies
+    let formats: Vec<&Value> = bodies
         .iter()
-        .filter(|b| b.get("response_format").is_some())
-        .count();
-    assert_eq!(with_format, 1, "the refusal is remembered");
-    assert_eq!(server.errors(), 1, "one 500, never retried");
+        .filter_map(|b| b.get("response_format"))
+        .map(|f| &f["type"])
+        .collect();
+    assert_eq!(
+        formats,
+        [&json!("json_schema"), &json!("json_object")],
+        "each way tried once, the refusals remembered"
+    );
+    assert_eq!(server.errors(), 2, "two 500s, never retried");
     let last = bodies.last().unwrap();
     assert!(last["messages"][0]["content"]
         .as_str()
@@ -354,7 +359,8 @@ async fn a_500_one_request_shape_always_gets_is_reported_and_does_not_open_the_c
     assert!(model.complete(plain_request()).await.is_ok());
     assert_eq!(wire.count(), 11, "bounded retries, nothing refused");
 
-    // A server that fails every request still opens the circuit.
+    // A server that fails every request — every shape — still opens the
+    // circuit.
     let dead = serve(vec![Reply::status(
         500,
         json!({"error": {"message": "boom"}}),
@@ -363,7 +369,227 @@ async fn a_500_one_request_shape_always_gets_is_reported_and_does_not_open_the_c
     let (model, breaker) = guarded(&dead.base_url, 2);
     let e = model.complete(plain_request()).await.unwrap_err();
     assert_eq!(e.kind(), "server_error");
+    assert!(breaker.admit().is_ok(), "one shape: maybe its own fault");
+    let e = model.complete(tool_turn_request()).await.unwrap_err();
+    assert_eq!(e.kind(), "server_error");
     assert_eq!(breaker.admit().map_err(|e| e.kind()), Err("circuit_open"));
+    assert_eq!(
+        dead.count(),
+        5,
+        "four tries of the first, one of the second"
+    );
+
+    // So does an endpoint that is down, whatever it is asked.
+    for status in [502, 503, 504] {
+        let down = serve(vec![Reply::status(status, json!({}))]).await;
+        let (model, breaker) = guarded(&down.base_url, 2);
+        assert!(model.complete(plain_request()).await.is_err());
+        assert_eq!(
+            breaker.admit().map_err(|e| e.kind()),
+            Err("circuit_open"),
+            "{status}"
+        );
+    }
+}
+
+/// A request with tools and `tool_choice: auto`.
+fn tools_request() -> ChatRequest {
+    let tools = vec![agentvisor::ports::model::ToolSpec {
+        name: "add".into(),
+        description: "adds".into(),
+        parameters: json!({"type": "object"}),
+    }];
+    ChatRequest::new(
+        Arc::new(vec![Message::text(Role::User, "add 2 and 3")]),
+        Arc::from(tools),
+        0,
+    )
+}
+
+#[tokio::test]
+async fn an_empty_200_to_one_request_shape_does_not_open_the_circuit_for_others() {
+    // A server that answers requests with tools with an empty 200, and the
+    // rest properly.
+    let empty = Reply::Json(200, Vec::new(), String::new());
+    let ok = Reply::ok(
+        json!({"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1}}),
+    );
+    let mut replies = vec![empty.clone(); 8];
+    replies.push(ok);
+    let wire = serve(replies).await;
+    let (model, breaker) = guarded(&wire.base_url, 2);
+    for _ in 0..2 {
+        let e = model.complete(tools_request()).await.unwrap_err();
+        assert_eq!(e.kind(), "incomplete_response");
+        // The error says where, what status, and what arrived.
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("POST {}/chat/completions", wire.base_url))
+                && text.contains("200 OK")
+                && text.contains("empty body"),
+            "{text}"
+        );
+        assert!(breaker.admit().is_ok(), "one shape's failures: {text}");
+    }
+    assert_eq!(wire.count(), 8, "retried, never refused");
+    // A plain request to the same model goes through.
+    let r = model.complete(plain_request()).await.unwrap();
+    assert_eq!(r.text, "hi");
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_tools_does_not_get_plain_runs_refused() {
+    let quirks = Quirks {
+        refuse_tools: true,
+        ..Quirks::default()
+    };
+    let server = serve_vendor_with(Pace::quick(), quirks).await;
+    let host = host().await;
+    // Two runs with tools: three tries each (retries 2), six 500s in a row,
+    // past the breaker's five.
+    for _ in 0..2 {
+        let r = host
+            .execute(hello(&server.base_url, ""), Invocation::default())
+            .await
+            .unwrap();
+        assert_eq!(r.status, RunStatus::Error, "{r:?}");
+        assert_eq!(r.error_kind.as_deref(), Some("server_error"));
+        assert!(r.error.unwrap().contains("cannot take `tools`"));
+    }
+    assert_eq!(server.errors(), 6);
+    // Another agent on the same model, without tools: not `circuit_open`.
+    let plain = AgentSpec::from_yaml(&format!(
+        "name: plain\nmodel: openai:local\nbase_url: {}\nprompt: Say hi.\n",
+        server.base_url
+    ))
+    .unwrap();
+    let r = host.execute(plain, Invocation::default()).await.unwrap();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert_eq!(
+        r.output.as_deref(),
+        Some("I would add them, but I have no tools.")
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chatml_function_calling_server_gets_tool_requests_unstreamed() {
+    let server = serve_vendor_with(Pace::quick(), Quirks::chatml_function_calling()).await;
+    let host = host().await;
+    for round in 0..2 {
+        let (r, events) = streamed(&host, hello(&server.base_url, "")).await;
+        assert_eq!(r.status, RunStatus::Ok, "round {round}: {r:?}");
+        assert_eq!(r.output.as_deref(), Some("2+3=5, DONE"));
+        assert_eq!(r.steps.len(), 2, "the tools were used");
+        // The plain replies' usage is read, not estimated.
+        assert!(!r.usage.estimated, "{:?}", r.usage);
+        assert_eq!((r.usage.input_tokens, r.usage.output_tokens), (60, 15));
+        let w = warnings(&events);
+        let fallbacks: Vec<_> = w
+            .iter()
+            .filter(|w| w.0 == "streaming_unsupported")
+            .collect();
+        assert_eq!(fallbacks.len(), 1, "round {round}: {w:?}");
+        assert!(fallbacks[0].1.contains("tool_choice: auto"), "{w:?}");
+    }
+    // One streamed try, answered with nothing; then plain, remembered.
+    let streams: Vec<bool> = server
+        .bodies()
+        .iter()
+        .map(|b| b["stream"] == true)
+        .collect();
+    assert_eq!(streams, [true, false, false, false, false, false, false]);
+    // A request of another shape (no tools) still streams.
+    let plain = AgentSpec::from_yaml(&format!(
+        "name: plain\nmodel: openai:local\nbase_url: {}\nprompt: Say hi.\n",
+        server.base_url
+    ))
+    .unwrap();
+    let (r, events) = streamed(&host, plain).await;
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, RunEvent::TextDelta { .. })));
+    assert_eq!(server.bodies().last().unwrap()["stream"], true);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn structured_output_on_llama_cpp_python_goes_as_json_object_with_the_schema() {
+    let server = serve_vendor_with(Pace::quick(), Quirks::chatml_function_calling()).await;
+    let host = host().await;
+    let spec = AgentSpec::from_yaml(&format!(
+        "name: sum\nmodel: openai:local\nbase_url: {}\nsystem: You add.\nprompt: 2+3?\n\
+         output_schema: {{ type: object, properties: {{ sum: {{ type: integer }} }}, required: [sum] }}\n",
+        server.base_url
+    ))
+    .unwrap();
+    for round in 0..2 {
+        let (r, events) = streamed(&host, spec.clone()).await;
+        assert_eq!(r.status, RunStatus::Ok, "round {round}: {r:?}");
+        assert_eq!(r.output.as_deref(), Some("{\"sum\": 5}"));
+        let w = warnings(&events);
+        assert!(
+            w.iter()
+                .any(|w| w.0 == "response_format_unsupported" && w.1.contains("json_object")),
+            "round {round}: {w:?}"
+        );
+    }
+    let bodies = server.bodies();
+    let formats: Vec<&Value> = bodies
+        .iter()
+        .map(|b| &b["response_format"]["type"])
+        .collect();
+    assert_eq!(
+        formats,
+        [
+            &json!("json_schema"),
+            &json!("json_object"),
+            &json!("json_object")
+        ],
+        "json_schema refused once, then json_object from the start"
+    );
+    assert_eq!(
+        bodies[1]["response_format"]["schema"]["required"],
+        json!(["sum"]),
+        "the schema goes with it"
+    );
+    for b in &bodies {
+        let system = b["messages"][0]["content"].as_str().unwrap();
+        assert!(
+            !system.contains("JSON Schema"),
+            "not in the prompt: {system}"
+        );
+    }
+    assert_eq!(server.errors(), 1);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_context_overflow_in_a_stream_says_what_the_server_said() {
+    let quirks = Quirks {
+        context_chars: Some(400),
+        ..Quirks::default()
+    };
+    let server = serve_vendor_with(Pace::quick(), quirks).await;
+    let host = host().await;
+    let long = "Add 2 and 3. ".repeat(50);
+    let (r, _) = streamed(&host, hello(&server.base_url, "")).await;
+    assert_eq!(r.status, RunStatus::Ok, "a short prompt fits: {r:?}");
+    let before = server.count();
+    let (handle, mut events) = host
+        .submit_streaming(hello(&server.base_url, ""), Invocation::prompt(long))
+        .await
+        .unwrap();
+    while events.next().await.is_some() {}
+    let r = handle.await;
+    assert_eq!(r.status, RunStatus::Error);
+    assert_eq!(r.error_kind.as_deref(), Some("bad_request"), "{r:?}");
+    let e = r.error.unwrap();
+    assert!(e.contains(CONTEXT_MESSAGE) && e.contains("context"), "{e}");
+    assert_eq!(server.count() - before, 1, "not retried");
+    host.shutdown().await;
 }
 
 fn text_reply(text: &str) -> Reply {
@@ -735,5 +961,117 @@ async fn attachments_reach_the_model_as_image_parts_and_text() {
         .unwrap();
     assert!(e.to_string().contains("big.txt"), "{e}");
     host.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_run_with_nothing_to_answer_is_refused_before_any_call() {
+    let wire = serve(vec![text_reply("hello")]).await;
+    let dir = std::env::temp_dir().join(format!("agentvisor-noinput-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bare = dir.join("bare.yaml");
+    std::fs::write(
+        &bare,
+        format!(
+            "name: bare\nmodel: openai:local\nbase_url: {}\n",
+            wire.base_url
+        ),
+    )
+    .unwrap();
+    let out = cli(&["run", bare.to_str().unwrap(), "--db", ":memory:"]).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--input") && err.contains("prompt:"), "{err}");
+    assert_eq!(wire.count(), 0, "nothing was sent");
+    // With an input, the same manifest runs.
+    let out = cli(&[
+        "run",
+        bare.to_str().unwrap(),
+        "--input",
+        "hi",
+        "--json",
+        "--db",
+        ":memory:",
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(wire.count(), 1);
+    // The scripted model may run without one.
+    let scripted = dir.join("scripted.yaml");
+    std::fs::write(
+        &scripted,
+        "name: s\nmodel: scripted\nscript:\n  - { text: ok }\n",
+    )
+    .unwrap();
+    let out = cli(&["run", scripted.to_str().unwrap(), "--db", ":memory:"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The library refuses it the same way, before any run exists.
+    let host = host().await;
+    let spec = AgentSpec::from_file(&bare).unwrap();
+    let e = host
+        .submit(spec, Invocation::default())
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("nothing to answer"), "{e}");
+    host.shutdown().await;
+    assert_eq!(wire.count(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_dummy_key_shorter_than_8_characters_mangles_no_message() {
+    let wire = serve(vec![Reply::status(
+        404,
+        json!({"error": {"message": "Not Found"}}),
+    )])
+    .await;
+    let dir = std::env::temp_dir().join(format!("agentvisor-dummykey-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = dir.join("hello.yaml");
+    std::fs::write(&manifest, serde_yaml_like(&wire.base_url)).unwrap();
+    let out = cli_env(
+        &[
+            "run",
+            manifest.to_str().unwrap(),
+            "--json",
+            "--db",
+            ":memory:",
+        ],
+        &[("OPENAI_API_KEY", "o")],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{stderr}"));
+    assert_eq!(v["error_kind"], "bad_request", "{v}");
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.contains("404 Not Found") && error.contains(": Not Found"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("REDACTED") && !stderr.contains("REDACTED"),
+        "{error}\n{stderr}"
+    );
+    // The key was sent all the same.
+    assert_eq!(wire.seen()[0].header("authorization"), Some("Bearer o"));
+    // One warning says the key is not redacted.
+    assert_eq!(
+        stderr.matches("shorter than 8 characters").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("OPENAI_API_KEY"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -370,20 +370,26 @@ async fn a_stream_dropped_after_text_is_interrupted_and_not_retried() {
 }
 
 #[tokio::test]
-async fn a_stream_that_just_stops_is_a_transport_error() {
-    let wire = serve(vec![Reply::Sse(vec![format!(
+async fn a_stream_that_just_stops_says_where_and_what_arrived() {
+    let piece = format!(
         "data: {}\n\n",
         json!({"choices": [{"index": 0, "delta": {"content": "Hel"}}]})
-    )])])
-    .await;
+    );
+    let wire = serve(vec![Reply::Sse(vec![piece.clone()])]).await;
     let e = model(&wire, StreamMode::Always)
         .complete(request())
         .await
         .unwrap_err();
     assert_eq!(
         e,
-        ModelError::Transport("the stream ended before the response was complete".into())
+        ModelError::Incomplete(format!(
+            "POST {}/chat/completions answered 200 OK, but the stream ended before `[DONE]` or a `finish_reason`, after {} bytes and 1 event",
+            wire.base_url,
+            piece.len()
+        ))
     );
+    assert_eq!(e.kind(), "incomplete_response");
+    assert!(e.is_retryable());
 }
 
 #[tokio::test]
@@ -598,8 +604,10 @@ async fn tool_arguments_that_are_not_json_are_a_tool_error_not_a_crash() {
 
 #[tokio::test]
 async fn an_open_circuit_rejects_new_runs_at_once() {
+    // A 503: the endpoint is down (a 500 to one request shape would be
+    // that shape's fault, see the breaker's module doc).
     let wire = serve(vec![Reply::status(
-        500,
+        503,
         json!({"error": {"message": "down"}}),
     )])
     .await;

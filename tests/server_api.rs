@@ -747,3 +747,41 @@ async fn budgets_hold_on_the_server_whatever_the_models_speed() {
     assert_eq!(code, 422, "{v}");
     assert_eq!(v["error"]["kind"], "invalid_body", "{v}");
 }
+
+#[tokio::test]
+async fn a_run_with_nothing_to_answer_on_a_real_model_is_a_400() {
+    // A real provider at an address nothing listens on: a call would end
+    // the run `transport`; the refusal comes before any.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let real = format!("name: real\nmodel: openai:local\nbase_url: {closed}\n");
+    let bare_scripted = "name: bare\nmodel: scripted\nscript:\n  - { text: ok }\n";
+    let s = start_manifests(&[&real, bare_scripted]).await;
+    let (code, v, _) = s
+        .req("POST", "/v1/runs", None, Some(json!({"agent": "real"})))
+        .await;
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["kind"], "no_input");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("prompt:") && message.contains("input"),
+        "{v}"
+    );
+    // The scripted model still runs without an input.
+    let (code, v, _) = s
+        .req(
+            "POST",
+            "/v1/runs?wait=10",
+            None,
+            Some(json!({"agent": "bare"})),
+        )
+        .await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["status"], "ok");
+}
+
+async fn start_manifests(manifests: &[&str]) -> Running {
+    let (host, store) = support::host().await;
+    support::loopback::start_with(host, store, manifests, false, ServerConfig::default()).await
+}

@@ -16,8 +16,10 @@
 //! # Matching
 //!
 //! Case-insensitively (ASCII): a key upper-cased by a server or a tool is
-//! still found. Values shorter than [`MIN_SECRET_LEN`] are not registered:
-//! redacting every `1234` would mangle answers and still protect nothing.
+//! still found. Only whole occurrences of a registered value are replaced,
+//! never a part of one. Values shorter than [`MIN_SECRET_LEN`] are not
+//! registered (one warning a process says so): redacting every `1234`, or
+//! every `o` of a dummy key, would mangle answers and protect nothing.
 //! A value split across two streamed deltas is still caught: a
 //! [`StreamRedactor`] holds back the last few characters of a stream until
 //! it knows they do not begin a secret.
@@ -52,11 +54,30 @@ static ANY: AtomicBool = AtomicBool::new(false);
 /// The registered secrets, lower-cased (ASCII).
 static SECRETS: RwLock<Vec<Box<[u8]>>> = RwLock::new(Vec::new());
 
-/// Registers a secret value (trimmed); shorter than [`MIN_SECRET_LEN`] or
-/// already known: nothing happens. Returns whether it is now known.
+/// Whether the "too short to redact" warning was given (it is given once
+/// a process).
+static WARNED_SHORT: AtomicBool = AtomicBool::new(false);
+
+/// Registers a secret value (trimmed); already known: nothing happens.
+/// Returns whether it is now known. A value shorter than
+/// [`MIN_SECRET_LEN`] is not a secret to redact (a dummy key such as `o`
+/// for a local server would turn every `o` of every message into
+/// `[REDACTED]`): it is not registered, and the first such value of the
+/// process is reported in one warning.
 pub fn register(value: &str) -> bool {
+    register_from("a secret value", value)
+}
+
+/// [`register`], naming where the value comes from (`OPENAI_API_KEY`) in
+/// the warning about a value too short to redact.
+pub fn register_from(source: &str, value: &str) -> bool {
     let value = value.trim();
     if value.len() < MIN_SECRET_LEN {
+        if !value.is_empty() && !WARNED_SHORT.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "{source} is shorter than {MIN_SECRET_LEN} characters: it is not treated as a secret and not redacted from answers, events or errors (a dummy key for a local server is fine; a real key is longer)"
+            );
+        }
         return false;
     }
     let lower: Box<[u8]> = value.to_ascii_lowercase().into_bytes().into_boxed_slice();
@@ -220,6 +241,22 @@ mod tests {
         assert_eq!(redact("sk-unit-case-000"), "sk-unit-case-000");
         let u = "ünïcödé sk-unit-case-0001ü";
         assert_eq!(redact(u), "ünïcödé [REDACTED]ü");
+    }
+
+    #[test]
+    fn only_whole_occurrences_of_keys_of_8_characters_or_more_are_redacted() {
+        // A dummy key for a local server: not a secret, nothing mangled.
+        assert!(!register("o"));
+        assert!(!register("  sk-1234 "));
+        assert!(register("unit-whole-key-31"));
+        assert_eq!(redact("Not Found: sk-1234"), "Not Found: sk-1234");
+        // Parts of a key are not the key.
+        let t = "unit-whole-key-3 and unit-whole-key-31.";
+        assert_eq!(redact(t), "unit-whole-key-3 and [REDACTED].");
+        assert!(
+            WARNED_SHORT.load(Ordering::Relaxed),
+            "the short key was reported"
+        );
     }
 
     #[test]

@@ -163,6 +163,7 @@ const LOOP_KINDS: &[&str] = &[
     "auth",
     "malformed_response",
     "transport",
+    "incomplete_response",
     "circuit_open",
 ];
 
@@ -193,6 +194,7 @@ fn model_error(kind: &str, message: &str) -> Option<ModelError> {
         "auth" => ModelError::Auth,
         "malformed_response" => ModelError::Malformed(m),
         "transport" => ModelError::Transport(m),
+        "incomplete_response" => ModelError::Incomplete(m),
         "circuit_open" => ModelError::CircuitOpen(m),
         _ => return None,
     })

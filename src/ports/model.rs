@@ -453,6 +453,13 @@ pub enum ModelError {
     /// The connection failed or dropped.
     #[error("transport error: {0}")]
     Transport(String),
+    /// The server answered 200 but its body ended before the response was
+    /// whole: an empty body, a stream with no event or without its last
+    /// word. The server is up and chose to stop, so this says more about
+    /// the request than about the endpoint (a circuit breaker weighs it as
+    /// the request's fault). Retried, as a flaky server may finish next time.
+    #[error("incomplete response: {0}")]
+    Incomplete(String),
     /// The circuit breaker for this endpoint is open.
     #[error("circuit open for {0}")]
     CircuitOpen(String),
@@ -461,6 +468,18 @@ pub enum ModelError {
     /// kind is the cause's.
     #[error("stream interrupted after content: {0}")]
     Interrupted(Box<ModelError>),
+}
+
+/// Whose fault a [`ModelError`] is ([`ModelError::blame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Blame {
+    /// The endpoint's: it is down or overloaded for every request.
+    Endpoint,
+    /// Possibly the request's: the endpoint answered this request badly.
+    Request,
+    /// No one's: the endpoint is alive and refused the request or key.
+    Nobody,
 }
 
 impl ModelError {
@@ -474,6 +493,7 @@ impl ModelError {
             ModelError::Auth => "auth",
             ModelError::Malformed(_) => "malformed_response",
             ModelError::Transport(_) => "transport",
+            ModelError::Incomplete(_) => "incomplete_response",
             ModelError::CircuitOpen(_) => "circuit_open",
             ModelError::Interrupted(cause) => cause.kind(),
         }
@@ -486,23 +506,44 @@ impl ModelError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ModelError::RateLimited { .. } | ModelError::Server { .. } | ModelError::Transport(_)
+            ModelError::RateLimited { .. }
+                | ModelError::Server { .. }
+                | ModelError::Transport(_)
+                | ModelError::Incomplete(_)
         )
     }
 
-    /// Whether this error says the endpoint is unhealthy (what a circuit
-    /// breaker counts): rate limits, quota, server and transport errors,
-    /// unreadable responses. A refused request or key says nothing about
-    /// the endpoint.
+    /// Whether this error says the endpoint itself is unhealthy, whatever
+    /// was asked of it ([`Blame::Endpoint`]).
     pub fn is_endpoint_failure(&self) -> bool {
+        self.blame() == Blame::Endpoint
+    }
+
+    /// Whose fault this error is, as a circuit breaker weighs it:
+    ///
+    /// - [`Blame::Endpoint`]: the endpoint is down or overloaded, whatever
+    ///   the request: the connection failed or timed out (`Transport`),
+    ///   a 408, 502, 503, 504 or 529, a rate limit, an exhausted quota.
+    /// - [`Blame::Request`]: the endpoint answered, and the answer may
+    ///   depend on what it was asked: any other 5xx (a 500 that chokes on
+    ///   something in the request), a 200 that ended early or empty
+    ///   (`Incomplete`), an answer that could not be read.
+    /// - [`Blame::Nobody`]: a refused request or key (the endpoint is
+    ///   alive and said why), an open circuit.
+    pub fn blame(&self) -> Blame {
         match self {
-            ModelError::RateLimited { .. }
-            | ModelError::Quota(_)
-            | ModelError::Server { .. }
-            | ModelError::Malformed(_)
-            | ModelError::Transport(_) => true,
-            ModelError::Interrupted(cause) => cause.is_endpoint_failure(),
-            ModelError::BadRequest(_) | ModelError::Auth | ModelError::CircuitOpen(_) => false,
+            ModelError::RateLimited { .. } | ModelError::Quota(_) | ModelError::Transport(_) => {
+                Blame::Endpoint
+            }
+            ModelError::Server { status, .. } => match status {
+                408 | 502 | 503 | 504 | 529 => Blame::Endpoint,
+                _ => Blame::Request,
+            },
+            ModelError::Malformed(_) | ModelError::Incomplete(_) => Blame::Request,
+            ModelError::Interrupted(cause) => cause.blame(),
+            ModelError::BadRequest(_) | ModelError::Auth | ModelError::CircuitOpen(_) => {
+                Blame::Nobody
+            }
         }
     }
 
@@ -563,6 +604,16 @@ pub trait ChatModel: Send + Sync + 'static {
     fn streams(&self) -> bool {
         false
     }
+
+    /// Whether a run on this model must bring something to answer (a
+    /// prompt, inputs or an attachment): a real provider would be sent an
+    /// empty user message, which servers refuse or choke on, so the host
+    /// refuses such a run before any call (the HTTP providers say yes; a
+    /// wrapper answers for what it wraps). Default no: the scripted model
+    /// plays its script whatever the input.
+    fn needs_input(&self) -> bool {
+        false
+    }
 }
 
 /// A decorator of a [`ChatModel`] (a retry layer, a circuit breaker, fault
@@ -610,6 +661,11 @@ pub trait ModelWrapper: Send + Sync + 'static {
     fn streams(&self) -> bool {
         self.inner().streams()
     }
+
+    /// See [`ChatModel::needs_input`]; default: the wrapped model's.
+    fn needs_input(&self) -> bool {
+        self.inner().needs_input()
+    }
 }
 
 /// Every wrapper is a model: each capability is the wrapper's answer,
@@ -655,6 +711,10 @@ impl<W: ModelWrapper> ChatModel for W {
 
     fn streams(&self) -> bool {
         ModelWrapper::streams(self)
+    }
+
+    fn needs_input(&self) -> bool {
+        ModelWrapper::needs_input(self)
     }
 }
 

@@ -3,11 +3,10 @@
 //!
 //! # States
 //!
-//! - **Closed**: calls go through; consecutive endpoint failures
-//!   ([`ModelError::is_endpoint_failure`]: 429, quota, 5xx, transport,
-//!   unreadable responses) are counted, and any answer that shows the
-//!   endpoint alive (a success, a 400, a 401) resets the count. At
-//!   `failures` in a row the circuit opens.
+//! - **Closed**: calls go through; consecutive failures of the endpoint
+//!   (see below) are counted, and any answer that shows the endpoint alive
+//!   (a success, a 400, a 401) resets the count. At `failures` in a row the
+//!   circuit opens.
 //! - **Open** for `cool_down`: calls fail at once with `CircuitOpen`, and
 //!   [`ChatModel::admit`] refuses new runs, which the host ends `rejected`
 //!   with `error_kind` `circuit_open` before any actor exists.
@@ -16,17 +15,37 @@
 //!   the circuit; its failure opens it for another cool-down; a trial that
 //!   is dropped (its run was killed) lets the next call try.
 //!
-//! # A request's fault is not the endpoint's
+//! # The endpoint's fault, not a request's
 //!
-//! A 500 that answers the same request shape (the roles and kinds of its
-//! messages, its tools, whether it asks for a schema) with the same message
-//! again, from an endpoint that has just answered other calls, is the
-//! request's fault (a server that chokes on something it was sent), not a
-//! sign the endpoint is down: the repeat is not counted. The first such 500
-//! counts; a 500 for another shape counts and stops the endpoint from
-//! passing as healthy, so a server that fails every request still opens.
+//! The circuit is the endpoint's: it opens only for failures that say the
+//! endpoint itself is down, never for a request the endpoint answers badly
+//! (one agent's request must not get every other agent on the server
+//! refused). Each failure is weighed by [`ModelError::blame`]:
 //!
-//! The state is one small mutex held for a few instructions; time is
+//! - **The endpoint's** — the connection refused, reset or timed out, a
+//!   408, 502, 503, 504 or 529, a rate limit, an exhausted quota: counted.
+//! - **Maybe the request's** — any other 5xx (a 500 that chokes on
+//!   something it was sent), a 200 whose body was empty or ended early,
+//!   an answer that could not be read: remembered by the request's
+//!   *shape* (below), and counted only once failures of two shapes or more
+//!   have come with no healthy answer in between — the endpoint fails
+//!   whatever it is asked, as a server that answers 500 to everything does.
+//!   Then every failure of that streak counts at once. One shape that
+//!   keeps failing never opens the circuit: requests of other shapes still
+//!   go through (the retry layer bounds how often the failing one is
+//!   tried).
+//! - **No one's** — a refused request or key: the endpoint is alive.
+//!
+//! A request's **shape** is what a server may choke on whatever the words
+//! say: its tools (their names) and its `tool_choice`, whether it would
+//! stream (it has a listener or an observer), whether it asks for a
+//! schema, and for each message its role, whether its text is empty, its
+//! tool calls, whether it answers one, its attachments. Two runs of one
+//! agent at the same step share a shape; a plain question and a turn that
+//! carries a tool result do not, nor do a request with tools and
+//! `tool_choice: auto` and one without tools.
+//!
+//! The state is two small mutexes held for a few instructions; time is
 //! `tokio::time`, so paused-time tests drive the cool-down. Retries sit
 //! outside the breaker (`Retrying(CircuitBreaking(provider))`): each attempt
 //! counts, and once the circuit opens the retry layer stops, as
@@ -38,7 +57,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError, ModelWrapper};
+use crate::ports::model::{
+    Blame, ChatModel, ChatRequest, ChatResponse, ModelError, ModelWrapper, ToolChoice,
+};
 
 /// When a breaker opens and for how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,14 +112,29 @@ pub struct Breaker {
     suspects: Mutex<Suspects>,
 }
 
-/// What tells a request's fault from the endpoint's (see the module doc).
+/// The failures that may be requests' faults, since the last healthy
+/// answer (see the module doc).
 #[derive(Debug, Default)]
 struct Suspects {
-    /// The shape and message of the last 500.
-    last: Option<u64>,
-    /// A call succeeded since a 500 of another shape.
-    healthy: bool,
+    /// The distinct shapes that failed (a few are enough to tell).
+    shapes: Vec<u64>,
+    /// How many such failures.
+    failures: u32,
 }
+
+/// How a call ended, as the breaker counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The endpoint answered (a success, a refusal).
+    Healthy,
+    /// The endpoint failed.
+    EndpointFailure,
+    /// A failure that may be this shape's fault.
+    RequestFailure(u64),
+}
+
+/// How many distinct failing shapes a streak remembers.
+const SHAPES_KEPT: usize = 4;
 
 impl Breaker {
     /// A closed breaker; `label` names the circuit in errors (never a URL
@@ -116,17 +152,30 @@ impl Breaker {
         self.suspects.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a 500 with this shape-and-message `key` is a repeat of the
-    /// last one from an endpoint that answers other calls (then it is not
-    /// counted); remembers it either way.
-    fn request_fault(&self, key: u64) -> bool {
+    /// How many endpoint failures `outcome` adds: 0 for a healthy answer or
+    /// a failure of one shape only; for a request failure that makes the
+    /// streak span two shapes, the whole streak.
+    fn weigh(&self, outcome: Outcome) -> u32 {
         let mut s = self.suspects();
-        let repeat = s.last == Some(key) && s.healthy;
-        if s.last != Some(key) && s.last.is_some() {
-            s.healthy = false;
+        match outcome {
+            Outcome::Healthy => {
+                *s = Suspects::default();
+                0
+            }
+            Outcome::EndpointFailure => 1,
+            Outcome::RequestFailure(shape) => {
+                let before = s.shapes.len();
+                if !s.shapes.contains(&shape) && s.shapes.len() < SHAPES_KEPT {
+                    s.shapes.push(shape);
+                }
+                s.failures = s.failures.saturating_add(1);
+                match (before, s.shapes.len()) {
+                    (_, 0 | 1) => 0,
+                    (1, 2) => s.failures,
+                    _ => 1,
+                }
+            }
         }
-        s.last = Some(key);
-        repeat
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -174,16 +223,18 @@ impl Breaker {
         })
     }
 
-    fn settle(&self, trial: bool, healthy: bool) {
+    /// Records how a call ended: `failures` endpoint failures (see
+    /// [`weigh`](Self::weigh)); 0 is a healthy answer.
+    fn settle(&self, trial: bool, failures: u32) {
         let mut s = self.lock();
         let open = State::Open {
             until: Instant::now() + self.policy.cool_down,
         };
-        *s = match (*s, healthy) {
-            (_, true) if trial => State::Closed { failures: 0 },
-            (State::Closed { .. }, true) => State::Closed { failures: 0 },
-            (State::Closed { failures }, false) => {
-                let failures = failures + 1;
+        *s = match (*s, failures) {
+            (_, 0) if trial => State::Closed { failures: 0 },
+            (State::Closed { .. }, 0) => State::Closed { failures: 0 },
+            (State::Closed { failures: before }, more) => {
+                let failures = before.saturating_add(more);
                 if failures >= self.policy.failures.max(1) {
                     tracing::warn!(circuit = %self.label, failures, "circuit opened");
                     open
@@ -191,7 +242,7 @@ impl Breaker {
                     State::Closed { failures }
                 }
             }
-            (State::HalfOpen, false) if trial => {
+            (State::HalfOpen, _) if trial => {
                 tracing::warn!(circuit = %self.label, "trial failed; circuit open again");
                 open
             }
@@ -216,24 +267,26 @@ struct Permit {
 }
 
 impl Permit {
-    fn settle(mut self, healthy: bool) {
+    /// Records the call's outcome.
+    fn settle(mut self, outcome: Outcome) {
         self.settled = true;
-        self.breaker.settle(self.trial, healthy);
-    }
-
-    /// The call failed for its own reasons: no failure is counted (a
-    /// trial's endpoint answered, so the circuit closes).
-    fn settle_neutral(mut self) {
-        self.settled = true;
-        if self.trial {
-            self.breaker.settle(true, true);
+        let failures = self.breaker.weigh(outcome);
+        match outcome {
+            // A failure of one shape only: no failure is counted, and a
+            // trial's endpoint answered, so the circuit closes.
+            Outcome::RequestFailure(_) if failures == 0 => {
+                if self.trial {
+                    self.breaker.settle(true, 0);
+                }
+            }
+            Outcome::Healthy => self.breaker.settle(self.trial, 0),
+            _ => self.breaker.settle(self.trial, failures.max(1)),
         }
     }
 }
 
-/// A hash of what a request is made of, not what it says: each message's
-/// role, whether its text is empty, its tool calls and attachments; the
-/// tools offered; whether a schema is asked for.
+/// A hash of what a request is made of, not what it says (its shape, see
+/// the module doc).
 fn shape_of(request: &ChatRequest) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -247,6 +300,15 @@ fn shape_of(request: &ChatRequest) -> u64 {
     for t in request.tools.iter() {
         t.name.hash(&mut h);
     }
+    if !request.tools.is_empty() {
+        match request.tool_choice() {
+            ToolChoice::Auto => 0u8.hash(&mut h),
+            ToolChoice::Required => 1u8.hash(&mut h),
+            ToolChoice::None => 2u8.hash(&mut h),
+            ToolChoice::Tool(name) => name.hash(&mut h),
+        }
+    }
+    (request.on_delta.is_some() || request.observer.is_some()).hash(&mut h);
     request.response_schema.is_some().hash(&mut h);
     h.finish()
 }
@@ -298,28 +360,18 @@ impl ModelWrapper for CircuitBreaking {
         let permit = self.breaker.enter()?;
         let shape = shape_of(&request);
         let result = self.inner.complete(request).await;
-        match &result {
-            Ok(_) => {
-                self.breaker.suspects().healthy = true;
-                permit.settle(true);
-            }
-            Err(ModelError::Server {
-                status: 500,
-                message,
-            }) => {
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                shape.hash(&mut h);
-                message.hash(&mut h);
-                if self.breaker.request_fault(h.finish()) {
-                    tracing::debug!(circuit = %self.breaker.label, "a repeated 500 for one request shape is not counted");
-                    permit.settle_neutral();
-                } else {
-                    permit.settle(false);
-                }
-            }
-            Err(e) => permit.settle(!e.is_endpoint_failure()),
+        let outcome = match &result {
+            Ok(_) => Outcome::Healthy,
+            Err(e) => match e.blame() {
+                Blame::Endpoint => Outcome::EndpointFailure,
+                Blame::Request => Outcome::RequestFailure(shape),
+                _ => Outcome::Healthy,
+            },
+        };
+        if let Outcome::RequestFailure(_) = outcome {
+            tracing::debug!(circuit = %self.breaker.label, "a failure that may be the request's: counted against the endpoint only once other shapes fail too");
         }
+        permit.settle(outcome);
         result
     }
 }
@@ -330,7 +382,7 @@ mod tests {
 
     fn fail(b: &Arc<Breaker>) {
         if let Ok(p) = b.enter() {
-            p.settle(false);
+            p.settle(Outcome::EndpointFailure);
         }
     }
 
@@ -345,7 +397,7 @@ mod tests {
         ));
         fail(&b);
         fail(&b);
-        b.enter().map(|p| p.settle(true)).ok();
+        b.enter().map(|p| p.settle(Outcome::Healthy)).ok();
         fail(&b);
         fail(&b);
         assert_eq!(
@@ -367,13 +419,55 @@ mod tests {
         let trial = b.enter().ok();
         assert!(trial.is_some(), "a dropped trial hands over");
         if let Some(t) = trial {
-            t.settle(false);
+            t.settle(Outcome::EndpointFailure);
         }
         assert_eq!(b.state(), CircuitState::Open);
         tokio::time::advance(Duration::from_secs(10)).await;
         if let Ok(t) = b.enter() {
-            t.settle(true);
+            t.settle(Outcome::Healthy);
         }
         assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_failing_shape_never_opens_and_two_do() {
+        let b = Arc::new(Breaker::new(
+            "m",
+            BreakerPolicy {
+                failures: 3,
+                cool_down: Duration::from_secs(10),
+            },
+        ));
+        let settle = |o: Outcome| {
+            if let Ok(p) = b.enter() {
+                p.settle(o);
+            }
+        };
+        for _ in 0..10 {
+            settle(Outcome::RequestFailure(1));
+        }
+        assert_eq!(b.state(), CircuitState::Closed, "one shape: its own fault");
+        // A second shape failing too: the streak (11 failures) is the
+        // endpoint's.
+        settle(Outcome::RequestFailure(2));
+        assert_eq!(b.state(), CircuitState::Open);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // The trial fails on one of the streak's shapes: open again.
+        settle(Outcome::RequestFailure(1));
+        assert_eq!(b.state(), CircuitState::Open);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        settle(Outcome::Healthy);
+        assert_eq!(b.state(), CircuitState::Closed);
+        // A healthy answer ends the streak: one shape again is its own.
+        for _ in 0..5 {
+            settle(Outcome::RequestFailure(2));
+        }
+        assert_eq!(b.state(), CircuitState::Closed);
+        settle(Outcome::Healthy);
+        settle(Outcome::RequestFailure(1));
+        settle(Outcome::RequestFailure(2));
+        assert_eq!(b.state(), CircuitState::Closed, "two failures, policy 3");
+        settle(Outcome::RequestFailure(3));
+        assert_eq!(b.state(), CircuitState::Open);
     }
 }

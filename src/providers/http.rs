@@ -7,11 +7,13 @@
 //! | answer | error |
 //! |---|---|
 //! | 429, or 400/403 whose body speaks of quota, billing or credit | `Quota` when the body says so, else `RateLimited` (with `retry-after-ms` or `retry-after`) |
+//! | 400/413/500, or an error in a stream, that says the request exceeds the model's context | `BadRequest` with the server's message |
 //! | 408, 409, 5xx, 529 | `Server` |
 //! | 401, 403 | `Auth` (no message: servers echo keys there) |
 //! | other 4xx (400, 404, 413, 422 …) | `BadRequest` (a 404 names the URL called) |
 //! | a body we cannot parse | `Malformed` |
 //! | connect failure, reset, a body cut off | `Transport` |
+//! | a 200 whose body is empty or ends before the answer is whole | `Incomplete` |
 //!
 //! # Secrets
 //!
@@ -49,7 +51,9 @@ pub struct Secret(String);
 impl Secret {
     /// Wraps a key. An empty or blank key is no key (`None`). The key is
     /// registered as a secret ([`crate::secrets::register`]): wherever it
-    /// comes back — in an answer, a tool result, an error — it is redacted.
+    /// comes back — in an answer, a tool result, an error — it is redacted
+    /// (unless it is shorter than [`crate::secrets::MIN_SECRET_LEN`], a
+    /// dummy key: then it is sent, never printed, and not redacted).
     pub fn new(key: impl Into<String>) -> Option<Secret> {
         let key = key.into();
         let trimmed = key.trim();
@@ -125,14 +129,13 @@ fn tls_config() -> Option<rustls::ClientConfig> {
 
 /// Replaces the key and anything shaped like an API key with `[redacted]`,
 /// then caps the text.
-pub(crate) fn scrub(text: &str, secret: Option<&Secret>) -> String {
-    let mut s = crate::secrets::redact(text).into_owned();
-    if let Some(k) = secret {
-        // A key too short to register is still this call's key.
-        if !k.0.is_empty() && s.contains(k.0.as_str()) {
-            s = s.replace(k.0.as_str(), crate::secrets::REDACTED);
-        }
-    }
+///
+/// The call's key needs no handling of its own: it was registered when it
+/// was wrapped ([`Secret::new`]), and a key too short to register is no
+/// secret to redact (replacing every `o` of a dummy key `o` would turn
+/// "Not Found" into "N[REDACTED]t F[REDACTED]und").
+pub(crate) fn scrub(text: &str, _secret: Option<&Secret>) -> String {
+    let s = crate::secrets::redact(text).into_owned();
     let mut out = String::with_capacity(s.len().min(MESSAGE_BYTES + 16));
     let mut redact_next = false;
     for (i, word) in s.split(' ').enumerate() {
@@ -257,6 +260,38 @@ fn says_quota(message: &str, kind: &str) -> bool {
     .any(|m| t.contains(m))
 }
 
+/// Whether an error says the request does not fit the model's context
+/// (OpenAI's `context_length_exceeded`, llama.cpp's
+/// `exceed_context_size_error`, llama-cpp-python's "exceed context
+/// window"): the request's fault, never retried.
+fn says_context_overflow(message: &str, kind: &str) -> bool {
+    let t = format!("{kind} {message}").to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "exceed_context",
+        "context size",
+        "context length",
+        "context window",
+    ]
+    .iter()
+    .any(|m| t.contains(m))
+}
+
+/// How a context overflow's error begins.
+const CONTEXT_OVERFLOW: &str = "the request does not fit the model's context";
+
+/// The error for a request that does not fit the model's context: the
+/// server's own message.
+fn context_overflow(message: String) -> ModelError {
+    ModelError::BadRequest(format!("{CONTEXT_OVERFLOW}; the server said: {message}"))
+}
+
+/// Whether `e` says the request does not fit the model's context (then
+/// it refuses the request's size, not any of its options).
+pub(crate) fn is_context_overflow(e: &ModelError) -> bool {
+    matches!(e, ModelError::BadRequest(m) if m.starts_with(CONTEXT_OVERFLOW))
+}
+
 /// The typed error for a non-success HTTP answer (see the module doc).
 /// `endpoint` (see [`endpoint`]) is named in a 404.
 pub(crate) fn status_error(
@@ -273,6 +308,7 @@ pub(crate) fn status_error(
             "404 Not Found from POST {endpoint}: {message} (is the base URL right? see `base_url`)"
         )),
         429 | 400 | 403 if says_quota(&message, &kind) => ModelError::Quota(message),
+        400 | 413 | 500 if says_context_overflow(&message, &kind) => context_overflow(message),
         429 => ModelError::RateLimited {
             retry_after: retry_after(headers),
         },
@@ -291,6 +327,8 @@ pub(crate) fn stream_error(data: &[u8], secret: Option<&Secret>) -> ModelError {
     let k = kind.to_ascii_lowercase();
     if says_quota(&message, &kind) {
         ModelError::Quota(message)
+    } else if says_context_overflow(&message, &kind) {
+        context_overflow(message)
     } else if k.contains("rate_limit") {
         ModelError::RateLimited { retry_after: None }
     } else if k.contains("overloaded") {
@@ -508,5 +546,29 @@ mod tests {
         assert_eq!(format!("{key:?}"), "Secret([redacted])");
         assert!(Secret::new("  ").is_none());
         assert!(scrub(&"x".repeat(5000), None).len() < 400);
+    }
+
+    #[test]
+    fn a_dummy_key_shorter_than_8_characters_mangles_nothing() {
+        for dummy in ["o", "N", "sk-1234"] {
+            let key = Secret::new(dummy).unwrap();
+            let h = HeaderMap::new();
+            let e = status_error(
+                404,
+                &h,
+                br#"{"error":"Not Found"}"#,
+                Some(&key),
+                "http://h/v1/x",
+            );
+            assert_eq!(
+                e.to_string(),
+                "bad request: 404 Not Found from POST http://h/v1/x: Not Found (is the base URL right? see `base_url`)",
+                "{dummy}"
+            );
+            assert_eq!(
+                scrub("Not Found, sk-1234 or o", Some(&key)),
+                "Not Found, sk-1234 or o"
+            );
+        }
     }
 }

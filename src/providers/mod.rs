@@ -235,7 +235,7 @@ impl ModelResolver {
     pub fn new(config: ProviderConfig) -> Self {
         for name in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"] {
             if let Some(key) = config.var(name) {
-                crate::secrets::register(&key);
+                crate::secrets::register_from(name, &key);
             }
         }
         ModelResolver {
@@ -567,6 +567,10 @@ mod tests {
         fn streams(&self) -> bool {
             self.on
         }
+
+        fn needs_input(&self) -> bool {
+            self.on
+        }
     }
 
     /// Every wrapper of a model, around `inner`, with its name.
@@ -606,6 +610,7 @@ mod tests {
                 assert_eq!(m.price_id(), inner.price_id(), "{wrapper}: price_id");
                 assert_eq!(m.answers_at_once(), on, "{wrapper}: answers_at_once");
                 assert_eq!(m.streams(), on, "{wrapper}: streams");
+                assert_eq!(m.needs_input(), on, "{wrapper}: needs_input");
                 // The retry layer reports its retries whatever it wraps.
                 let retries = on || wrapper == "retry";
                 assert_eq!(m.reports_retries(), retries, "{wrapper}: reports_retries");

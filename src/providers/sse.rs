@@ -8,7 +8,9 @@
 //! `stream` feature and its dependencies.
 //!
 //! Lines end with `\n`, `\r\n` or `\r`; `:` lines are comments; several
-//! `data:` lines join with `\n`; `id:` and `retry:` are ignored. A block
+//! `data:` lines join with `\n`; an `error:` line (llama.cpp's server
+//! sends its errors so, a context overflow among them) is an `error` event
+//! with that line as its data; `id:` and `retry:` are ignored. A block
 //! still open when the body ends is dropped, as the specification says (the
 //! providers then see a stream that ended early).
 
@@ -39,24 +41,64 @@ pub(crate) trait StreamFold: Default {
     fn into_response(self, request: &ChatRequest) -> ChatResponse;
 }
 
+/// What a streamed response brought before it ended (for error messages,
+/// and for the provider that falls back from a stream with no event).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StreamStats {
+    /// Body bytes received.
+    pub(crate) bytes: usize,
+    /// Events parsed.
+    pub(crate) events: usize,
+    /// The body's first bytes, while no event has come (to show what a
+    /// server sent instead of events).
+    head: Vec<u8>,
+}
+
+/// How many of a body's first bytes an error shows when no event came.
+const HEAD_BYTES: usize = 200;
+
+impl StreamStats {
+    /// `12 bytes and 1 event`.
+    fn counts(&self) -> String {
+        let n = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        format!("{} and {}", n(self.bytes, "byte"), n(self.events, "event"))
+    }
+
+    /// `, the body starts: …` (scrubbed) for a body with bytes but no event.
+    fn head_note(&self, secret: Option<&Secret>) -> String {
+        if self.events > 0 || self.head.is_empty() {
+            return String::new();
+        }
+        let head = String::from_utf8_lossy(&self.head);
+        format!("; the body starts: {}", http::scrub(head.trim(), secret))
+    }
+}
+
 /// Reads a streamed response to its end, folding its events into `S`.
 /// A chunk is a sign of life for the request's observer (a heartbeat, and
 /// the end of the wait for the first token) only when an event in it
 /// carried content ([`StreamFold::apply`]): keep-alives — `:` comments, an
 /// empty delta, Anthropic's `ping` — are not, so a server that holds a
 /// request open with them and says nothing stalls the run as silence
-/// would. A body that ends before the answer is whole fails
-/// with `Transport(cut)`; any failure after text reached the listener is
-/// `Interrupted` (the listener has seen a part that will not be kept).
+/// would. A body that ends before the answer is whole (`last_word` names
+/// what was missing) fails with `Incomplete`; a connection that fails
+/// mid-body, with `Transport`; both name `endpoint`, the status, and the
+/// bytes and events that arrived (and, when no event did, the start of
+/// the body: a server's error in a format we do not read). Any failure
+/// after text reached the listener is `Interrupted` (the listener has seen
+/// a part that will not be kept). `stats` holds what arrived.
 pub(crate) async fn read_stream<S: StreamFold>(
     resp: &mut reqwest::Response,
     request: &ChatRequest,
     secret: Option<&Secret>,
-    cut: &str,
+    endpoint: &str,
+    last_word: &str,
+    stats: &mut StreamStats,
 ) -> Result<ChatResponse, ModelError> {
     let mut parser = SseParser::default();
     let mut events = Vec::new();
     let mut st = S::default();
+    let status = resp.status();
     let fail = |st: &S, e: ModelError| {
         if st.delivered() {
             ModelError::Interrupted(Box::new(e))
@@ -68,9 +110,28 @@ pub(crate) async fn read_stream<S: StreamFold>(
         let chunk = match resp.chunk().await {
             Ok(Some(c)) => c,
             Ok(None) => break,
-            Err(e) => return Err(fail(&st, http::transport(e, secret))),
+            Err(e) => {
+                let cause = match http::transport(e, secret) {
+                    ModelError::Transport(t) => t,
+                    other => other.to_string(),
+                };
+                let e = ModelError::Transport(format!(
+                    "POST {endpoint} answered {status}, then the connection failed after {}{}: {cause}",
+                    stats.counts(),
+                    stats.head_note(secret),
+                ));
+                return Err(fail(&st, e));
+            }
         };
+        stats.bytes += chunk.len();
+        if stats.events == 0 && stats.head.len() < HEAD_BYTES {
+            let room = HEAD_BYTES - stats.head.len();
+            stats
+                .head
+                .extend_from_slice(&chunk[..chunk.len().min(room)]);
+        }
         parser.feed(&chunk, &mut events);
+        stats.events += events.len();
         let mut content = false;
         for ev in events.drain(..) {
             match st.apply(&ev, request, secret) {
@@ -88,7 +149,12 @@ pub(crate) async fn read_stream<S: StreamFold>(
     if st.whole_at_end() {
         return Ok(st.into_response(request));
     }
-    Err(fail(&st, ModelError::Transport(cut.into())))
+    let e = ModelError::Incomplete(format!(
+        "POST {endpoint} answered {status}, but the stream ended before {last_word}, after {}{}",
+        stats.counts(),
+        stats.head_note(secret),
+    ));
+    Err(fail(&st, e))
 }
 
 /// One event.
@@ -159,6 +225,13 @@ impl SseParser {
         };
         match field {
             "event" => self.event = value.to_string(),
+            // Not in the specification: llama.cpp's server writes an error
+            // in a stream as `error: {json}`.
+            "error" => {
+                self.event = "error".to_string();
+                self.data = value.to_string();
+                self.has_data = true;
+            }
             "data" => {
                 if self.has_data {
                     self.data.push('\n');
@@ -199,6 +272,15 @@ mod tests {
         }
         let bytewise: Vec<&[u8]> = text.chunks(1).collect();
         assert_eq!(parse(&bytewise), whole);
+    }
+
+    #[test]
+    fn an_error_line_is_an_error_event() {
+        let text = b"error: {\"code\":400,\"message\":\"too long\"}\n\n";
+        let events = parse(&[text]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].event, "error");
+        assert_eq!(events[0].data, "{\"code\":400,\"message\":\"too long\"}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use super::auth::Caller;
 use super::body::{JsonAnswer, JsonBody};
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
+use crate::host::SubmitError;
 use crate::ports::audit::AuditEntry;
 use crate::{Agent, AgentSpec, Invocation, RunId, RunRef, RunResult, RunStatus};
 
@@ -128,6 +129,7 @@ fn wait_of(q: &WaitQuery) -> Result<Duration, ApiError> {
     params(WaitQuery, ("Idempotency-Key" = Option<String>, Header, description = "Same as `idempotency_key`.")),
     responses(
         (status = 201, description = "The run (its result if it ended within `wait`)", body = RunView),
+        (status = 400, description = "Nothing to answer: no `input`, no `inputs` and no `prompt:` in the manifest, on a real model", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, description = "Inline manifest from a non-admin", body = ErrorBody),
         (status = 404, description = "Unknown agent", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody),
@@ -250,11 +252,12 @@ async fn start(
         budget_tokens: body.budget_tokens,
         ..Default::default()
     };
-    let handle = st
-        .host
-        .submit(&agent, inv)
-        .await
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let handle = st.host.submit(&agent, inv).await.map_err(|e| match e {
+        SubmitError::NoInput { .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, "no_input", e.to_string())
+        }
+        e => ApiError::invalid(e.to_string()),
+    })?;
     let run = handle.run_ref();
     handle.detach();
     if run.is_finished() {

@@ -53,6 +53,7 @@ fn session_error(e: SessionError) -> ApiError {
         SessionError::Manifest { .. } => StatusCode::CONFLICT,
         SessionError::NotFound(_) => return not_found_message(message),
         SessionError::InvalidId { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        SessionError::Submit(crate::host::SubmitError::NoInput { .. }) => StatusCode::BAD_REQUEST,
         SessionError::Submit(_) => StatusCode::UNPROCESSABLE_ENTITY,
         SessionError::Store(_) => return ApiError::store(message),
     };

@@ -11,6 +11,15 @@
 //! - **500 on `response_format`**;
 //! - **slow**: a delay before the first token and between streamed pieces.
 //!
+//! [`Quirks`] add what other setups do: llama-cpp-python's
+//! `chatml-function-calling` format (an empty 200 to a streamed request
+//! with tools and `tool_choice` `auto` or `required`; `response_format:
+//! {type: json_object, schema}` constrained by a grammar; usage in plain
+//! replies), a server that refuses every request with tools (a 500 that
+//! names them), and a small context (llama.cpp's server answers a streamed
+//! request that does not fit with a 200 and an `error:` line, a plain one
+//! with a 400).
+//!
 //! The "model" plays the hello agent from the transcript it is sent (no
 //! state between requests): no tool result yet → `add(2, 3)`; one →
 //! `upper("done")`; two → `2+3=5, DONE`. Asked for a JSON schema in the
@@ -45,6 +54,43 @@ impl Pace {
         }
     }
 }
+
+/// What the fake does besides the defaults (see the module doc).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Quirks {
+    /// A streamed request with tools and `tool_choice` `auto` or
+    /// `required` gets a 200 `text/event-stream` with an empty body
+    /// (llama-cpp-python's log: "Automatic streaming tool choice is not
+    /// supported").
+    pub(crate) empty_streamed_tool_choice: bool,
+    /// `response_format: {type: json_object, schema}` is taken (the answer
+    /// follows the schema); `json_schema` is still refused.
+    pub(crate) json_object_schema: bool,
+    /// Plain (non-streamed) replies report usage: 20 prompt tokens, 5
+    /// completion tokens.
+    pub(crate) plain_usage: bool,
+    /// Every request with tools gets a 500 that names them.
+    pub(crate) refuse_tools: bool,
+    /// A request whose messages hold more characters than this does not fit
+    /// the context.
+    pub(crate) context_chars: Option<usize>,
+}
+
+impl Quirks {
+    /// llama-cpp-python with `--chat_format chatml-function-calling`.
+    pub(crate) fn chatml_function_calling() -> Quirks {
+        Quirks {
+            empty_streamed_tool_choice: true,
+            json_object_schema: true,
+            plain_usage: true,
+            ..Quirks::default()
+        }
+    }
+}
+
+/// What llama.cpp's server says when a request does not fit.
+pub(crate) const CONTEXT_MESSAGE: &str =
+    "the request exceeds the available context size, try increasing it";
 
 /// What the fake saw.
 #[derive(Default)]
@@ -93,11 +139,17 @@ impl Drop for Vendor {
 
 /// Starts the fake.
 pub(crate) async fn serve_vendor(pace: Pace) -> Vendor {
+    serve_vendor_with(pace, Quirks::default()).await
+}
+
+/// Starts the fake with `quirks`.
+pub(crate) async fn serve_vendor_with(pace: Pace, quirks: Quirks) -> Vendor {
     let log = Arc::new(Log::default());
     let slot = Arc::new(tokio::sync::Mutex::new(()));
     let l = log.clone();
     let handler = move |body: String| {
         let (log, slot) = (l.clone(), slot.clone());
+        let quirks = quirks;
         async move {
             let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
             log.bodies.lock().unwrap().push(body.clone());
@@ -111,7 +163,47 @@ pub(crate) async fn serve_vendor(pace: Pace) -> Vendor {
                     drop(guard);
                 }
             };
-            if let Some(why) = refusal(&body) {
+            let streamed = body["stream"] == true;
+            if let Some(limit) = quirks.context_chars {
+                let chars: usize = body["messages"]
+                    .as_array()
+                    .map(|m| m.iter().map(|m| m["content"].to_string().len()).sum())
+                    .unwrap_or(0);
+                if chars > limit {
+                    tokio::time::sleep(pace.first).await;
+                    done();
+                    let error = json!({"code": 400, "message": CONTEXT_MESSAGE, "type": "exceed_context_size_error"});
+                    return if streamed {
+                        Response::builder()
+                            .status(200)
+                            .header("content-type", "text/event-stream")
+                            .body(Body::from(format!("error: {error}\n\n")))
+                            .unwrap()
+                    } else {
+                        Response::builder()
+                            .status(400)
+                            .header("content-type", "application/json")
+                            .body(Body::from(json!({ "error": error }).to_string()))
+                            .unwrap()
+                    };
+                }
+            }
+            let tool_choice = body.get("tool_choice").cloned().unwrap_or(Value::Null);
+            let has_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+            if quirks.empty_streamed_tool_choice
+                && streamed
+                && has_tools
+                && (tool_choice == "auto" || tool_choice == "required")
+            {
+                tokio::time::sleep(pace.first).await;
+                done();
+                return Response::builder()
+                    .status(200)
+                    .header("content-type", "text/event-stream")
+                    .body(Body::empty())
+                    .unwrap();
+            }
+            if let Some(why) = refusal(&body, &quirks) {
                 tokio::time::sleep(pace.first).await;
                 log.errors.fetch_add(1, Ordering::SeqCst);
                 done();
@@ -125,15 +217,20 @@ pub(crate) async fn serve_vendor(pace: Pace) -> Vendor {
                     .unwrap();
             }
             let answer = answer(&body);
-            if body["stream"] == true {
+            if streamed {
                 stream(answer, pace, done)
             } else {
                 tokio::time::sleep(pace.first).await;
                 done();
+                let mut reply = plain(&answer);
+                if quirks.plain_usage {
+                    reply["usage"] =
+                        json!({"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25});
+                }
                 Response::builder()
                     .status(200)
                     .header("content-type", "application/json")
-                    .body(Body::from(plain(&answer).to_string()))
+                    .body(Body::from(reply.to_string()))
                     .unwrap()
             }
         }
@@ -152,9 +249,18 @@ pub(crate) async fn serve_vendor(pace: Pace) -> Vendor {
 }
 
 /// Why the server chokes on a request (its 500 message), if it does.
-fn refusal(body: &Value) -> Option<String> {
-    if body.get("response_format").is_some() {
-        return Some("Unrecognized response_format type: json_schema".into());
+fn refusal(body: &Value, quirks: &Quirks) -> Option<String> {
+    if let Some(format) = body.get("response_format") {
+        let grammar = format["type"] == "json_object" && format.get("schema").is_some();
+        if !(quirks.json_object_schema && grammar) {
+            return Some(format!(
+                "Unrecognized response_format type: {}",
+                format["type"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    if quirks.refuse_tools && body["tools"].as_array().is_some_and(|t| !t.is_empty()) {
+        return Some("this chat format cannot take `tools`".into());
     }
     let messages = body["messages"].as_array()?;
     for m in messages {
@@ -183,7 +289,8 @@ fn answer(body: &Value) -> Answer {
         .filter(|m| m["role"] == "system")
         .filter_map(|m| m["content"].as_str())
         .collect::<String>();
-    if system.contains("JSON Schema") {
+    // Asked in the prompt, or constrained by a grammar.
+    if system.contains("JSON Schema") || body["response_format"]["type"] == "json_object" {
         return Answer::Text("{\"sum\": 5}".into());
     }
     // Without `tool_choice` the server's chat template leaves the tools out.

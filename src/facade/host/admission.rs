@@ -141,6 +141,28 @@ pub(super) fn check_invocation(inv: &Invocation) -> Result<(), SubmitError> {
     Ok(())
 }
 
+/// Checks an invocation against the agent it runs: the manifest's
+/// `{{inputs.NAME}}` are all given, and a model that needs something to
+/// answer ([`ChatModel::needs_input`]: the HTTP providers) gets it — a
+/// prompt (the invocation's or the manifest's), inputs or an attachment.
+///
+/// [`ChatModel::needs_input`]: crate::ports::model::ChatModel::needs_input
+pub(super) fn check_submission(agent: &Agent, inv: &Invocation) -> Result<(), SubmitError> {
+    let spec = agent.spec();
+    spec.check_inputs(&inv.inputs)?;
+    let prompt = |p: &str| !p.trim().is_empty();
+    let has_input = prompt(&inv.prompt)
+        || spec.prompt.as_deref().is_some_and(prompt)
+        || !inv.inputs.is_empty()
+        || !inv.attachments.is_empty();
+    if !has_input && agent.model().needs_input() {
+        return Err(SubmitError::NoInput {
+            agent: spec.name.clone(),
+        });
+    }
+    Ok(())
+}
+
 impl Host {
     /// Admits and starts a run: a new one, or (`resumed`) a durable run
     /// from its checkpoint. Synchronous unless admission must wait — for a

@@ -50,7 +50,7 @@ pub use recovery::{
     decide_on_record, ParkedRuns, RecordDecisionError, RecoverError, Recovery, MAX_RESUMES,
 };
 
-use admission::check_invocation;
+use admission::{check_invocation, check_submission};
 
 /// Why a run could not be submitted (a caller error; nothing ran).
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +85,14 @@ pub enum SubmitError {
     /// The invocation's `budget_tokens` is 0 (a run needs at least one).
     #[error("`budget_tokens` must be at least 1")]
     ZeroBudget,
+    /// The run would send a real provider nothing to answer: the manifest
+    /// has no `prompt:` and the invocation brings no input, inputs or
+    /// attachment.
+    #[error("agent `{agent}` has nothing to answer: its manifest has no `prompt:` and no input was given (pass `--input TEXT` on the command line, `input` or `inputs` to the API, or give the manifest a `prompt:`)")]
+    NoInput {
+        /// The agent's name.
+        agent: String,
+    },
 }
 
 pub(crate) struct HostInner {
@@ -360,9 +368,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<RunHandle, SubmitError> {
-        check_invocation(&invocation)?;
-        let agent = self.resolve_async(agent.into()).await?;
-        agent.spec().check_inputs(&invocation.inputs)?;
+        let agent = self.admissible(agent.into(), &invocation).await?;
         Ok(self
             .start(agent, invocation, false, None)
             .await_started()
@@ -376,9 +382,7 @@ impl Host {
         agent: impl Into<AgentSource>,
         invocation: Invocation,
     ) -> Result<(RunHandle, RunEvents), SubmitError> {
-        check_invocation(&invocation)?;
-        let agent = self.resolve_async(agent.into()).await?;
-        agent.spec().check_inputs(&invocation.inputs)?;
+        let agent = self.admissible(agent.into(), &invocation).await?;
         let (handle, events) = self
             .start(agent, invocation, true, None)
             .await_started()
@@ -393,6 +397,22 @@ impl Host {
         invocation: Invocation,
     ) -> Result<crate::RunResult, SubmitError> {
         Ok(self.submit(agent, invocation).await?.await)
+    }
+
+    /// The agent of a submission, once the submission is checked: every
+    /// way to submit a run (the library, the CLI, the server, sessions,
+    /// pipelines, sub-agents) comes through here, so a run refused as a
+    /// caller error is refused the same way everywhere (see
+    /// [`check_submission`]).
+    async fn admissible(
+        &self,
+        source: AgentSource,
+        invocation: &Invocation,
+    ) -> Result<Agent, SubmitError> {
+        check_invocation(invocation)?;
+        let agent = self.resolve_async(source).await?;
+        check_submission(&agent, invocation)?;
+        Ok(agent)
     }
 
     /// The agent of a submission: a manifest with MCP servers is prepared

@@ -29,8 +29,9 @@
 //! closing `message_delta`): `message_start`, `ping`, `:` comments and
 //! empty deltas are keep-alives, not progress; text goes to
 //! the listener and the observer redacted (see [`crate::secrets`]). A
-//! stream that ends before `message_stop` is a `Transport` error, wrapped in
-//! `Interrupted` once text reached the listener.
+//! stream that ends before `message_stop` is an `Incomplete` error (one cut
+//! off, `Transport`), naming the URL, the status and the bytes and events
+//! that arrived, wrapped in `Interrupted` once text reached the listener.
 //!
 //! # Usage
 //!
@@ -275,6 +276,10 @@ impl ChatModel for AnthropicModel {
         true
     }
 
+    fn needs_input(&self) -> bool {
+        true
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let secret = self.config.api_key.as_ref();
         let stream = match self.config.stream {
@@ -323,7 +328,7 @@ impl ChatModel for AnthropicModel {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         let response = if stream && is_sse {
-            read_stream(&mut resp, &request, secret).await?
+            read_stream(&mut resp, &request, secret, &self.endpoint).await?
         } else {
             let body = http::read_body(&mut resp, secret).await?;
             request.alive();

@@ -356,12 +356,15 @@ pub(super) async fn read_stream(
     resp: &mut reqwest::Response,
     request: &ChatRequest,
     secret: Option<&Secret>,
+    endpoint: &str,
 ) -> Result<ChatResponse, ModelError> {
     sse::read_stream::<StreamState>(
         resp,
         request,
         secret,
-        "the stream ended before message_stop",
+        endpoint,
+        "`message_stop`",
+        &mut sse::StreamStats::default(),
     )
     .await
 }

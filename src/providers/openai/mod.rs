@@ -17,30 +17,36 @@
 //!
 //! # Structured output fallback
 //!
-//! A server that refuses `response_format` — a 4xx, or a 5xx to the first
-//! call that carries it — is asked again at once with the schema in the
-//! system prompt instead (the run validates the answer and repairs it
-//! either way). The refusal is remembered for this model (one per endpoint
-//! and model on a host), so later calls go straight to the fallback, and
-//! every run that uses it gets a `response_format_unsupported` warning.
+//! A request that carries a schema asks for it in three ways, each tried
+//! when the one before is refused — a 4xx, or a 5xx to a call that carries
+//! it while no call with it has succeeded here:
 //!
-//! # Streaming
+//! 1. `response_format: {type: json_schema, json_schema: {name, schema}}`
+//!    (OpenAI, vLLM, llama.cpp's own server);
+//! 2. `response_format: {type: json_object, schema}`, which
+//!    llama-cpp-python constrains by a grammar built from the schema;
+//! 3. the schema in the system prompt (the run validates the answer and
+//!    repairs it either way).
 //!
-//! Streaming (`stream: true`, `stream_options.include_usage`) is used when
-//! [`StreamMode`] says so — by default, when someone listens to the run's
-//! deltas or observes the call (a run does, for its heartbeats). A chunk
-//! is a sign of life for the request's observer only when it carries
-//! content (text, a tool-call part, reasoning, usage, a `finish_reason`):
-//! `:` comments and empty deltas are keep-alives, not progress; text deltas go to
-//! the request's sink and observer as they come (redacted, see
-//! [`crate::secrets`]); tool-call
-//! deltas are reassembled by their `index` (id and name arrive first, the
-//! arguments in pieces); usage comes in a final chunk with no choices. A
-//! stream is complete at `[DONE]` or once a `finish_reason` and the body's
-//! end were seen; a body that ends before that, or is cut off, is a
-//! `Transport` error — wrapped in `Interrupted` when text was already
-//! delivered, so it is never retried. A server that ignores `stream` and
-//! answers with a JSON body is read as a plain response.
+//! The next way is tried at once, within the same call. A refusal is
+//! remembered for this model (one per endpoint and model on a host), so
+//! later calls start where the last refusal left them, and every run that
+//! uses a fallback gets a `response_format_unsupported` warning.
+//!
+//! # Streaming fallback
+//!
+//! Some servers cannot stream some requests: llama-cpp-python's
+//! `chatml-function-calling` format answers a streamed request that has
+//! tools and `tool_choice` `auto` or `required` with a 200 and an empty
+//! body. A streamed answer that ends with no event at all (an empty or
+//! unreadable body, or a connection closed before any byte) is asked again
+//! at once without streaming (`stream: false`, the plain JSON answer with
+//! its tool calls and usage). Once that works, the fallback is remembered
+//! for this model and request shape — whether it has tools and which
+//! `tool_choice`, and how it asks for a schema — so later calls of that
+//! shape go unstreamed from the start (calls of other shapes still
+//! stream), and every run that makes such a call gets a
+//! `streaming_unsupported` warning (its text arrives whole, not as deltas).
 //!
 //! # Leniency
 //!
@@ -56,7 +62,8 @@
 //! This module does one call (its answer is read by `response`); retries
 //! and the circuit breaker wrap it (`super::retry`, `super::breaker`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
@@ -64,6 +71,7 @@ use serde_json::{json, Value};
 
 pub use super::http::StreamMode;
 use super::http::{self, Secret};
+use super::sse::StreamStats;
 use crate::ports::model::{
     ChatModel, ChatRequest, ChatResponse, Message, ModelError, Role, ToolChoice,
 };
@@ -114,10 +122,106 @@ pub struct OpenAiModel {
     /// The URL as errors show it.
     endpoint: String,
     client: reqwest::Client,
-    /// The server refused `response_format`: the schema goes in the prompt.
-    refuses_schema: AtomicBool,
+    /// How a schema is asked for (a [`Format`] as `u8`): where the last
+    /// refusal left it.
+    schema_format: AtomicU8,
     /// A call with `response_format` succeeded: a later 5xx is not blamed on it.
     schema_ok: AtomicBool,
+    /// The request shapes this server cannot stream.
+    unstreamable: Mutex<Vec<Shape>>,
+}
+
+/// How a request asks for its response schema (see "Structured output
+/// fallback"), in the order they are tried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// No schema asked for.
+    None,
+    /// `response_format: {type: json_schema}`.
+    JsonSchema,
+    /// `response_format: {type: json_object, schema}`.
+    JsonObject,
+    /// The schema in the system prompt.
+    Prompt,
+}
+
+impl Format {
+    fn from_u8(v: u8) -> Format {
+        match v {
+            0 => Format::JsonSchema,
+            1 => Format::JsonObject,
+            _ => Format::Prompt,
+        }
+    }
+
+    fn as_u8(self) -> u8 {
+        match self {
+            Format::None | Format::JsonSchema => 0,
+            Format::JsonObject => 1,
+            Format::Prompt => 2,
+        }
+    }
+
+    /// Whether it goes in `response_format`.
+    fn in_body(self) -> bool {
+        matches!(self, Format::JsonSchema | Format::JsonObject)
+    }
+
+    /// The way to try once this one is refused.
+    fn next(self) -> Format {
+        match self {
+            Format::JsonSchema => Format::JsonObject,
+            _ => Format::Prompt,
+        }
+    }
+}
+
+/// What a request's answer may depend on when a server cannot stream it
+/// (see "Streaming fallback"): its `tool_choice` when it has tools (`0`
+/// auto, `1` required, `2` none, `3` a named tool), and how it asks for a
+/// schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    tools: Option<u8>,
+    format: Format,
+}
+
+impl Shape {
+    fn of(request: &ChatRequest, format: Format) -> Shape {
+        let tools = (!request.tools.is_empty()).then(|| match request.tool_choice() {
+            ToolChoice::Auto => 0,
+            ToolChoice::Required => 1,
+            ToolChoice::None => 2,
+            ToolChoice::Tool(_) => 3,
+        });
+        Shape { tools, format }
+    }
+
+    /// In words, for warnings.
+    fn describe(&self) -> String {
+        let tools = match self.tools {
+            None => "no tools",
+            Some(0) => "tools and `tool_choice: auto`",
+            Some(1) => "tools and `tool_choice: required`",
+            Some(2) => "tools and `tool_choice: none`",
+            Some(_) => "tools and a named `tool_choice`",
+        };
+        let format = match self.format {
+            Format::None | Format::Prompt => "",
+            Format::JsonSchema => ", `response_format: json_schema`",
+            Format::JsonObject => ", `response_format: json_object`",
+        };
+        format!("{tools}{format}")
+    }
+}
+
+/// What one exchange saw of its answer, whatever it ended with.
+#[derive(Debug, Default)]
+struct Seen {
+    /// A success status came back.
+    ok_status: bool,
+    /// The body as it came (a stream's events, or a plain body's bytes).
+    stats: StreamStats,
 }
 
 impl OpenAiModel {
@@ -129,8 +233,9 @@ impl OpenAiModel {
             config,
             url,
             client: http::client(),
-            refuses_schema: AtomicBool::new(false),
+            schema_format: AtomicU8::new(0),
             schema_ok: AtomicBool::new(false),
+            unstreamable: Mutex::new(Vec::new()),
         }
     }
 
@@ -143,11 +248,10 @@ impl OpenAiModel {
         self.config.api_key.as_ref()
     }
 
-    /// The request body; `schema_in_prompt`: the response schema goes in
-    /// the system prompt instead of `response_format`.
-    fn body(&self, request: &ChatRequest, stream: bool, schema_in_prompt: bool) -> Value {
+    /// The request body, asking for the schema (if any) as `format` says.
+    fn body(&self, request: &ChatRequest, stream: bool, format: Format) -> Value {
         let mut messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
-        if let (Some(schema), true) = (&request.response_schema, schema_in_prompt) {
+        if let (Some(schema), Format::Prompt) = (&request.response_schema, format) {
             let note = http::schema_note(schema);
             match messages.first_mut() {
                 Some(first) if first["role"] == "system" => {
@@ -201,11 +305,17 @@ impl OpenAiModel {
                 body["stop"] = json!(o.stop);
             }
         }
-        if let (Some(schema), false) = (&request.response_schema, schema_in_prompt) {
-            body["response_format"] = json!({
-                "type": "json_schema",
-                "json_schema": { "name": "output", "schema": **schema },
-            });
+        match (&request.response_schema, format) {
+            (Some(schema), Format::JsonSchema) => {
+                body["response_format"] = json!({
+                    "type": "json_schema",
+                    "json_schema": { "name": "output", "schema": **schema },
+                });
+            }
+            (Some(schema), Format::JsonObject) => {
+                body["response_format"] = json!({ "type": "json_object", "schema": **schema });
+            }
+            _ => {}
         }
         if stream {
             body["stream"] = Value::Bool(true);
@@ -276,32 +386,47 @@ impl ChatModel for OpenAiModel {
         true
     }
 
+    fn needs_input(&self) -> bool {
+        true
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        let wants_schema = request.response_schema.is_some();
-        let in_prompt = wants_schema && self.refuses_schema.load(Ordering::Relaxed);
-        let result = match self.call(&request, in_prompt).await {
-            Err(e) if wants_schema && !in_prompt && self.refused_schema(&e) => {
-                self.refuses_schema.store(true, Ordering::Relaxed);
-                tracing::warn!(
-                    model = %self.config.name,
-                    error = %e,
-                    "the server refused response_format: the schema goes in the system prompt from now on"
-                );
-                self.schema_fallback_warning(&request, Some(&e));
-                self.call(&request, true).await
-            }
-            Ok(r) if wants_schema && !in_prompt => {
-                self.schema_ok.store(true, Ordering::Relaxed);
-                Ok(r)
-            }
-            other => {
-                if in_prompt {
-                    self.schema_fallback_warning(&request, None);
+        let mut format = if request.response_schema.is_some() {
+            Format::from_u8(self.schema_format.load(Ordering::Relaxed))
+        } else {
+            Format::None
+        };
+        let mut cause: Option<ModelError> = None;
+        let result = loop {
+            match self.exchange(&request, format).await {
+                Err(e) if format.in_body() && self.refused_schema(&e) => {
+                    let next = format.next();
+                    self.schema_format
+                        .fetch_max(next.as_u8(), Ordering::Relaxed);
+                    tracing::warn!(
+                        model = %self.config.name,
+                        error = %e,
+                        "the server refused this `response_format`: {} from now on",
+                        if next == Format::Prompt { "the schema goes in the system prompt" } else { "`json_object` with the schema" }
+                    );
+                    cause = Some(e);
+                    format = next;
                 }
-                other
+                Ok(r) => {
+                    if format.in_body() {
+                        self.schema_ok.store(true, Ordering::Relaxed);
+                    }
+                    break Ok(http::finish_response(&request, r));
+                }
+                Err(e) => break Err(e),
             }
         };
-        result.map(|r| http::finish_response(&request, r))
+        // Every run that uses a fallback is told (once: warnings are one
+        // per kind a run), with the refusal when this call met it.
+        if matches!(format, Format::JsonObject | Format::Prompt) {
+            self.schema_fallback_warning(&request, format, cause.as_ref());
+        }
+        result
     }
 }
 
@@ -311,7 +436,7 @@ impl OpenAiModel {
     /// error while no call with it has ever succeeded here.
     fn refused_schema(&self, e: &ModelError) -> bool {
         match e {
-            ModelError::BadRequest(_) => true,
+            ModelError::BadRequest(_) => !http::is_context_overflow(e),
             ModelError::Server { status, .. } => {
                 *status >= 500 && !self.schema_ok.load(Ordering::Relaxed)
             }
@@ -319,32 +444,111 @@ impl OpenAiModel {
         }
     }
 
-    fn schema_fallback_warning(&self, request: &ChatRequest, cause: Option<&ModelError>) {
+    fn schema_fallback_warning(
+        &self,
+        request: &ChatRequest,
+        format: Format,
+        cause: Option<&ModelError>,
+    ) {
         if let Some(o) = &request.observer {
             let why = cause.map(|e| format!(" ({e})")).unwrap_or_default();
+            let how = match format {
+                Format::JsonObject => {
+                    "the output schema is sent as `response_format: {type: json_object, schema}`"
+                }
+                _ => "the output schema is asked for in the system prompt",
+            };
             o.warning(
                 "response_format_unsupported",
                 &format!(
-                    "{} at {} does not take `response_format`{why}: the output schema is asked for in the system prompt and the answer validated",
+                    "{} at {} does not take `response_format: json_schema`{why}: {how} and the answer validated",
                     self.config.name, self.endpoint
                 ),
             );
         }
     }
 
-    /// One HTTP exchange.
-    async fn call(
+    /// One call as the server takes it: streamed when the request wants a
+    /// stream and its shape is not known to fail streamed, else plain; a
+    /// stream that brought no event at all is asked again at once, plain
+    /// (see "Streaming fallback").
+    async fn exchange(
         &self,
         request: &ChatRequest,
-        schema_in_prompt: bool,
+        format: Format,
     ) -> Result<ChatResponse, ModelError> {
-        let secret = self.secret();
-        let stream = match self.config.stream {
+        let wants_stream = match self.config.stream {
             StreamMode::Always => true,
             StreamMode::Never => false,
             StreamMode::WhenListened => request.on_delta.is_some() || request.observer.is_some(),
         };
-        let body = serde_json::to_vec(&self.body(request, stream, schema_in_prompt))
+        let shape = Shape::of(request, format);
+        let known = self.unstreamable().contains(&shape);
+        if known && wants_stream {
+            self.stream_fallback_warning(request, &shape, None);
+        }
+        let mut seen = Seen::default();
+        if known || !wants_stream {
+            return self.call(request, format, false, &mut seen).await;
+        }
+        match self.call(request, format, true, &mut seen).await {
+            Err(e) if seen.ok_status && seen.stats.events == 0 && empty_answer(&e) => {
+                tracing::warn!(
+                    model = %self.config.name,
+                    shape = %shape.describe(),
+                    error = %e,
+                    "a streamed request brought no event: asked again without streaming"
+                );
+                self.stream_fallback_warning(request, &shape, Some(&e));
+                let r = self
+                    .call(request, format, false, &mut Seen::default())
+                    .await;
+                if r.is_ok() {
+                    let mut known = self.unstreamable();
+                    if !known.contains(&shape) {
+                        known.push(shape);
+                    }
+                }
+                r
+            }
+            other => other,
+        }
+    }
+
+    fn unstreamable(&self) -> std::sync::MutexGuard<'_, Vec<Shape>> {
+        self.unstreamable.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stream_fallback_warning(
+        &self,
+        request: &ChatRequest,
+        shape: &Shape,
+        cause: Option<&ModelError>,
+    ) {
+        if let Some(o) = &request.observer {
+            let why = cause.map(|e| format!(" ({e})")).unwrap_or_default();
+            o.warning(
+                "streaming_unsupported",
+                &format!(
+                    "{} at {} does not stream requests with {}{why}: they are sent with `stream: false`, and their text arrives whole",
+                    self.config.name,
+                    self.endpoint,
+                    shape.describe()
+                ),
+            );
+        }
+    }
+
+    /// One HTTP exchange; `seen` records what came back.
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        format: Format,
+        stream: bool,
+        seen: &mut Seen,
+    ) -> Result<ChatResponse, ModelError> {
+        let secret = self.secret();
+        let body = serde_json::to_vec(&self.body(request, stream, format))
             .map_err(|e| ModelError::BadRequest(format!("cannot encode the request: {e}")))?;
         let mut req = self
             .client
@@ -381,15 +585,24 @@ impl OpenAiModel {
                 &self.endpoint,
             ));
         }
+        seen.ok_status = true;
         let is_sse = resp
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if stream && is_sse {
-            read_stream(&mut resp, request, secret).await
+            read_stream(&mut resp, request, secret, &self.endpoint, &mut seen.stats).await
         } else {
             let body = http::read_body(&mut resp, secret).await?;
+            seen.stats.bytes = body.len();
+            if body.iter().all(u8::is_ascii_whitespace) {
+                return Err(ModelError::Incomplete(format!(
+                    "POST {} answered {}, with an empty body",
+                    self.endpoint,
+                    resp.status()
+                )));
+            }
             request.alive();
             let mut response = parse_plain(&body, request.call_index, secret)?;
             response.text = crate::secrets::redact_string(response.text);
@@ -397,6 +610,12 @@ impl OpenAiModel {
             Ok(response)
         }
     }
+}
+
+/// Whether `e` ends an answer that brought nothing: an empty or cut body
+/// (the caller checks that no event came).
+fn empty_answer(e: &ModelError) -> bool {
+    matches!(e, ModelError::Incomplete(_) | ModelError::Transport(_))
 }
 
 #[cfg(test)]

@@ -324,12 +324,16 @@ pub(super) async fn read_stream(
     resp: &mut reqwest::Response,
     request: &ChatRequest,
     secret: Option<&Secret>,
+    endpoint: &str,
+    stats: &mut sse::StreamStats,
 ) -> Result<ChatResponse, ModelError> {
     sse::read_stream::<StreamState>(
         resp,
         request,
         secret,
-        "the stream ended before the response was complete",
+        endpoint,
+        "`[DONE]` or a `finish_reason`",
+        stats,
     )
     .await
 }
