@@ -154,8 +154,8 @@ pub mod tools;
 pub use base::panics;
 pub use base::secrets;
 pub use facade::{handle, host};
-pub(crate) use kernel::record;
 pub use kernel::{agent, compaction, judge, output, policy, pricing, spec};
+pub(crate) use kernel::{dispatch, record};
 #[cfg(feature = "otel")]
 pub use observability::otel;
 #[doc(hidden)]

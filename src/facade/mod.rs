@@ -3,5 +3,6 @@
 //! it (orchestration, the CLI, the server) goes through it; nothing below
 //! it (actors, kernel, ports, batteries) imports it.
 
+mod builtins;
 pub mod handle;
 pub mod host;

@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
+use crate::dispatch::ToolSet;
 use crate::output::OutputSchema;
 use crate::ports::checkpoint::EncodedJson;
 use crate::ports::model::{CallOptions, ChatModel};
 use crate::pricing::Price;
 use crate::spec::{AgentSpec, Guards, Limits};
-use crate::tools::ToolSet;
 
 /// A prepared agent. Cheap to clone.
 #[derive(Clone)]

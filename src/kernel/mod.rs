@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod compaction;
+pub(crate) mod dispatch;
 pub mod judge;
 pub mod output;
 pub mod policy;

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use jsonschema::Validator;
 use serde_json::Value;
 
+use crate::dispatch::validate::{check_schema, compile_schema};
 use crate::ports::model::{Message, Role};
-use crate::tools::validate::{check_schema, compile_schema};
 
 /// How the repair turn's message starts.
 pub const REPAIR_PREFIX: &str = "Your answer does not match the required JSON schema";

@@ -58,7 +58,7 @@ pub(crate) struct ServedTool {
     /// The tool's name on the server (before `<server>__` naming).
     pub(crate) remote: Arc<str>,
     /// The tool runs call.
-    pub(crate) tool: crate::tools::CompiledTool,
+    pub(crate) tool: crate::dispatch::CompiledTool,
 }
 
 /// How a host runs its MCP servers. Every field has a default (the values

@@ -23,11 +23,11 @@ use tokio::sync::watch;
 use super::client::{Avail, Link};
 use super::names::{is_callable, model_names};
 use super::{result, McpConfig, McpError};
+use crate::dispatch::CompiledTool;
 use crate::ports::event::RunEvent;
 use crate::ports::model::ToolSpec;
 use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::spec::mcp::McpServerSpec;
-use crate::tools::CompiledTool;
 
 /// One tool of a server: its own name there, and the tool a run calls.
 #[derive(Clone)]

@@ -38,13 +38,13 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::dispatch::ToolRegistry;
 use crate::ports::audit::{AuditEntry, AuditRecord};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{ChatModel, ChatRequest, ChatResponse, ModelError, ToolSpec};
 use crate::ports::run::{RunResult, RunStatus};
 use crate::ports::tool::{Tool, ToolContext, ToolError};
 use crate::spec::{AgentSpec, Invocation, LimitsSpec};
-use crate::tools::ToolRegistry;
 use crate::Host;
 
 /// One entry of a comparable trace.

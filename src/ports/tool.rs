@@ -251,6 +251,15 @@ pub trait Tool: Send + Sync + 'static {
     fn uses_run(&self) -> bool {
         false
     }
+
+    /// The call a tool that [uses its run](Tool::uses_run) makes through
+    /// it, as `args` name it (tool and arguments; `None`: none named, as a
+    /// `wait` on a run): the run's guards and approvals check it at
+    /// dispatch. Default `None`.
+    fn call_through_run<'a>(&self, args: &'a Value) -> Option<(&'a str, Option<&'a Value>)> {
+        let _ = args;
+        None
+    }
 }
 
 /// What a tool that [uses its run](Tool::uses_run) reaches through its

@@ -413,6 +413,10 @@ impl Tool for WaitTool {
         true
     }
 
+    fn call_through_run<'a>(&self, args: &'a Value) -> Option<(&'a str, Option<&'a Value>)> {
+        inner_call(args)
+    }
+
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
         let (plan, timeout) = Plan::parse(&args)?;
         let Some(run) = ctx.run().cloned() else {

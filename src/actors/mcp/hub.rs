@@ -17,13 +17,13 @@ use tokio::sync::watch;
 
 use super::per_run::{self, RunScopedTool, RunServers};
 use super::{McpMsg, McpServer};
+use crate::dispatch::CompiledTool;
 use crate::mcp::client::{Avail, Link};
 use crate::mcp::tool::event_sink;
 use crate::mcp::{McpConfig, McpError, ServedTool};
 use crate::ports::run::RunId;
 use crate::record::RunShared;
 use crate::spec::mcp::{McpScope, McpServerSpec};
-use crate::tools::CompiledTool;
 
 /// The MCP servers of one host.
 pub(crate) struct McpHub {

@@ -34,13 +34,13 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::RunState;
+use crate::dispatch::PreparedCall;
 use crate::ports::event::RunEvent;
 use crate::ports::model::{Message, Role, ToolCallRequest};
 use crate::ports::run::{CriticAction, CriticDecision, RunStatus};
 use crate::ports::tool::{ToolError, GUARD_DENIED};
 use crate::record::Ending;
 use crate::spec::{GuardVerdict, GUARDRAIL};
-use crate::tools::PreparedCall;
 
 /// How the output guard's repair turn starts.
 pub const OUTPUT_REPAIR_PREFIX: &str = "Your answer was withheld";
@@ -66,7 +66,7 @@ impl RunState {
             denied => return denied,
         }
         if prepared.tool.uses_run() {
-            if let Some((tool, args)) = crate::tools::wait::inner_call(&prepared.args) {
+            if let Some((tool, args)) = prepared.tool.call_through_run(&prepared.args) {
                 match self.screen_inner(&call.name, tool, args) {
                     Screened::Free => {}
                     Screened::Ask => ask = true,
@@ -165,7 +165,7 @@ impl RunState {
             if kind.is_some_and(|k| refused.contains(&k)) {
                 continue;
             }
-            if let Ok(args) = crate::tools::validate::parse_arguments(&call.arguments) {
+            if let Ok(args) = crate::dispatch::validate::parse_arguments(&call.arguments) {
                 guards.check(&call.name, &args, counts, true);
             }
         }

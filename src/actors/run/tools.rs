@@ -19,8 +19,8 @@ use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
 use crate::record::Ending;
 
 use super::guard::Screened;
+use crate::dispatch::PreparedCall;
 use crate::ports::checkpoint::CallDecision;
-use crate::tools::PreparedCall;
 
 /// A tool call still running after its first poll.
 type PendingTool = Pin<Box<dyn Future<Output = Result<String, ToolError>> + Send>>;
@@ -80,7 +80,7 @@ impl RunState {
             // The critic counts repeats (arguments compared as canonical
             // JSON); one that reaches the limit is decided on before the
             // next step (the shard reviews the run).
-            let hash = crate::tools::validate::canonical_hash(&call.name, &call.arguments);
+            let hash = crate::dispatch::validate::canonical_hash(&call.name, &call.arguments);
             self.beat(Beat::ToolStarted { hash });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
@@ -189,7 +189,7 @@ impl RunState {
                 // `wait`: it reaches the run's tools and its caller's runs;
                 // its own calls get the tool timeout each, and the run's
                 // deadline bounds it.
-                ctx = self.through_run(ctx, &prepared.args, approved);
+                ctx = self.through_run(ctx, &prepared, approved);
                 timeout = crate::spec::ABSOLUTE_DEADLINE;
             }
             let call = prepared.execute(ctx, timeout, cap);

@@ -27,6 +27,7 @@ use serde_json::Value;
 use super::approval::APPROVAL_DENIED;
 use super::{RunAddr, RunMsg, RunState};
 use crate::agent::Agent;
+use crate::dispatch::PreparedCall;
 use crate::ports::audit::AuditEntry;
 use crate::ports::run::{RunId, RunResult};
 use crate::ports::tool::{RunAccess, ToolContext, ToolError, GUARD_DENIED};
@@ -56,11 +57,14 @@ impl RunState {
     pub(super) fn through_run(
         &self,
         ctx: ToolContext,
-        args: &Value,
+        prepared: &PreparedCall,
         approved: bool,
     ) -> ToolContext {
         let approved = approved
-            .then(|| crate::tools::wait::inner_call(args).map(|(tool, _)| tool.to_string()))
+            .then(|| {
+                let call = prepared.tool.call_through_run(&prepared.args);
+                call.map(|(tool, _)| tool.to_string())
+            })
             .flatten();
         let access = ThroughRun {
             agent: self.agent.clone(),

@@ -15,6 +15,7 @@ use crate::actors::audit::checkpoints::{lease_owner, LeaseWatch};
 use crate::actors::audit::{Audit, AuditHealth};
 use crate::actors::budget::Budget;
 use crate::actors::host::{HostActor, ShardSet};
+use crate::dispatch::{RegistryError, ToolRegistry};
 use crate::policy::RulesPolicy;
 use crate::ports::audit::AuditStore;
 use crate::ports::budget::BudgetLedger;
@@ -26,7 +27,6 @@ use crate::ports::tool::Tool;
 use crate::providers::{ModelResolver, ProviderConfig};
 use crate::record::HostRuns;
 use crate::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryCheckpointer};
-use crate::tools::{RegistryError, ToolRegistry};
 
 /// Why a host could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -24,6 +24,7 @@ use crate::actors::budget::{Account, BudgetMsg};
 use crate::actors::critic::{CriticMsg, Fault};
 use crate::actors::host::{HostMsg, ShardSet};
 use crate::agent::Agent;
+use crate::dispatch::{RegistryError, ToolRegistry};
 use crate::handle::{RunEvents, RunHandle, RunRef};
 use crate::ports::audit::{AuditStats, AuditStore};
 use crate::ports::checkpoint::{Checkpointer, Lease};
@@ -33,7 +34,6 @@ use crate::ports::tool::Tool;
 use crate::providers::{ModelResolver, ResolveError};
 use crate::record::{self, Allowances, Ending, HostRuns};
 use crate::spec::{AgentSpec, Invocation};
-use crate::tools::{RegistryError, ToolRegistry};
 
 mod admission;
 mod builder;
@@ -245,7 +245,7 @@ impl Host {
         spec: Arc<AgentSpec>,
         mcp: &[crate::mcp::ServedTool],
     ) -> Result<Agent, SubmitError> {
-        let mcp_tools: Vec<crate::tools::CompiledTool> =
+        let mcp_tools: Vec<crate::dispatch::CompiledTool> =
             mcp.iter().map(|t| t.tool.clone()).collect();
         let tools = self.inner.tools.select_with(&spec.tools, &mcp_tools)?;
         let model = self.model_for(&spec)?;

@@ -441,7 +441,7 @@ impl AgentSpec {
             }
         }
         if let Some(schema) = &self.output_schema {
-            crate::tools::validate::compile_schema(schema).map_err(|e| {
+            crate::dispatch::validate::compile_schema(schema).map_err(|e| {
                 format!(
                     "`output_schema` is not a usable JSON Schema{}: {e}",
                     line_of(source, "output_schema")

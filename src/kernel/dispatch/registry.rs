@@ -26,7 +26,6 @@ use futures_util::FutureExt;
 use jsonschema::Validator;
 use serde_json::Value;
 
-use super::builtin::{builtins, test_tools};
 use super::validate::{
     check_schema, compile_schema, require_object, validate_arguments, MAX_ERROR_BYTES,
 };
@@ -71,7 +70,7 @@ pub enum RegistryError {
 struct Entry {
     tool: Arc<dyn Tool>,
     validator: Arc<Validator>,
-    /// One of the [built-in tools](super::builtin) (a host's own tool of
+    /// One of the [built-in tools](crate::tools::builtin) (a host's own tool of
     /// the same name replaces it).
     builtin: bool,
 }
@@ -88,36 +87,16 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// A registry holding the [built-in tools](super::builtin).
-    pub fn with_builtins() -> Self {
-        let mut registry = Self::new();
-        for tool in builtins() {
-            // The built-ins are fixed and covered by a test; a failure here
-            // is a bug, logged rather than panicking a host at startup.
-            if let Err(e) = registry.register(tool) {
-                tracing::error!(error = %e, "built-in tool failed to register");
-            }
-        }
-        for entry in registry.entries.values_mut() {
+    /// Registers one of the [built-in tools](crate::tools::builtin): a
+    /// host's own tool of the same name replaces it (see
+    /// [`register_own`](Self::register_own)).
+    pub(crate) fn register_builtin(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let name = tool.spec().name.clone();
+        self.register(tool)?;
+        if let Some(entry) = self.entries.get_mut(&name) {
             entry.builtin = true;
         }
-        registry
-    }
-
-    /// This registry with the [test tools](super::builtin::test_tools)
-    /// added (`fail` and `panic`, which fail on purpose), as built-ins: a
-    /// host's own tool of the same name replaces them.
-    pub fn with_test_tools(mut self) -> Self {
-        for tool in test_tools() {
-            let name = tool.spec().name.clone();
-            if let Err(e) = self.register(tool) {
-                tracing::error!(error = %e, "test tool failed to register");
-            }
-            if let Some(entry) = self.entries.get_mut(&name) {
-                entry.builtin = true;
-            }
-        }
-        self
+        Ok(())
     }
 
     /// Registers a tool under its spec's name, compiling its schema.
@@ -126,7 +105,7 @@ impl ToolRegistry {
     }
 
     /// Registers a host's own tool: as [`register`](Self::register), but
-    /// it replaces a [built-in tool](super::builtin) of the same name (a
+    /// it replaces a [built-in tool](crate::tools::builtin) of the same name (a
     /// host that brings a tool called `wait` keeps its own). Any other
     /// name taken is [`RegistryError::DuplicateTool`].
     pub fn register_own(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
@@ -484,6 +463,7 @@ fn cap_error(error: ToolError) -> ToolError {
 mod tests {
     use super::*;
     use crate::ports::run::RunId;
+    use crate::tools::builtin::builtins;
     use async_trait::async_trait;
     use serde_json::json;
 
