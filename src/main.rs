@@ -2,6 +2,8 @@
 //!
 //! Exit codes: 0 when every run ended `ok`; 1 when a run ended otherwise;
 //! 2 when the input was refused before any run (a bad manifest, a bad flag).
+//! A closed stdout or stderr ends no command early (see `cli`'s output).
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod cli;
 
@@ -24,7 +26,10 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            cli::write_line(
+                true,
+                format_args!("error: cannot start the async runtime: {e}"),
+            );
             return ExitCode::from(2);
         }
     };

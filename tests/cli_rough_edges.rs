@@ -40,6 +40,10 @@ fn output_into_a_closed_pipe_ends_quietly() {
         vec!["--db", &db, "runs", "list", "--limit", "300"],
         vec!["--db", &db, "runs", "list", "--json", "--limit", "300"],
         vec!["--db", &db, "run", "examples/agents/hello.yaml", "--events"],
+        vec!["mcp", "tools", "examples/agents/hello.yaml"],
+        vec!["mcp", "tools", "examples/agents/hello.yaml", "--json"],
+        vec!["--db", &db, "sessions", "list"],
+        vec!["token", "new", "--caller", "alice"],
     ] {
         // The reading end is closed before the child writes anything:
         // every line it prints goes into a broken pipe.

@@ -228,6 +228,15 @@ async fn a_second_message_while_one_runs_is_refused_or_waits() {
     assert_eq!(v["messages"][0]["content"], "and now?");
 }
 
+/// The tag a caller's session ids are stored under: `c`, the first 16 hex
+/// digits of the SHA-256 of the caller id, `:`.
+fn caller_tag(caller: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(caller.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("c{hex}:")
+}
+
 #[tokio::test]
 async fn a_session_is_its_creators() {
     let s = start(true).await;
@@ -252,11 +261,38 @@ async fn a_session_is_its_creators() {
     }
     let (code, _, _) = say(&s, "alice-chat", Some(BOB), "hi").await;
     assert_eq!(code, 404);
-    // Nor can he take the id.
-    let (code, v, _) = create(&s, Some(BOB), json!({"agent": "chat", "id": "alice-chat"})).await;
-    assert_eq!(code, 409);
-    assert_eq!(v["error"]["kind"], "session_exists");
-    // Alice reopens hers (200); the admin sees it.
+    // Ids are per caller: creating one that Alice uses answers as for
+    // any fresh id (nothing tells Bob hers exists), and makes his own.
+    let (code, v, h) = create(&s, Some(BOB), json!({"agent": "chat", "id": "alice-chat"})).await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["session_id"], "alice-chat");
+    assert_eq!(v["caller_id"], "bob");
+    assert_eq!(h["location"], "/v1/sessions/alice-chat");
+    let (code, _, _) = say(&s, "alice-chat", Some(BOB), "hi").await;
+    assert_eq!(code, 200);
+    let (_, v, _) = s
+        .req("GET", "/v1/sessions/alice-chat", Some(BOB), None)
+        .await;
+    assert_eq!(v["prompts"], 1, "{v}");
+    let (_, v, _) = s
+        .req("GET", "/v1/sessions/alice-chat", Some(ALICE), None)
+        .await;
+    assert_eq!(v["caller_id"], "alice");
+    assert_eq!(
+        v["prompts"], 0,
+        "Bob's message is not in Alice's session: {v}"
+    );
+    // Bob's delete removes his, not hers.
+    let (code, _, _) = s
+        .req("DELETE", "/v1/sessions/alice-chat", Some(BOB), None)
+        .await;
+    assert_eq!(code, 204);
+    let (code, _, _) = s
+        .req("GET", "/v1/sessions/alice-chat", Some(BOB), None)
+        .await;
+    assert_eq!(code, 404);
+    // Alice reopens hers (200); the admin sees it by its stored id (her
+    // tag, then her id).
     let (code, _, _) = create(
         &s,
         Some(ALICE),
@@ -264,10 +300,13 @@ async fn a_session_is_its_creators() {
     )
     .await;
     assert_eq!(code, 200);
-    let (code, _, _) = s
-        .req("GET", "/v1/sessions/alice-chat", Some(ROOT), None)
+    let stored = format!("{}alice-chat", caller_tag("alice"));
+    let (code, v, _) = s
+        .req("GET", &format!("/v1/sessions/{stored}"), Some(ROOT), None)
         .await;
-    assert_eq!(code, 200);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["caller_id"], "alice");
+    assert_eq!(v["session_id"], stored.as_str());
     // Her message's run is hers.
     let (code, events, run_id) = say(&s, "alice-chat", Some(ALICE), "hi").await;
     assert_eq!(code, 200);

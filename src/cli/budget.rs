@@ -69,22 +69,20 @@ fn runtime(s: &str) -> Result<Limit, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(Limit::Unset);
     }
-    let d = parse_duration(s)?;
-    if d > MAX_WINDOW {
-        return Err("use at most 31 days".into());
+    match parse_duration(s) {
+        Ok(d) if d <= MAX_WINDOW => Ok(Limit::Set(d.as_secs())),
+        _ => Err("use a duration from 0 to 31 days (e.g. 90s, 10m), or `none`".into()),
     }
-    Ok(Limit::Set(d.as_secs()))
 }
 
 fn window(s: &str) -> Result<Limit, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(Limit::Unset);
     }
-    let d = parse_duration(s)?;
-    if d < Duration::from_secs(1) || d > MAX_WINDOW {
-        return Err("use a duration from 1s to 31 days (e.g. 1h, 24h)".into());
+    match parse_duration(s) {
+        Ok(d) if d >= Duration::from_secs(1) && d <= MAX_WINDOW => Ok(Limit::Set(d.as_secs())),
+        _ => Err("use a duration from 1s to 31 days (e.g. 1h, 24h), or `none`".into()),
     }
-    Ok(Limit::Set(d.as_secs()))
 }
 
 #[derive(Args, Debug)]

@@ -42,7 +42,7 @@ pub(crate) struct ChatArgs {
     /// A token budget for this chat's prompts together (at least 1): on
     /// top of the manifest's `budget` (each prompt's) and the caller's
     /// stored limits; the tightest wins.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = super::flags::whole(1, u64::MAX))]
     budget_tokens: Option<u64>,
     /// Chat with this model instead of the manifest's (`openai:MODEL`,
     /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).
@@ -72,7 +72,7 @@ pub(crate) async fn chat(a: ChatArgs, db: &super::Db) -> ExitCode {
         }
     };
     let terminal = std::io::stdin().is_terminal();
-    eprintln!(
+    errln!(
         "session {} with {}{}",
         session.id(),
         session.agent(),
@@ -137,14 +137,14 @@ async fn answer(session: &Session, text: &str) {
     {
         Ok(s) => Some(s),
         Err(e) => {
-            eprintln!("[cannot listen for Ctrl-C: {e}]");
+            errln!("[cannot listen for Ctrl-C: {e}]");
             None
         }
     };
     let mut turn = match session.prompt_streaming(text).await {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("[{}: {e}]", e.kind());
+            errln!("[{}: {e}]", e.kind());
             return;
         }
     };
@@ -181,9 +181,9 @@ async fn answer(session: &Session, text: &str) {
         Ok(r) => finish_line(&r, printed),
         Err(e) => {
             if printed {
-                println!();
+                outln!();
             }
-            eprintln!("[{}: {e}]", e.kind());
+            errln!("[{}: {e}]", e.kind());
         }
     }
 }
@@ -209,7 +209,7 @@ fn finish_line(r: &RunResult, printed: bool) {
             .as_deref()
             .map(|e| format!(": {e}"))
             .unwrap_or_default();
-        eprintln!("[{}{reason}{error}]", r.status);
+        errln!("[{}{reason}{error}]", r.status);
     }
 }
 
@@ -266,7 +266,7 @@ impl Lines {
                     Err(rustyline::error::ReadlineError::Interrupted) => Line::Interrupted,
                     Err(rustyline::error::ReadlineError::Eof) => Line::End,
                     Err(e) => {
-                        eprintln!("error: cannot read the terminal: {e}");
+                        errln!("error: cannot read the terminal: {e}");
                         Line::End
                     }
                 }
@@ -276,7 +276,7 @@ impl Lines {
                     Ok(Some(t)) => Line::Text(t),
                     Ok(None) => Line::End,
                     Err(e) => {
-                        eprintln!("error: cannot read stdin: {e}");
+                        errln!("error: cannot read stdin: {e}");
                         Line::End
                     }
                 },

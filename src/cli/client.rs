@@ -109,7 +109,7 @@ fn client() -> reqwest::Client {
 }
 
 fn fail(f: Failure) -> ExitCode {
-    eprintln!("error: {}", f.1);
+    errln!("error: {}", f.1);
     f.0
 }
 
@@ -168,23 +168,28 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
             }
             runs.truncate(want);
             if l.json {
-                println!("{}", serde_json::to_string(&runs).unwrap_or_default());
+                outln!("{}", serde_json::to_string(&runs).unwrap_or_default());
                 return ExitCode::SUCCESS;
             }
             if runs.is_empty() {
-                println!("no runs on {url}");
+                outln!("no runs on {url}");
                 return ExitCode::SUCCESS;
             }
-            println!(
+            outln!(
                 "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
-                "RUN_ID", "STATUS", "AGENT", "CALLER", "FINISHED (UTC)", "MS"
+                "RUN_ID",
+                "STATUS",
+                "AGENT",
+                "CALLER",
+                "FINISHED (UTC)",
+                "MS"
             );
             for r in &runs {
                 let status = match &r.kill_reason {
                     Some(k) => format!("{} ({k})", r.status),
                     None => r.status.clone(),
                 };
-                println!(
+                outln!(
                     "{:<32}  {:<20}  {:<16}  {:<12}  {:<20}  {:>8}",
                     r.run_id,
                     status,
@@ -204,7 +209,7 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
             }
             match tree(&api, &s.run_id).await {
                 Ok(t) if t.is_empty() => {
-                    eprintln!("error: no run {} on {url}", s.run_id);
+                    errln!("error: no run {} on {url}", s.run_id);
                     ExitCode::from(1)
                 }
                 Ok(t) => {
@@ -246,14 +251,14 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
             if s.json {
                 let shown =
                     serde_json::json!({"result": view.result, "records": records, "run": view});
-                println!("{shown}");
+                outln!("{shown}");
                 return ExitCode::SUCCESS;
             }
             match view.result.as_deref() {
                 Some(r) => super::run::print_human(r),
                 None => {
                     let live = view.live.as_ref();
-                    println!(
+                    outln!(
                         "run {}: running (agent {}, iteration {}, {} tokens)",
                         view.run_id,
                         view.agent,
@@ -262,9 +267,9 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
                     );
                 }
             }
-            println!("records:");
+            outln!("records:");
             for r in &records {
-                println!("  {:>4}  {}", r.seq, super::runs::describe(&r.entry));
+                outln!("  {:>4}  {}", r.seq, super::runs::describe(&r.entry));
             }
             ExitCode::SUCCESS
         }
@@ -359,18 +364,7 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
             (run_id, "steer", Some(serde_json::json!({ "text": text })))
         }
         ControlCommand::Extend { run_id, by } => {
-            let secs = match by.parse::<f64>() {
-                Ok(s) => s,
-                Err(_) => match agentvisor::spec::parse_duration(&by) {
-                    Ok(d) => d.as_secs_f64(),
-                    Err(e) => return super::refuse(format!("`{by}`: {e}")),
-                },
-            };
-            (
-                run_id,
-                "extend",
-                Some(serde_json::json!({ "seconds": secs })),
-            )
+            (run_id, "extend", Some(serde_json::json!({ "seconds": by })))
         }
     };
     if let Err(code) = check_id(&id) {
@@ -385,10 +379,10 @@ async fn control(api: &Api, c: ControlCommand) -> ExitCode {
         .await
     {
         Ok(v) => {
-            println!("{action}: sent to run {id}");
+            outln!("{action}: sent to run {id}");
             // An approval decision names the calls it covers.
             for c in v["calls"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "  {} {}({})",
                     c["call_id"].as_str().unwrap_or("?"),
                     c["tool"].as_str().unwrap_or("?"),
@@ -425,7 +419,7 @@ pub(crate) async fn replay(a: ReplayArgs, url: &str) -> ExitCode {
         Err(f) => return fail(f),
     };
     if records.is_empty() {
-        eprintln!("error: no run {run_id} on {url}");
+        errln!("error: no run {run_id} on {url}");
         return ExitCode::from(1);
     }
     super::replay::report_replay(run_id, &records, a.json).await

@@ -55,31 +55,31 @@ async fn tools(a: ToolsArgs) -> ExitCode {
     let listed = match agentvisor::host::list_mcp_tools(&servers, McpConfig::default()).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: {} ({e})", e.kind());
+            errln!("error: {} ({e})", e.kind());
             return ExitCode::from(1);
         }
     };
     if a.json {
         match serde_json::to_string_pretty(&listed) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => outln!("{text}"),
             Err(e) => {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
                 return ExitCode::from(1);
             }
         }
         return ExitCode::SUCCESS;
     }
     if listed.is_empty() {
-        println!("no MCP tools ({} servers)", servers.len());
+        outln!("no MCP tools ({} servers)", servers.len());
     }
     for t in &listed {
-        println!("{}", t.name);
+        outln!("{}", t.name);
         if !t.description.is_empty() {
             for line in t.description.lines() {
-                println!("    {line}");
+                outln!("    {line}");
             }
         }
-        println!("    schema: {}", t.parameters);
+        outln!("    schema: {}", t.parameters);
     }
     ExitCode::SUCCESS
 }

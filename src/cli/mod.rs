@@ -12,11 +12,20 @@
 //! replayed later; records that neither takes are counted, and the command
 //! says so and exits non-zero. A database that cannot be opened (or, with
 //! `--check`, is damaged) is refused with exit code 2.
+//!
+//! # Output
+//! Every line goes out through [`outln!`] (stdout) or [`errln!`] (stderr),
+//! never `println!`, which panics when the reader of a pipe went away
+//! (`agentvisor mcp tools FILE | head -1`): a closed stdout stops the
+//! output, and the command ends as it would have, exit code included. The
+//! lints below hold every command to it.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 /// Prints a line to stdout. Once stdout is gone (the reader of a pipe, such
 /// as `head -1`, went away) nothing more is printed, and the command goes on
 /// quietly: it still finishes its runs and writes their records.
 macro_rules! outln {
+    () => { $crate::cli::write_line(false, format_args!("")) };
     ($($t:tt)*) => { $crate::cli::write_line(false, format_args!($($t)*)) };
 }
 
@@ -29,6 +38,7 @@ mod approvals;
 mod budget;
 mod chat;
 mod client;
+mod flags;
 mod mcp;
 mod recover;
 mod replay;
@@ -60,14 +70,11 @@ const DEFAULT_DB: &str = ".agentvisor/agentvisor.db";
 #[derive(Parser, Debug)]
 #[command(name = "agentvisor", version, about)]
 pub(crate) struct Cli {
-    /// The run-history and budget database (SQLite; default
-    /// `.agentvisor/agentvisor.db`); `:memory:` keeps everything in memory.
+    /// The run-history and budget database: a SQLite file (default
+    /// `.agentvisor/agentvisor.db`; `sqlite://PATH` names one too), or
+    /// `:memory:` to keep everything in memory. Other URLs are refused.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
-    /// Talk to this server (`runs`, `replay`) instead of reading the
-    /// database; the token comes from `AGENTVISOR_TOKEN`.
-    #[arg(long, global = true, env = "AGENTVISOR_URL", value_name = "URL")]
-    server: Option<String>,
     /// Where audit records go while the database cannot be written (put it
     /// on another disk); default: `PATH.spool` beside the database.
     #[arg(long, global = true, env = "AGENTVISOR_SPOOL", value_name = "PATH")]
@@ -80,7 +87,7 @@ pub(crate) struct Cli {
     /// renewal (default 30s; renewed every third of it): a process that
     /// dies or stops leaves its runs to `recover` elsewhere after this
     /// long. From 100ms to 24h.
-    #[arg(long, global = true, value_name = "DURATION", value_parser = lease_ttl_flag)]
+    #[arg(long, global = true, value_name = "DURATION", allow_hyphen_values = true, value_parser = lease_ttl_flag)]
     lease_ttl: Option<Duration>,
     #[command(subcommand)]
     command: Command,
@@ -96,12 +103,46 @@ pub(crate) enum Db {
 }
 
 impl Db {
-    fn from_flag(flag: Option<PathBuf>) -> Db {
-        match flag {
-            Some(p) if p.as_os_str() == ":memory:" => Db::Memory,
-            Some(p) => Db::File(p),
-            None => Db::File(PathBuf::from(DEFAULT_DB)),
+    /// Where `--db` (or `AGENTVISOR_DB`) says: `:memory:`, a file path, or
+    /// a URL of a scheme this build stores in ([`db_url`]); a URL of any
+    /// other scheme is refused (nothing is created for it).
+    fn from_flag(flag: Option<PathBuf>) -> Result<Db, String> {
+        let Some(p) = flag else {
+            return Ok(Db::File(PathBuf::from(DEFAULT_DB)));
+        };
+        if p.as_os_str() == ":memory:" {
+            return Ok(Db::Memory);
         }
+        match p.to_str().and_then(url_scheme) {
+            Some((scheme, rest)) => db_url(scheme, rest),
+            None => Ok(Db::File(p)),
+        }
+    }
+}
+
+/// The scheme of a `--db` value written as a URL (`scheme://…`, the scheme
+/// a letter then letters, digits, `+`, `-` or `.`) and what follows `://`;
+/// `None` for a path.
+fn url_scheme(text: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = text.split_once("://")?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    let valid = first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then_some((scheme, rest))
+}
+
+/// The database a `--db` URL names, by its scheme: the one place that
+/// knows which schemes this build stores in. `sqlite://PATH` is the SQLite
+/// file at `PATH`; every other scheme is refused, naming the scheme only
+/// (a URL may hold a password).
+fn db_url(scheme: &str, rest: &str) -> Result<Db, String> {
+    match scheme.to_ascii_lowercase().as_str() {
+        "sqlite" if !rest.is_empty() => Ok(Db::File(PathBuf::from(rest))),
+        "sqlite" => Err("--db sqlite://: name the file (`sqlite://PATH`)".into()),
+        _ => Err(format!(
+            "--db: `{scheme}://` databases are not supported by this build; give a SQLite file path (or `sqlite://PATH`), or `:memory:`"
+        )),
     }
 }
 
@@ -151,11 +192,7 @@ struct StoreOptions {
 
 /// `--lease-ttl`: a duration from 100 ms to 24 h.
 fn lease_ttl_flag(s: &str) -> Result<Duration, String> {
-    let d = agentvisor::spec::parse_duration(s)?;
-    if d < Duration::from_millis(100) || d > agentvisor::spec::MAX_DURATION {
-        return Err("use a duration from 100ms to 24h".into());
-    }
-    Ok(d)
+    flags::duration(Duration::from_millis(100), agentvisor::spec::MAX_DURATION)(s)
 }
 
 static STORE_OPTIONS: std::sync::OnceLock<StoreOptions> = std::sync::OnceLock::new();
@@ -171,13 +208,25 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         check: cli.check,
         lease_ttl: cli.lease_ttl,
     });
-    let db = Db::from_flag(cli.db);
+    let db = match cli.command {
+        // The commands that open no database take any `--db`.
+        Command::Token(_) | Command::Mcp(_) => Ok(Db::Memory),
+        Command::Runs(ref a) if a.server.is_some() => Ok(Db::Memory),
+        Command::Replay(ref a) if a.server.is_some() => Ok(Db::Memory),
+        _ => Db::from_flag(cli.db),
+    };
+    let db = match db {
+        Ok(db) => db,
+        Err(e) => return refuse(e),
+    };
     match cli.command {
-        Command::Runs(a) if cli.server.is_some() => {
-            client::runs(a, cli.server.as_deref().unwrap_or_default()).await
+        Command::Runs(mut a) if a.server.is_some() => {
+            let url = a.server.take().unwrap_or_default();
+            client::runs(a, &url).await
         }
-        Command::Replay(a) if cli.server.is_some() => {
-            client::replay(a, cli.server.as_deref().unwrap_or_default()).await
+        Command::Replay(mut a) if a.server.is_some() => {
+            let url = a.server.take().unwrap_or_default();
+            client::replay(a, &url).await
         }
         Command::Serve(a) => serve::serve(a, &db).await,
         Command::Token(a) => serve::token(a),
@@ -506,7 +555,7 @@ pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::Au
         .map_or_else(|| "none".to_string(), |p| p.display().to_string());
     if !stats.unrecorded.is_empty() {
         // What the callers were told that no record backs.
-        eprintln!(
+        errln!(
             "error: {} run(s) ended but are recorded nowhere ({}): their terminal records could be written neither to the database nor to the spool ({spool}), so `runs list` does not show them",
             stats.unrecorded.total(),
             stats
@@ -518,7 +567,7 @@ pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::Au
         );
     }
     if stats.store_lost && stats.spooled + stats.unwritten > 0 {
-        eprintln!(
+        errln!(
             "error: the database file was deleted or replaced while this command ran: {} audit record(s) could not be written to it ({} in the spool {spool}{})",
             stats.spooled + stats.unwritten,
             stats.spooled,
@@ -531,13 +580,13 @@ pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::Au
         return true;
     }
     if stats.spooled > 0 {
-        eprintln!(
+        errln!(
             "warning: {} audit record(s) are in the spool {spool}, not yet in the database; the next command on this database replays them",
             stats.spooled
         );
     }
     if stats.unwritten > 0 {
-        eprintln!(
+        errln!(
             "error: {} audit record(s) could not be written: neither the database nor the spool ({spool}) took them",
             stats.unwritten
         );
@@ -576,5 +625,39 @@ pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
         audit_spool: Some(spool),
         lease_ttl: store_options().lease_ttl.unwrap_or(defaults.lease_ttl),
         ..defaults
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_db_url_is_known_by_its_scheme() {
+        let db = |s: &str| Db::from_flag(Some(PathBuf::from(s)));
+        assert_eq!(db(":memory:"), Ok(Db::Memory));
+        assert_eq!(db("a/b.db"), Ok(Db::File(PathBuf::from("a/b.db"))));
+        assert_eq!(db("C:\\x.db"), Ok(Db::File(PathBuf::from("C:\\x.db"))));
+        assert_eq!(db("sqlite://a/b.db"), Ok(Db::File(PathBuf::from("a/b.db"))));
+        assert_eq!(
+            db("SQLite:///tmp/x.db"),
+            Ok(Db::File(PathBuf::from("/tmp/x.db")))
+        );
+        assert!(db("sqlite://").is_err());
+        for url in [
+            "postgres://u:pw@h/db",
+            "mysql://h",
+            "nats+tls://h",
+            "x-y.z://",
+        ] {
+            let e = db(url).unwrap_err();
+            assert!(e.contains("not supported"), "{e}");
+            assert!(!e.contains("pw"), "{e}");
+        }
+        // Not a scheme: a path that holds `://` further on.
+        assert_eq!(db("./a://b"), Ok(Db::File(PathBuf::from("./a://b"))));
+        assert_eq!(db("1x://b"), Ok(Db::File(PathBuf::from("1x://b"))));
+        assert_eq!(Db::from_flag(None), Ok(Db::File(PathBuf::from(DEFAULT_DB))));
     }
 }

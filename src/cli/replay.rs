@@ -22,6 +22,10 @@ pub(crate) struct ReplayArgs {
     /// Print the report (both traces) as one JSON object.
     #[arg(long)]
     pub(super) json: bool,
+    /// Replay a run of this server (its records, read over its API)
+    /// instead of the database's; the token comes from `AGENTVISOR_TOKEN`.
+    #[arg(long, env = "AGENTVISOR_URL", value_name = "URL")]
+    pub(super) server: Option<String>,
 }
 
 pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {

@@ -50,14 +50,14 @@ pub(crate) struct RunArgs {
     /// A token budget for this command (at least 1): on top of the
     /// manifest's `budget` and the caller's stored limits; the tightest
     /// wins.
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = super::flags::whole(1, u64::MAX))]
     budget_tokens: Option<u64>,
     /// The caller id the run is charged to.
     #[arg(long, default_value = "cli")]
     caller: String,
     /// After SIGTERM or SIGHUP, how long the run may go on before it is
     /// cancelled (default 10s).
-    #[arg(long, value_name = "DURATION", value_parser = super::signals::drain_flag)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = super::signals::drain_flag)]
     drain: Option<std::time::Duration>,
     /// Run on this model instead of the manifest's (`openai:MODEL`,
     /// `anthropic:MODEL`, `ollama:MODEL`, `scripted`, or a tier).

@@ -46,6 +46,11 @@ use super::Db;
 /// Flags of `agentvisor runs`.
 #[derive(Args, Debug)]
 pub(crate) struct RunsArgs {
+    /// Talk to this server instead of reading the database (`runs list`,
+    /// `runs show`; the commands to a run in flight need it); the token
+    /// comes from `AGENTVISOR_TOKEN`.
+    #[arg(long, global = true, env = "AGENTVISOR_URL", value_name = "URL")]
+    pub(super) server: Option<String>,
     #[command(subcommand)]
     pub(super) command: RunsCommand,
 }
@@ -86,8 +91,9 @@ pub(crate) enum ControlCommand {
     Extend {
         /// The run id.
         run_id: String,
-        /// By how long.
-        by: String,
+        /// By how long (`30s`, `5m`, or seconds; at most 24h).
+        #[arg(allow_hyphen_values = true, value_parser = super::flags::extend_by)]
+        by: f64,
     },
     /// Approve the tool calls a run waits to have approved (they run).
     Approve {
@@ -125,7 +131,7 @@ pub(super) struct ListArgs {
     #[arg(long, value_name = "ID")]
     pub(super) root: Option<String>,
     /// At most this many runs.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::whole_u32(1, super::flags::MAX_LIST as u32))]
     pub(super) limit: u32,
     /// Print one JSON array.
     #[arg(long)]

@@ -4,9 +4,12 @@
 //! `serve [--addr 127.0.0.1:7070] [--agents DIR] [--tokens FILE] [--drain 30s]`
 //! loads every manifest in `--agents` (by `name`) and the tokens file;
 //! SIGHUP reloads both (a directory or file that does not load is refused
-//! and the previous one stays). SIGTERM (or Ctrl-C): stop accepting, let
-//! the runs in flight finish for `--drain`, then end the rest `cancelled`
-//! (durable runs keep their checkpoint for `agentvisor recover`); exit 0.
+//! and the previous one stays). SIGTERM (or Ctrl-C) drains: the server
+//! keeps listening, `/readyz` answers 503 and new runs and messages 503
+//! with `retry-after`, while reads and the event streams of the runs in
+//! flight are served on; the runs get `--drain` to finish, then the rest
+//! end `cancelled` (durable runs keep their checkpoint for `agentvisor
+//! recover`); then the listener closes and it exits 0.
 //!
 //! At its start, on a database file, it recovers as `agentvisor recover`
 //! does (the same call, `super::recover::at_start`) before it accepts a
@@ -54,13 +57,14 @@ pub(crate) struct ServeArgs {
     tokens: Option<PathBuf>,
     /// How long runs in flight may go on after SIGTERM before they are
     /// cancelled.
-    #[arg(long, default_value = "30s", value_parser = agentvisor::spec::parse_duration)]
+    #[arg(long, default_value = "30s", allow_hyphen_values = true, value_parser = super::signals::drain_flag)]
     drain: Duration,
-    /// Requests per second per caller (0: no limit).
-    #[arg(long, default_value_t = 200.0)]
+    /// Requests per second per caller: 0 (no limit), or from 0.001 to
+    /// 1000000.
+    #[arg(long, value_name = "PER_SEC", default_value_t = 200.0, allow_hyphen_values = true, value_parser = super::flags::rate_limit)]
     rate_limit: f64,
-    /// Event-stream subscribers per run.
-    #[arg(long, default_value_t = 64)]
+    /// Event-stream subscribers per run (1 to 100000).
+    #[arg(long, value_name = "N", default_value_t = 64, allow_hyphen_values = true, value_parser = super::flags::whole_usize(1, super::flags::MAX_SUBSCRIBERS))]
     max_subscribers: usize,
     /// Do not recover at start: the durable runs an earlier process left
     /// stay on record for `agentvisor recover`.
@@ -110,8 +114,8 @@ pub(crate) fn token(a: TokenArgs) -> ExitCode {
             }
             match new_token() {
                 Ok(t) => {
-                    println!("{t}");
-                    println!("{}", token_line(&caller, role, &t));
+                    outln!("{t}");
+                    outln!("{}", token_line(&caller, role, &t));
                     ExitCode::SUCCESS
                 }
                 Err(e) => super::refuse(e),
@@ -162,7 +166,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
                 let parked = agentvisor::ParkedRuns::Resume;
                 match super::recover::at_start(&host, path, parked).await {
                     Ok(recovery) => {
-                        eprintln!("{}", super::recover::summary_line(&recovery));
+                        errln!("{}", super::recover::summary_line(&recovery));
                         // They go on here; a dropped handle would cancel them.
                         for run in recovery.resumed {
                             run.detach();
@@ -179,7 +183,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
     };
     let config = ServerConfig {
         rate_per_sec: a.rate_limit,
-        max_subscribers: a.max_subscribers.max(1),
+        max_subscribers: a.max_subscribers,
         ..ServerConfig::default()
     };
     let server = Server::new(host.clone(), index, config);
@@ -202,7 +206,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
     // Caught from before the line that says it serves: a SIGTERM sent as
     // soon as it is read drains too.
     let signals = Signals::install();
-    println!("listening on http://{local}");
+    outln!("listening on http://{local}");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = {
         let server = server.clone();
@@ -216,11 +220,14 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
         })
     };
     signals.wait_for_stop(&server, &a).await;
-    // Stop accepting; refuse new runs; let the runs in flight finish.
+    // Refuse new runs, still listening: a client polling `/readyz` or
+    // submitting reads 503 (not a refused connection), and the runs in
+    // flight are read and streamed to their end.
     server.start_draining();
-    let _ = stop_tx.send(());
     tracing::info!(drain_s = a.drain.as_secs_f64(), "draining");
     host.shutdown_after(a.drain).await;
+    // Every run has ended: stop accepting, end the host-wide feeds.
+    let _ = stop_tx.send(());
     server.close_streams();
     let _ = serving.await;
     ExitCode::SUCCESS
@@ -277,9 +284,9 @@ impl Signals {
                 _ = tokio::signal::ctrl_c() => return,
                 _ = hup.recv() => {
                     if load(server, a).is_ok() {
-                        eprintln!("reloaded: {} agents", server_agents(server));
+                        errln!("reloaded: {} agents", server_agents(server));
                     } else {
-                        eprintln!("reload refused; the previous agents and tokens stay");
+                        errln!("reload refused; the previous agents and tokens stay");
                     }
                 }
             }
@@ -309,7 +316,7 @@ pub(crate) async fn metrics_endpoint(
         .await
         .map_err(|e| super::refuse(format!("--metrics-addr {addr}: {e}")))?;
     let local = listener.local_addr().unwrap_or(addr);
-    eprintln!("metrics at http://{local}/metrics");
+    errln!("metrics at http://{local}/metrics");
     let task = tokio::spawn(agentvisor::server::metrics::serve_alone(
         listener,
         host.clone(),

@@ -43,7 +43,7 @@ enum SessionsCommand {
 #[derive(Args, Debug)]
 struct ListArgs {
     /// At most this many sessions.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::whole_u32(1, super::flags::MAX_LIST as u32))]
     limit: u32,
     /// Print one JSON array.
     #[arg(long)]
@@ -100,19 +100,23 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
     };
     if a.json {
         let all: Vec<serde_json::Value> = sessions.iter().map(without_manifest).collect();
-        println!("{}", serde_json::to_string(&all).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&all).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
     if sessions.is_empty() {
-        println!("no sessions in {}", store.path().display());
+        outln!("no sessions in {}", store.path().display());
         return ExitCode::SUCCESS;
     }
-    println!(
+    outln!(
         "{:<32}  {:<16}  {:<8}  {:>7}  {:<20}",
-        "SESSION", "AGENT", "STATE", "PROMPTS", "UPDATED (UTC)"
+        "SESSION",
+        "AGENT",
+        "STATE",
+        "PROMPTS",
+        "UPDATED (UTC)"
     );
     for s in &sessions {
-        println!(
+        outln!(
             "{:<32}  {:<16}  {:<8}  {:>7}  {:<20}",
             s.id,
             s.agent,
@@ -134,7 +138,7 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
     let meta = match store.get(&a.id).await {
         Ok(Some(m)) => m,
         Ok(None) => {
-            eprintln!("error: no session {} in {}", a.id, store.path().display());
+            errln!("error: no session {} in {}", a.id, store.path().display());
             return ExitCode::from(1);
         }
         Err(e) => return fail(e),
@@ -153,33 +157,36 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
             session: without_manifest(&meta),
             messages: &messages,
         };
-        println!("{}", serde_json::to_string(&shown).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&shown).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
-    println!("session {}", meta.id);
-    println!("  agent:    {}", meta.agent);
-    println!("  state:    {}", meta.state);
-    println!("  caller:   {}", meta.caller_id.as_deref().unwrap_or("-"));
-    println!("  created:  {} UTC", utc(meta.created_at));
-    println!("  updated:  {} UTC", utc(meta.updated_at));
-    println!(
+    outln!("session {}", meta.id);
+    outln!("  agent:    {}", meta.agent);
+    outln!("  state:    {}", meta.state);
+    outln!("  caller:   {}", meta.caller_id.as_deref().unwrap_or("-"));
+    outln!("  created:  {} UTC", utc(meta.created_at));
+    outln!("  updated:  {} UTC", utc(meta.updated_at));
+    outln!(
         "  prompts:  {} ({} messages, {} model calls)",
-        meta.prompts, meta.messages, meta.model_calls
+        meta.prompts,
+        meta.messages,
+        meta.model_calls
     );
-    println!(
+    outln!(
         "  tokens:   {} in, {} out",
-        meta.usage.input_tokens, meta.usage.output_tokens
+        meta.usage.input_tokens,
+        meta.usage.output_tokens
     );
     if let Some(run) = meta.last_run_id {
-        println!("  last run: {run}");
+        outln!("  last run: {run}");
     }
-    println!("messages:");
+    outln!("messages:");
     for m in &messages {
         let role = serde_json::to_value(m.message.role)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
-        println!("  {:>4}  {role:<9}  {}", m.seq, m.message.content);
+        outln!("  {:>4}  {role:<9}  {}", m.seq, m.message.content);
     }
     ExitCode::SUCCESS
 }

@@ -73,9 +73,5 @@ impl Signals {
 
 /// Parses `--drain`: a duration from 0 to 24h.
 pub(crate) fn drain_flag(s: &str) -> Result<Duration, String> {
-    let d = agentvisor::spec::parse_duration(s)?;
-    if d > agentvisor::spec::MAX_DURATION {
-        return Err("use a duration from 0 to 24h".into());
-    }
-    Ok(d)
+    super::flags::duration(Duration::ZERO, agentvisor::spec::MAX_DURATION)(s)
 }

@@ -44,17 +44,17 @@ pub(crate) struct SoakArgs {
     /// The agent manifest (YAML).
     file: PathBuf,
     /// How long to keep starting runs (`30s`, `10m`, `1h`).
-    #[arg(long, default_value = "1m", value_parser = parse_positive_duration)]
+    #[arg(long, default_value = "1m", allow_hyphen_values = true, value_parser = super::flags::duration(Duration::from_millis(1), super::flags::MAX_SOAK))]
     duration: Duration,
     /// How many runs in flight at once.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "C", default_value_t = 100, allow_hyphen_values = true, value_parser = super::flags::whole(1, super::swarm::MAX_CONCURRENCY))]
     concurrency: u64,
     /// Inject faults into this fraction of model calls (0 to 1): slow calls,
     /// hangs, 429s, malformed tool arguments. Needs `model: scripted`.
-    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    #[arg(long, value_name = "RATE", allow_hyphen_values = true, value_parser = parse_rate)]
     chaos: Option<f64>,
     /// The seed of the chaos draws.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, allow_hyphen_values = true, value_parser = super::flags::whole(0, u64::MAX))]
     seed: u64,
     /// Write `report.json` and `soak.svg` into this directory.
     #[arg(long, value_name = "DIR")]
@@ -65,14 +65,6 @@ pub(crate) struct SoakArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics while it runs.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
-}
-
-fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    let d = agentvisor::spec::parse_duration(s)?;
-    if d.is_zero() {
-        return Err("the duration must be more than 0".into());
-    }
-    Ok(d)
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -172,13 +164,13 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
     };
     if let Some(dir) = &a.report {
         if let Err(e) = write_report(dir, &report) {
-            eprintln!("error: cannot write the report to {}: {e}", dir.display());
+            errln!("error: cannot write the report to {}: {e}", dir.display());
             code = ExitCode::from(1);
         }
     }
     if a.json {
         report.series = None;
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else {
         print_report(&report);
     }
@@ -232,11 +224,13 @@ fn print_report(r: &Report) {
         Some(rate) => format!(", chaos {rate} (seed {})", s.seed),
         None => String::new(),
     };
-    println!(
+    outln!(
         "soak:          {} for {} s, concurrency {}{chaos}",
-        s.file, s.duration_s, s.concurrency
+        s.file,
+        s.duration_s,
+        s.concurrency
     );
-    println!(
+    outln!(
         "runs:          {} submitted, {} finished, {:.0} runs/s; drain {:.1} s{}",
         m.runs_submitted,
         m.runs_finished,
@@ -249,16 +243,22 @@ fn print_report(r: &Report) {
         }
     );
     for (k, n) in &m.by_status {
-        println!("  {k:<22}{n}");
+        outln!("  {k:<22}{n}");
     }
-    println!(
+    outln!(
         "latency:       p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-        m.p50_ms, m.p99_ms, m.max_ms
+        m.p50_ms,
+        m.p99_ms,
+        m.max_ms
     );
     if let Some(c) = &m.chaos {
-        println!(
+        outln!(
             "chaos:         {} calls: {} slow, {} hang, {} rate_limited, {} malformed",
-            c.calls, c.slow, c.hang, c.rate_limited, c.malformed
+            c.calls,
+            c.slow,
+            c.hang,
+            c.rate_limited,
+            c.malformed
         );
     }
     let rss_mark = match v.rss.outcome {
@@ -267,7 +267,7 @@ fn print_report(r: &Report) {
         RssOutcome::Inconclusive => "inconclusive",
         RssOutcome::TooShort => "too short to judge",
     };
-    println!(
+    outln!(
         "RSS:           peak {:.1} MiB; slope {:+.3} %/min ({:+.2} MiB/min, 95 % in [{:+.3}, {:+.3}]) over {} samples after {:.1} s warm-up [{rss_mark}]",
         m.peak_rss_mib,
         v.rss.slope_pct_per_min,
@@ -278,10 +278,10 @@ fn print_report(r: &Report) {
         v.rss.warmup_s,
     );
     if v.rss.outcome != RssOutcome::Pass {
-        println!("               {}", v.rss.reason);
+        outln!("               {}", v.rss.reason);
     }
     if v.statuses.unexplained.is_empty() {
-        println!(
+        outln!(
             "statuses:      every status explained [{}]",
             mark(v.statuses.pass)
         );
@@ -292,20 +292,20 @@ fn print_report(r: &Report) {
             .iter()
             .map(|(k, n)| format!("{k} ×{n}"))
             .collect();
-        println!(
+        outln!(
             "statuses:      unexplained: {} [{}]",
             list.join(", "),
             mark(false)
         );
     }
-    println!(
+    outln!(
         "terminal:      {} records for {} runs ({} results) [{}]",
         v.terminal.terminal_records,
         v.terminal.runs_submitted,
         v.terminal.results,
         mark(v.terminal.pass)
     );
-    println!("verdict:       {}", if v.pass { "PASS" } else { "FAIL" });
+    outln!("verdict:       {}", if v.pass { "PASS" } else { "FAIL" });
 }
 
 fn write_report(dir: &Path, report: &Report) -> Result<(), String> {
@@ -434,8 +434,6 @@ mod tests {
         for bad in ["2", "-0.1", "NaN", "x", ""] {
             assert!(parse_rate(bad).is_err(), "{bad}");
         }
-        assert!(parse_positive_duration("0s").is_err());
-        assert_eq!(parse_positive_duration("10m"), Ok(Duration::from_secs(600)));
     }
 
     #[test]

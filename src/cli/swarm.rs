@@ -33,7 +33,7 @@ use super::signals::{Caught, Signals};
 /// The most runs one swarm makes.
 const MAX_RUNS: u64 = 1_000_000_000;
 /// The most runs one swarm keeps in flight.
-const MAX_CONCURRENCY: u64 = 1_000_000;
+pub(super) const MAX_CONCURRENCY: u64 = 1_000_000;
 
 /// Flags of `agentvisor swarm`.
 #[derive(Args, Debug)]
@@ -41,10 +41,10 @@ pub(crate) struct SwarmArgs {
     /// The agent manifest (YAML).
     file: PathBuf,
     /// How many runs (1 to 1000000000).
-    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_RUNS))]
+    #[arg(long, value_name = "N", default_value_t = 1000, allow_hyphen_values = true, value_parser = super::flags::whole(1, MAX_RUNS))]
     runs: u64,
     /// How many in flight at once (1 to 1000000).
-    #[arg(long, default_value_t = 100, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=MAX_CONCURRENCY))]
+    #[arg(long, value_name = "C", default_value_t = 100, allow_hyphen_values = true, value_parser = super::flags::whole(1, MAX_CONCURRENCY))]
     concurrency: u64,
     /// Print the summary as one JSON object.
     #[arg(long)]
@@ -52,7 +52,7 @@ pub(crate) struct SwarmArgs {
     /// A token budget for all of this swarm's runs together (at least 1):
     /// on top of the manifest's `budget` (each run's) and the caller's
     /// stored limits; the tightest wins.
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = super::flags::whole(1, u64::MAX))]
     budget_tokens: Option<u64>,
     /// Named inputs of every run as a JSON object (see `run --inputs`).
     #[arg(long, value_name = "JSON")]
@@ -63,7 +63,7 @@ pub(crate) struct SwarmArgs {
     input: Option<String>,
     /// After SIGTERM, SIGHUP or Ctrl-C, how long runs in flight may go on
     /// before they are cancelled (default 10s).
-    #[arg(long, value_name = "DURATION", value_parser = super::signals::drain_flag)]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = super::signals::drain_flag)]
     drain: Option<std::time::Duration>,
     /// Run on this model instead of the manifest's (see `run --model`).
     #[arg(long, value_name = "SPEC")]

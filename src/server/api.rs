@@ -384,7 +384,9 @@ pub struct CreateSession {
     /// The agent's name (one of `GET /v1/agents`).
     pub agent: String,
     /// The session's id (1 to 128 ASCII letters, digits, `-`, `_`, `.`,
-    /// `:`); default: a new one. The id of one of your sessions reopens it.
+    /// `:`; at most 110 for a caller who is not an admin); default: a new
+    /// one. Ids are per caller: the id of one of your sessions reopens it,
+    /// whatever other callers' sessions are called.
     #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub id: Option<String>,

@@ -148,6 +148,12 @@ impl TokenTable {
     /// The caller `token` belongs to. Every digest is compared, in
     /// constant time, whichever matches.
     pub fn authenticate(&self, token: &str) -> Option<Caller> {
+        self.find(token).map(|(_, caller)| caller)
+    }
+
+    /// The caller `token` belongs to, with the token's digest (what the
+    /// server knows a token by, to end its streams once it is revoked).
+    pub(crate) fn find(&self, token: &str) -> Option<([u8; 32], Caller)> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found: Option<&Caller> = None;
         for (d, caller) in &self.entries {
@@ -156,7 +162,15 @@ impl TokenTable {
                 found = Some(caller);
             }
         }
-        found.cloned()
+        found.map(|c| (digest, c.clone()))
+    }
+
+    /// Whether the token of `digest` still acts as `caller` (same id, same
+    /// role): after a reload, a token that does not is revoked.
+    pub(crate) fn holds(&self, digest: &[u8; 32], caller: &Caller) -> bool {
+        self.entries
+            .iter()
+            .any(|(d, c)| bool::from(d.ct_eq(digest)) && c == caller)
     }
 }
 

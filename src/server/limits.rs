@@ -14,6 +14,10 @@ use tokio::time::Instant;
 
 use crate::RunId;
 
+/// The longest wait a refusal names (however low the rate: `1e-300` per
+/// second would be a wait no `Duration` holds).
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
 /// A per-caller token bucket: `rate` requests per second on average,
 /// `burst` at once.
 pub(crate) struct RateLimiter {
@@ -23,10 +27,16 @@ pub(crate) struct RateLimiter {
 }
 
 impl RateLimiter {
-    /// `rate` per second (0: no limit), `burst` at once.
+    /// `rate` per second (0 or less: no limit; NaN is taken as the lowest
+    /// rate, not as none), `burst` at once. `agentvisor serve` refuses a
+    /// `--rate-limit` outside 0 and 0.001 to 1000000 before it gets here.
     pub(crate) fn new(rate: f64, burst: f64) -> Self {
         RateLimiter {
-            rate,
+            rate: if rate.is_nan() {
+                f64::MIN_POSITIVE
+            } else {
+                rate
+            },
             burst: burst.max(1.0),
             buckets: DashMap::new(),
         }
@@ -51,7 +61,8 @@ impl RateLimiter {
             *tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - *tokens) / self.rate))
+            let wait = Duration::try_from_secs_f64((1.0 - *tokens) / self.rate);
+            Err(wait.map_or(MAX_WAIT, |w| w.min(MAX_WAIT)))
         }
     }
 }
@@ -163,6 +174,16 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(r.take(&a).is_ok());
         assert!(r.take(&a).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_too_low_for_a_duration_refuses_without_panicking() {
+        for rate in [1e-300, f64::MIN_POSITIVE, f64::NAN] {
+            let r = RateLimiter::new(rate, 1.0);
+            let a: Arc<str> = Arc::from("a");
+            assert!(r.take(&a).is_ok(), "{rate}");
+            assert_eq!(r.take(&a), Err(MAX_WAIT), "{rate}");
+        }
     }
 
     #[test]

@@ -33,7 +33,13 @@
 //!   `retry-after`); each run has at most `max_subscribers` event streams
 //!   (429); per-caller concurrent runs come from the budget ledger (429).
 //! - Draining ([`Server::start_draining`]): `/readyz` answers 503 and new
-//!   runs are refused (503) while the runs in flight go on.
+//!   runs are refused (503, with `retry-after`) while the runs in flight go
+//!   on; reads and event streams are served as before. `agentvisor serve`
+//!   keeps listening through its drain and closes the listener only once
+//!   the runs have ended.
+//! - A token taken out of the table ([`Server::set_tokens`], a reload)
+//!   is revoked at once: its open event streams end, a request of it that
+//!   is still waiting (`?wait=`) answers 401, and so does every later one.
 
 pub mod api;
 pub mod auth;
@@ -61,6 +67,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use dashmap::DashMap;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -117,6 +124,9 @@ pub(crate) struct AppState {
     pub(crate) config: ServerConfig,
     catalog: RwLock<Arc<Catalog>>,
     tokens: RwLock<Option<Arc<TokenTable>>>,
+    /// Per token (by digest) that authenticated a request: the caller it
+    /// acted as and what ends its streams when it is revoked.
+    token_streams: DashMap<[u8; 32], (Caller, CancellationToken)>,
     pub(crate) rate: RateLimiter,
     pub(crate) streams: StreamCaps,
     pub(crate) idempotency: IdempotencyKeys,
@@ -173,6 +183,7 @@ impl Server {
                 config,
                 catalog: RwLock::new(Arc::new(Catalog::default())),
                 tokens: RwLock::new(None),
+                token_streams: DashMap::new(),
                 draining: AtomicBool::new(false),
                 closing: CancellationToken::new(),
             }),
@@ -189,9 +200,21 @@ impl Server {
     }
 
     /// Replaces the token table (`None`: no authentication, every request
-    /// is the admin `anonymous`).
+    /// is the admin `anonymous`). A token the new table does not hold, or
+    /// holds for another caller or role, is revoked: its event streams end
+    /// and its waiting requests answer 401.
     pub fn set_tokens(&self, tokens: Option<TokenTable>) {
-        *self.state.tokens.write().unwrap_or_else(|p| p.into_inner()) = tokens.map(Arc::new);
+        let tokens = tokens.map(Arc::new);
+        *self.state.tokens.write().unwrap_or_else(|p| p.into_inner()) = tokens.clone();
+        self.state
+            .token_streams
+            .retain(|digest, (caller, revoked)| {
+                let kept = tokens.as_ref().is_some_and(|t| t.holds(digest, caller));
+                if !kept {
+                    revoked.cancel();
+                }
+                kept
+            });
     }
 
     /// How many agents are loaded.
@@ -307,19 +330,42 @@ impl Server {
     }
 }
 
+/// Cancelled when the token a request was authenticated with is revoked
+/// (a request extension beside its [`Caller`]): its event streams end on
+/// it. Never cancelled without a token table.
+#[derive(Clone)]
+pub(crate) struct Revoked(pub(crate) CancellationToken);
+
+/// The token of `caller` known by `digest`: what revokes it.
+fn revocation(st: &AppState, digest: [u8; 32], caller: &Caller) -> CancellationToken {
+    let entry = st
+        .token_streams
+        .entry(digest)
+        .or_insert_with(|| (caller.clone(), CancellationToken::new()));
+    entry.1.clone()
+}
+
 /// Authenticates `/v1` requests and applies the caller's rate limit.
 async fn authenticate(
     State(st): State<Arc<AppState>>,
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let caller = match st.tokens() {
-        None => st.anonymous.clone(),
+    let (caller, revoked) = match st.tokens() {
+        None => (st.anonymous.clone(), CancellationToken::new()),
         Some(table) => {
             let token = bearer(&req).ok_or_else(ApiError::unauthorized)?;
-            table
-                .authenticate(&token)
-                .ok_or_else(ApiError::unauthorized)?
+            let (digest, caller) = table.find(&token).ok_or_else(ApiError::unauthorized)?;
+            let revoked = revocation(&st, digest, &caller);
+            // A reload between the look-up and now: the table read above
+            // may be the old one, and the token revoked by the new.
+            let current = st.tokens();
+            if revoked.is_cancelled() || !current.is_some_and(|t| t.holds(&digest, &caller)) {
+                st.token_streams
+                    .remove_if(&digest, |_, (c, _)| *c == caller);
+                return Err(ApiError::unauthorized());
+            }
+            (caller, revoked)
         }
     };
     if let Err(wait) = st.rate.take(&caller.id) {
@@ -331,7 +377,13 @@ async fn authenticate(
         .retry_after(wait.as_secs_f64().ceil() as u64));
     }
     req.extensions_mut().insert(caller);
-    Ok(next.run(req).await)
+    req.extensions_mut().insert(Revoked(revoked.clone()));
+    // A request still waiting (a `?wait=` long poll) when its token is
+    // revoked answers 401; a stream it returned ends on its own.
+    tokio::select! {
+        resp = next.run(req) => Ok(resp),
+        _ = revoked.cancelled() => Err(ApiError::unauthorized()),
+    }
 }
 
 /// The bearer token of a request: `Authorization: Bearer T`, else

@@ -2,8 +2,16 @@
 //! one with an agent, send it messages (each answered as a Server-Sent
 //! Events stream of its run), read its state and history, close it.
 //!
-//! A session belongs to the caller who created it: another caller's
-//! session answers 404, as an unknown id does (admins see every session).
+//! A session belongs to the caller who created it, and its id is that
+//! caller's: two callers may each have a session `chat-1`, and neither
+//! learns of the other's (no answer differs for an id another caller
+//! uses). The store keeps a caller's session under its id prefixed with
+//! the caller's own tag, `c` and 16 hex digits of the SHA-256 of its
+//! caller id, then `:` ([`store_id`]); so a caller's ids are at most
+//! 110 characters. Admins name sessions by their stored ids, as they
+//! are (every session, a caller's by its prefixed id): an admin's own
+//! sessions, and every session with no token table, keep their ids
+//! unprefixed, as `agentvisor chat --session ID` does.
 //! Its message's run is submitted as the session's owner, so it is listed,
 //! streamed and controlled under `/v1/runs` like any other run.
 //!
@@ -28,11 +36,59 @@ use super::api::{BusyMode, CreateSession, MessageBody, SessionMessageView, Sessi
 use super::auth::Caller;
 use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
-use super::streams::{frame, sse};
-use super::AppState;
+use super::streams::{frame, sse, until_revoked};
+use super::{AppState, Revoked};
 use crate::ports::model::Role;
 use crate::ports::session::SessionMeta;
 use crate::session::{check_session_id, OnBusy, Session, SessionError, SessionOptions};
+use crate::RunId;
+
+/// How many characters a caller's tag adds to its session ids (`c`, 16
+/// hex digits, `:`).
+const TAG_LEN: usize = 18;
+
+/// The tag a caller's session ids are kept under.
+fn tag(caller: &Caller) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(caller.id.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("c{hex}:")
+}
+
+/// Where the session `caller` calls `id` is kept: an admin's ids are the
+/// stored ids; any other caller's are prefixed with its tag.
+pub(crate) fn store_id(caller: &Caller, id: &str) -> String {
+    if caller.is_admin() {
+        id.to_string()
+    } else {
+        format!("{}{id}", tag(caller))
+    }
+}
+
+/// The id `caller` knows the stored session `stored` by: its own without
+/// the tag.
+fn shown_id(caller: &Caller, stored: &str) -> String {
+    if caller.is_admin() {
+        return stored.to_string();
+    }
+    stored
+        .strip_prefix(tag(caller).as_str())
+        .unwrap_or(stored)
+        .to_string()
+}
+
+/// Checks an id a caller names for a new session: a session id, short
+/// enough for its tag.
+fn check_new_id(caller: &Caller, id: &str) -> Result<(), ApiError> {
+    check_session_id(id).map_err(|e| ApiError::invalid(format!("`id`: {e}")))?;
+    if check_session_id(&store_id(caller, id)).is_err() {
+        return Err(ApiError::invalid(format!(
+            "`id`: it is longer than {} characters",
+            crate::session::MAX_SESSION_ID_LEN - TAG_LEN
+        )));
+    }
+    Ok(())
+}
 
 /// The server's busy mode of a session's rule (none kept: refuse).
 fn busy_mode(meta: &SessionMeta) -> BusyMode {
@@ -76,7 +132,8 @@ async fn owned(
     caller: &Caller,
     id: &str,
 ) -> Result<(Session, SessionMeta), ApiError> {
-    if check_session_id(id).is_err() {
+    let stored = store_id(caller, id);
+    if check_session_id(id).is_err() || check_session_id(&stored).is_err() {
         return Err(not_found(id));
     }
     // Ownership first, from the store: another caller's session is never
@@ -84,19 +141,19 @@ async fn owned(
     let meta = st
         .host
         .session_store()
-        .get(id)
+        .get(&stored)
         .await
         .map_err(ApiError::store)?
         .ok_or_else(|| not_found(id))?;
     if !caller.may_see(meta.caller_id.as_deref()) {
         return Err(not_found(id));
     }
-    let session = st.host.session(id).await.map_err(session_error)?;
+    let session = st.host.session(&stored).await.map_err(session_error)?;
     Ok((session, meta))
 }
 
-/// The view of a session.
-async fn view(session: &Session) -> Result<SessionView, ApiError> {
+/// The view of a session, as `caller` names it.
+async fn view(caller: &Caller, session: &Session) -> Result<SessionView, ApiError> {
     let meta: SessionMeta = session.meta().await.map_err(session_error)?;
     let history = session.history().await.map_err(session_error)?;
     let messages = history
@@ -117,7 +174,7 @@ async fn view(session: &Session) -> Result<SessionView, ApiError> {
         .collect();
     let on_busy = busy_mode(&meta);
     Ok(SessionView {
-        session_id: meta.id.clone(),
+        session_id: shown_id(caller, &meta.id),
         agent: meta.agent,
         caller_id: meta.caller_id,
         state: session.state().into(),
@@ -141,7 +198,7 @@ async fn view(session: &Session) -> Result<SessionView, ApiError> {
         (status = 200, description = "One of your sessions, reopened", body = SessionView),
         (status = 401, body = ErrorBody),
         (status = 404, description = "Unknown agent", body = ErrorBody),
-        (status = 409, description = "The id is taken (by another caller, or by a session of another agent)", body = ErrorBody),
+        (status = 409, description = "The id is one of your sessions with another agent", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody),
         (status = 503, body = ErrorBody),
     ),
@@ -162,21 +219,28 @@ pub(crate) async fn create(
             format!("session id `{id}` is taken"),
         )
     };
-    let mut existed = false;
-    if let Some(id) = &body.id {
-        check_session_id(id).map_err(|e| ApiError::invalid(format!("`id`: {e}")))?;
-        if let Some(meta) = st
-            .host
-            .session_store()
-            .get(id)
-            .await
-            .map_err(ApiError::store)?
-        {
-            if !caller.may_see(meta.caller_id.as_deref()) {
-                return Err(taken(id));
-            }
-            existed = true;
+    // The id as the caller names it, and where it is kept.
+    let id = match &body.id {
+        Some(id) => {
+            check_new_id(&caller, id)?;
+            id.clone()
         }
+        None => RunId::new().to_string(),
+    };
+    let stored = store_id(&caller, &id);
+    let mut existed = false;
+    if let Some(meta) = st
+        .host
+        .session_store()
+        .get(&stored)
+        .await
+        .map_err(ApiError::store)?
+    {
+        // Only under an admin's id (a caller's ids are its own).
+        if !caller.may_see(meta.caller_id.as_deref()) {
+            return Err(taken(&id));
+        }
+        existed = true;
     }
     let agent = st.catalog().get(&body.agent).cloned().ok_or_else(|| {
         ApiError::new(
@@ -186,7 +250,7 @@ pub(crate) async fn create(
         )
     })?;
     let options = SessionOptions {
-        id: body.id.clone(),
+        id: Some(stored),
         caller_id: Some(caller.id.to_string()),
         on_busy: OnBusy::Refuse,
     };
@@ -197,8 +261,8 @@ pub(crate) async fn create(
         .map_err(session_error)?;
     let meta = session.meta().await.map_err(session_error)?;
     if !caller.may_see(meta.caller_id.as_deref()) {
-        // Created meanwhile by another caller.
-        return Err(taken(session.id()));
+        // Created meanwhile by another admin.
+        return Err(taken(&id));
     }
     if let Some(mode) = body.on_busy {
         let rule = match mode {
@@ -210,14 +274,14 @@ pub(crate) async fn create(
             .await
             .map_err(session_error)?;
     }
-    let v = view(&session).await?;
+    let v = view(&caller, &session).await?;
     let status = if existed {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
     let mut resp = (status, Json(v)).into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("/v1/sessions/{}", session.id())) {
+    if let Ok(loc) = HeaderValue::from_str(&format!("/v1/sessions/{id}")) {
         resp.headers_mut().insert(axum::http::header::LOCATION, loc);
     }
     Ok(resp)
@@ -236,7 +300,7 @@ pub(crate) async fn get_session(
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
     let (session, _) = owned(&st, &caller, &id).await?;
-    Ok(Json(view(&session).await?))
+    Ok(Json(view(&caller, &session).await?))
 }
 
 /// Send a message; the answer comes as Server-Sent Events.
@@ -265,6 +329,7 @@ pub(crate) async fn get_session(
 pub(crate) async fn send_message(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
+    Extension(Revoked(revoked)): Extension<Revoked>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<MessageBody>,
 ) -> Result<Response, ApiError> {
@@ -293,7 +358,7 @@ pub(crate) async fn send_message(
             }
         }
     });
-    let mut resp = sse(s, st.config.keep_alive);
+    let mut resp = sse(until_revoked(s, revoked), st.config.keep_alive);
     if let Ok(v) = HeaderValue::from_str(&run_id) {
         resp.headers_mut().insert("run-id", v);
     }
@@ -315,7 +380,7 @@ pub(crate) async fn close(
 ) -> Result<Json<SessionView>, ApiError> {
     let (session, _) = owned(&st, &caller, &id).await?;
     session.close().await.map_err(session_error)?;
-    Ok(Json(view(&session).await?))
+    Ok(Json(view(&caller, &session).await?))
 }
 
 /// Remove a session: closed (a message in flight is cancelled), then its
@@ -335,7 +400,7 @@ pub(crate) async fn remove(
     session.close().await.map_err(session_error)?;
     st.host
         .session_store()
-        .remove(&id)
+        .remove(session.id())
         .await
         .map_err(ApiError::store)?;
     Ok(StatusCode::NO_CONTENT)

@@ -14,6 +14,9 @@
 //!
 //! The host-wide feed is lossy (a dashboard's feed): a slow client gets a
 //! `lagged` event saying how many events it missed. It carries no ids.
+//!
+//! Every stream ends when the token it was opened with is revoked (a
+//! reload of the tokens file without it, see [`super::Revoked`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -28,7 +31,7 @@ use futures_util::{stream, Stream, StreamExt};
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::runs::{find, parse_id};
-use super::AppState;
+use super::{AppState, Revoked};
 use crate::{Event, HostEvent, RunEvent};
 
 /// The SSE frame of one run event.
@@ -58,6 +61,7 @@ pub(crate) fn frame(ev: &Event) -> SseEvent {
 pub(crate) async fn run_events(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
+    Extension(Revoked(revoked)): Extension<Revoked>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -104,7 +108,18 @@ pub(crate) async fn run_events(
         let _ = &slot;
         Ok::<_, Infallible>(frame(&ev))
     });
-    Ok(sse(s, st.config.keep_alive))
+    Ok(sse(until_revoked(s, revoked), st.config.keep_alive))
+}
+
+/// `s`, ending when `revoked` is cancelled.
+pub(crate) fn until_revoked<S>(
+    s: S,
+    revoked: tokio_util::sync::CancellationToken,
+) -> impl Stream<Item = S::Item> + Send + 'static
+where
+    S: Stream + Send + 'static,
+{
+    s.take_until(revoked.cancelled_owned())
 }
 
 pub(crate) fn sse<S>(s: S, every: std::time::Duration) -> Response
@@ -128,6 +143,7 @@ where
 pub(crate) async fn host_events(
     State(st): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
+    Extension(Revoked(revoked)): Extension<Revoked>,
 ) -> Response {
     let feed = st.host.watch();
     let closed = st.closing.clone();
@@ -151,5 +167,5 @@ pub(crate) async fn host_events(
             }
         },
     );
-    sse(s, st.config.keep_alive)
+    sse(until_revoked(s, revoked), st.config.keep_alive)
 }

@@ -22,6 +22,16 @@ impl Serving {
     /// request is the admin `anonymous`), `extra` flags after them, and
     /// waits for its `listening on` line.
     pub(crate) fn start(db: &Path, agents: &Path, extra: &[&str]) -> Serving {
+        Self::start_draining_for(db, agents, "1s", extra)
+    }
+
+    /// [`start`](Self::start) with `--drain drain`.
+    pub(crate) fn start_draining_for(
+        db: &Path,
+        agents: &Path,
+        drain: &str,
+        extra: &[&str],
+    ) -> Serving {
         let mut args = vec![
             "--db".to_string(),
             db.display().to_string(),
@@ -29,7 +39,7 @@ impl Serving {
             "--addr".to_string(),
             "127.0.0.1:0".to_string(),
             "--drain".to_string(),
-            "1s".to_string(),
+            drain.to_string(),
             "--agents".to_string(),
             agents.display().to_string(),
         ];
@@ -94,14 +104,25 @@ impl Serving {
         self.child.wait().unwrap();
     }
 
-    /// SIGTERM, then waits for the drained exit (which must be 0).
-    pub(crate) async fn stop(mut self) {
+    /// Sends the process `sig` (`TERM`, `HUP`).
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
             .status()
             .unwrap()
             .success();
-        assert!(ok, "kill -TERM");
+        assert!(ok, "kill -{sig}");
+    }
+
+    /// SIGTERM, then waits for the drained exit (which must be 0).
+    pub(crate) async fn stop(self) {
+        self.signal("TERM");
+        self.exited().await;
+    }
+
+    /// Waits (at most a minute) for the process to exit, which must be
+    /// with 0.
+    pub(crate) async fn exited(mut self) {
         let started = Instant::now();
         let status = loop {
             if let Some(st) = self.child.try_wait().unwrap() {
