@@ -96,7 +96,7 @@ async fn outputs_feed_forward_and_usage_is_summed() {
     };
     assert_eq!(&*info.agent, "essay.draft");
     assert_eq!(info.caller_id.as_deref(), Some("writer"));
-    assert_eq!(info.limits.unwrap().max_iterations, Some(2));
+    assert_eq!(info.limits.map(|l| l.max_iterations), Some(2));
     host.shutdown().await;
 }
 

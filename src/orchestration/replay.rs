@@ -473,7 +473,7 @@ pub async fn replay(
     let mut spec = AgentSpec::new(info.agent.to_string(), "recorded");
     spec.output_schema = refused_answers(records, &terminal).map(|a| refusing_schema(&a));
     spec.tools = info.tools.to_vec();
-    spec.limits = info.limits.unwrap_or_default();
+    spec.limits = info.limits.map(|l| l.to_spec()).unwrap_or_default();
     // Timing is not replayed: no deadline or stall may cut the replay short.
     // Nor is compaction: the recording answers steps, not summary calls (a
     // summary would take a step's call index), and the recorded model reads

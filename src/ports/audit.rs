@@ -37,9 +37,10 @@ pub struct RunInfo {
     /// The tools the run may call (for replay).
     #[serde(default)]
     pub tools: std::sync::Arc<[String]>,
-    /// The run's resolved limits (for replay).
-    #[serde(default)]
-    pub limits: Option<super::limits::LimitsSpec>,
+    /// The run's resolved limits (for replay), written as a manifest
+    /// writes them.
+    #[serde(default, with = "super::limits::limits_as_spec")]
+    pub limits: Option<super::limits::Limits>,
     /// The host that runs it (its lease owner id, `HOSTNAME/PID/NONCE`):
     /// `recover` leaves the unfinished runs of a host whose lease is live
     /// to it.

@@ -130,6 +130,28 @@ impl Limits {
     }
 }
 
+/// Resolved [`Limits`] kept in a record as the manifest writes them
+/// (every key set: [`Limits::to_spec`]), read back by resolving that layer
+/// over no other: for `#[serde(with = "limits_as_spec")]` on an
+/// `Option<Limits>`, so a record carries the one resolved form.
+pub mod limits_as_spec {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{Limits, LimitsSpec};
+
+    /// Writes `Some` limits in manifest form.
+    pub fn serialize<S: Serializer>(limits: &Option<Limits>, s: S) -> Result<S::Ok, S::Error> {
+        limits.map(|l| l.to_spec()).serialize(s)
+    }
+
+    /// Reads limits written in manifest form (any keys set; the others
+    /// take their defaults).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Limits>, D::Error> {
+        let spec = Option::<LimitsSpec>::deserialize(d)?;
+        Ok(spec.map(|s| s.resolve(&LimitsSpec::default())))
+    }
+}
+
 /// How long a call that needs approval waits for a decision by default.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
 

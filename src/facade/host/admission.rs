@@ -456,7 +456,7 @@ impl Host {
             session_id: inv.session_id,
             prompt: cap_text(&prompt, 2048),
             tools: agent.tool_names(),
-            limits: Some(limits.to_spec()),
+            limits: Some(limits),
             host: Some(h.host_id.clone()),
         });
         Ok(Opening {

@@ -15,9 +15,7 @@ use super::steps::{steps_are_in, STEPS_IN_TAIL};
 use super::{KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo};
 use crate::ports::event::RunEvent;
-#[cfg(doc)]
 use crate::ports::limits::Limits;
-use crate::ports::limits::LimitsSpec;
 use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 use crate::stores::sqlite::to_i64;
 use crate::stores::sqlite::writer::{RunRow, SegmentRow};
@@ -29,7 +27,7 @@ use crate::stores::sqlite::writer::{RunRow, SegmentRow};
 pub(super) fn write_info(
     out: &mut Vec<u8>,
     info: &RunInfo,
-    last: &mut Option<(LimitsSpec, Vec<u8>)>,
+    last: &mut Option<(Limits, Vec<u8>)>,
 ) -> serde_json::Result<()> {
     // Destructured whole: a field added to `RunInfo` must be added here.
     let RunInfo {
@@ -77,8 +75,7 @@ pub(super) fn write_info(
     out.push(b']');
     if let Some(full) = limits {
         if last.as_ref().is_none_or(|(f, _)| f != full) {
-            let minimal = full.resolve(&LimitsSpec::default()).to_minimal_spec();
-            *last = Some((*full, serde_json::to_vec(&minimal)?));
+            *last = Some((*full, serde_json::to_vec(&full.to_minimal_spec())?));
         }
         if let Some((_, json)) = last {
             out.extend_from_slice(b",\"limits\":");

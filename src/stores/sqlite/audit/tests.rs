@@ -235,8 +235,7 @@ fn common_events_are_written_as_serde_writes_them() {
         max_runtime: Some(std::time::Duration::from_secs(30)),
         ..Default::default()
     }
-    .resolve(&LimitsSpec::default())
-    .to_spec();
+    .resolve(&LimitsSpec::default());
     for (caller, parent, session) in [
         (None, None, None),
         (Some(tricky), Some(RunId(3)), Some("s")),
