@@ -164,7 +164,7 @@ impl Critic {
 /// The shard's state.
 pub struct CriticState {
     /// Boxed: the table then costs a pointer a slot (it grows by doubling).
-    runs: HashMap<u64, Box<RunState>>,
+    runs: HashMap<u64, Box<RunState>, foldhash::fast::RandomState>,
     timers: BTreeSet<(Instant, u64)>,
     wake_at: Option<Instant>,
     wake_tx: watch::Sender<Option<Instant>>,
@@ -189,7 +189,7 @@ impl Actor for Critic {
         tokio::spawn(sleeper(myself, wake_rx));
         Ok(CriticState {
             link,
-            runs: HashMap::new(),
+            runs: HashMap::default(),
             timers: BTreeSet::new(),
             wake_at: None,
             wake_tx,

@@ -19,7 +19,7 @@ use crate::ports::tool::{Beater, ToolContext, ToolError, ToolEvents};
 use crate::record::Ending;
 
 use super::guard::Screened;
-use crate::dispatch::PreparedCall;
+use crate::dispatch::{validate, PreparedCall};
 use crate::ports::checkpoint::CallDecision;
 
 /// A tool call still running after its first poll.
@@ -80,7 +80,12 @@ impl RunState {
             // The critic counts repeats (arguments compared as canonical
             // JSON); one that reaches the limit is decided on before the
             // next step (the shard reviews the run).
-            let hash = crate::dispatch::validate::canonical_hash(&call.name, &call.arguments);
+            // Validation parses the arguments once; the hash reads them.
+            let prepared = self.agent.tools().prepare(call);
+            let hash = match &prepared {
+                Ok(p) => validate::canonical_hash_of(&call.name, &p.args),
+                Err(_) => validate::canonical_hash(&call.name, &call.arguments),
+            };
             self.beat(Beat::ToolStarted { hash });
             let args = cap_text(&call.arguments, SUMMARY_BYTES);
             self.event(RunEvent::ToolCall {
@@ -89,7 +94,6 @@ impl RunState {
                 tool: call.name.clone(),
                 args: args.clone(),
             });
-            let prepared = self.agent.tools().prepare(call);
             // A call that cannot run (unknown tool, bad arguments) goes
             // back to the model as an error: no guard or operator is asked.
             // Guards and `approval:` decide the others (see `guard`).

@@ -132,7 +132,8 @@ impl Detectors {
     /// it asks for; new text is progress; its chunks go to `chant`.
     /// Returns whether it was new.
     pub fn reply(&mut self, text: &str) -> bool {
-        let trimmed = text.trim();
+        // ASCII whitespace only: a byte scan, not a char decode.
+        let trimmed = text.trim_ascii();
         self.text = if trimmed.is_empty() {
             0
         } else {

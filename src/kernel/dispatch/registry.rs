@@ -17,6 +17,9 @@
 //! of its length is tests.
 
 use std::collections::HashMap;
+
+/// The tool tables' hasher: a few names, looked up on every call.
+type Names = foldhash::fast::RandomState;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -78,7 +81,7 @@ struct Entry {
 /// Every tool a host offers, by name, each with its schema compiled once.
 #[derive(Default)]
 pub struct ToolRegistry {
-    entries: HashMap<String, Entry>,
+    entries: HashMap<String, Entry, Names>,
 }
 
 impl ToolRegistry {
@@ -149,7 +152,7 @@ impl ToolRegistry {
     /// The tools an agent may use, in the order given (a repeated name is
     /// kept once). An unknown name is an error that lists what is available.
     pub fn select(&self, names: &[String]) -> Result<ToolSet, RegistryError> {
-        let mut entries = HashMap::with_capacity(names.len());
+        let mut entries = HashMap::with_capacity_and_hasher(names.len(), Names::default());
         let mut specs = Vec::with_capacity(names.len());
         for name in names {
             if entries.contains_key(name) {
@@ -283,7 +286,7 @@ pub struct ToolSet {
 
 #[derive(Default)]
 struct ToolSetInner {
-    entries: HashMap<String, Entry>,
+    entries: HashMap<String, Entry, Names>,
     specs: Arc<[ToolSpec]>,
 }
 

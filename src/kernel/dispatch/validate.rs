@@ -16,7 +16,7 @@
 //! calls that differ only in spacing or key order count as the same call.
 
 use std::borrow::Cow;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use jsonschema::Validator;
 use serde_json::Value;
@@ -162,10 +162,23 @@ pub fn hash_call<H: Hasher>(name: &str, text: &str, h: &mut H) {
     }
 }
 
+/// The seed of [`canonical_hash`]: fixed, so a call hashes the same in
+/// every process.
+const CANONICAL_SEED: u64 = 0x6167_656e_7476_6973;
+
 /// A hash of a tool call in canonical form (see [`hash_call`]).
 pub fn canonical_hash(name: &str, text: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = foldhash::fast::FixedState::with_seed(CANONICAL_SEED).build_hasher();
     hash_call(name, text, &mut h);
+    h.finish()
+}
+
+/// [`canonical_hash`] of a call whose arguments are parsed already (as
+/// validation leaves them): the same hash, without parsing them again.
+pub fn canonical_hash_of(name: &str, args: &Value) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(CANONICAL_SEED).build_hasher();
+    name.hash(&mut h);
+    hash_value(args, &mut h);
     h.finish()
 }
 
@@ -249,6 +262,33 @@ fn write_canonical(v: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parsed_call_hashes_as_its_text_does() {
+        for text in [
+            "",
+            "  ",
+            "{}",
+            r#"{"b": [1, 2.5, "x"], "a": {"z": null, "y": true}}"#,
+        ] {
+            let parsed = parse_arguments(text).unwrap_or_default();
+            assert_eq!(
+                canonical_hash_of("t", &parsed),
+                canonical_hash("t", text),
+                "{text}"
+            );
+        }
+        assert_ne!(canonical_hash("t", "{}"), canonical_hash("u", "{}"));
+        assert_ne!(
+            canonical_hash("t", r#"{"a": 1}"#),
+            canonical_hash("t", r#"{"a": 2}"#)
+        );
+        // Key order and spacing do not matter.
+        assert_eq!(
+            canonical_hash("t", r#"{"a":1,"b":2}"#),
+            canonical_hash("t", r#"{ "b": 2, "a": 1 }"#)
+        );
+    }
     use serde_json::json;
 
     fn add_schema() -> Validator {
