@@ -421,7 +421,7 @@ pub(crate) async fn prepare_with(
     let builder = builder.allowance_tokens(budget_tokens);
     let host = builder.build().await.map_err(refuse)?;
     let agent = host.prepare(spec).await.map_err(|e| {
-        if let SubmitError::NoModel(_) = e {
+        if let SubmitError::NoModel(_) | SubmitError::Tier(_) = e {
             return refuse(format!("{}: {e}", file.display()));
         }
         let line = match &e {
