@@ -214,3 +214,57 @@ fn a_chaos_rate_outside_zero_to_one_is_refused() {
         );
     }
 }
+
+/// A soak too short for the RSS slope: the verdict says it could not
+/// judge (`inconclusive`, with the reason), exits 0 with a warning, and
+/// with `--require` fails.
+#[test]
+fn a_verdict_that_could_not_judge_memory_is_inconclusive_and_require_fails_it() {
+    let soak = |extra: &[&str]| {
+        let mut args = vec![
+            "soak",
+            "examples/agents/soak.yaml",
+            "--duration",
+            "1s",
+            "--concurrency",
+            "4",
+            "--db",
+            ":memory:",
+        ];
+        args.extend_from_slice(extra);
+        agentvisor(&args)
+    };
+    let out = soak(&["--json"]);
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stderr(&out)));
+    let v = &r["verdict"];
+    assert_eq!(v["rss"]["outcome"], "too_short", "{v}");
+    assert_eq!(v["outcome"], "inconclusive", "{v}");
+    assert_eq!(v["pass"], true, "{v}");
+    assert!(
+        v["unjudged"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("rss: too short"),
+        "{v}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("warning: the verdict is inconclusive"),
+        "{}",
+        stderr(&out)
+    );
+    // The text report says it too.
+    let out = soak(&[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verdict:       INCONCLUSIVE"), "{text}");
+    assert_eq!(out.status.code(), Some(0));
+    // --require: an inconclusive verdict fails.
+    let out = soak(&["--json", "--require"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["verdict"]["outcome"], "inconclusive");
+    assert_eq!(r["verdict"]["pass"], false);
+    assert_eq!(r["verdict"]["require_conclusive"], true);
+    exit_matches_verdict(&out, &r);
+    assert!(stderr(&out).contains("--require"), "{}", stderr(&out));
+}

@@ -317,6 +317,42 @@ async fn results_map_errors_media_and_size() {
 }
 
 #[tokio::test]
+async fn an_answer_over_the_size_cap_fails_its_call_at_once() {
+    // The default cap (16 MiB) against a 17 MiB answer, under a minute's
+    // tool_timeout: the call fails as soon as the cap is passed.
+    let host = host_with(McpConfig::default()).await;
+    let yaml = manifest(
+        "",
+        "",
+        &format!(
+            "  - {{ tool: t__huge, args: {{ bytes: {} }} }}\n  - {{ tool: t__echo, args: {{ text: still here }} }}\n  - {{ text: done }}\n",
+            17 << 20
+        ),
+        "limits: { tool_timeout: 60s, max_runtime: 120s, stall_timeout: 90s }\n",
+    );
+    let t0 = Instant::now();
+    let (r, events) = run(&host, &yaml).await;
+    let took = t0.elapsed();
+    assert_eq!(r.status, RunStatus::Ok, "{r:?}");
+    let err = r.steps[0].error.clone().unwrap_or_default();
+    assert!(err.starts_with("mcp_result_too_large"), "{err}");
+    assert!(err.contains("16777216 bytes"), "{err}");
+    assert!(took < Duration::from_secs(30), "the call waited: {took:?}");
+    let failed: Vec<&RunEvent> = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::McpToolCallFail { .. }))
+        .collect();
+    assert!(
+        matches!(failed.first(), Some(RunEvent::McpToolCallFail { error_kind, .. }) if error_kind == "mcp_result_too_large"),
+        "{failed:?}"
+    );
+    // The connection is still good: the next call is answered.
+    assert!(r.steps[1].ok, "{:?}", r.steps[1]);
+    assert_eq!(r.steps[1].result, "still here");
+    host.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_timeout_is_mcp_tool_timeout_and_the_server_hears_cancelled() {
     let dir = std::env::temp_dir().join(format!("mcp-timeout-{}", std::process::id()));
     let _ = std::fs::remove_file(&dir);

@@ -39,6 +39,7 @@ mod budget;
 mod chat;
 mod client;
 mod flags;
+mod logs;
 mod mcp;
 mod recover;
 mod replay;
@@ -231,8 +232,8 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Serve(a) => serve::serve(a, &db).await,
         Command::Token(a) => serve::token(a),
         Command::Run(a) => run::run(a, &db).await,
-        Command::Swarm(a) => swarm::swarm(a, &db).await,
-        Command::Soak(a) => soak::soak(a, &db).await,
+        Command::Swarm(a) => logs::once_per_warning(swarm::swarm(a, &db)).await,
+        Command::Soak(a) => logs::once_per_warning(soak::soak(a, &db)).await,
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
@@ -315,24 +316,28 @@ pub(crate) fn exit_now(code: u8) -> ! {
     std::process::exit(i32::from(code))
 }
 
-/// Logs to stderr, filtered by `AGENTVISOR_LOG` (default: warnings). With
+/// Logs to stderr, filtered by `AGENTVISOR_LOG` (default: warnings), in
+/// colour only on a terminal without `NO_COLOR`, runs' repeated warnings
+/// held back once a command asks (see `logs`). With
 /// the `otel` feature, also exports traces when the `OTEL_*` variables name
 /// an endpoint (see `agentvisor::otel`); a setting it cannot follow is a
 /// warning, and the command runs without traces.
 pub(crate) fn init_tracing() -> Tracing {
+    use tracing_subscriber::filter::FilterExt;
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENTVISOR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt::layer()
+        .with_ansi(logs::colour())
+        .with_writer(std::io::stderr)
+        .with_filter(filter.and(logs::RunWarnings));
     #[cfg(feature = "otel")]
     {
-        use tracing_subscriber::prelude::*;
         let traces = agentvisor::otel::Traces::from_env().unwrap_or_else(|e| {
             errln!("warning: no traces: {e}");
             None
         });
         if let Some(t) = &traces {
-            let logs = tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_filter(filter);
             let _ = tracing_subscriber::registry()
                 .with(logs)
                 .with(t.layer())
@@ -340,10 +345,7 @@ pub(crate) fn init_tracing() -> Tracing {
             return Tracing { traces };
         }
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(logs).try_init();
     Tracing {
         #[cfg(feature = "otel")]
         traces: None,
@@ -468,7 +470,7 @@ pub(crate) async fn prepare_with(
     let builder = builder.allowance_tokens(budget_tokens);
     let host = builder.build().await.map_err(refuse)?;
     let agent = host.prepare(spec).await.map_err(|e| {
-        if let SubmitError::NoModel(_) = e {
+        if let SubmitError::NoModel(_) | SubmitError::Tier(_) = e {
             return refuse(format!("{}: {e}", file.display()));
         }
         let line = match &e {

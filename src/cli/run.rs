@@ -1,4 +1,6 @@
-//! `agentvisor run FILE`: one run, its events (with `--events`), its result.
+//! `agentvisor run FILE`: one run, its events (with `--events`), its result;
+//! with `--explain`, where its model resolves (tiers, provider, base URL,
+//! key variable), and no run.
 //! Ctrl-C cancels the run; the result is still printed (status `cancelled`,
 //! with the text streamed so far as its output). SIGTERM or SIGHUP give the
 //! run `--drain` (default 10 s) to finish, then cancel it, print its result
@@ -72,6 +74,31 @@ pub(crate) struct RunArgs {
     /// `none` denied.
     #[arg(long, value_enum, default_value_t = ApproveMode::Ask)]
     approve: ApproveMode,
+    /// Print where the model resolves (the tiers followed, the provider,
+    /// its base URL, its key's variable) and exit without running.
+    #[arg(long)]
+    explain: bool,
+}
+
+/// `run --explain`: where the manifest's model (or `--model`) resolves.
+fn explain(a: &RunArgs) -> ExitCode {
+    let config = match super::providers(a.model.clone()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let spec = match agentvisor::AgentSpec::from_file(&a.file) {
+        Ok(s) => s,
+        Err(e) => return super::refuse(e),
+    };
+    match agentvisor::providers::ModelResolver::new(config).explain(&spec) {
+        Ok(x) => {
+            for line in x.to_string().lines() {
+                outln!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => super::refuse(format!("{}: {e}", a.file.display())),
+    }
 }
 
 /// Reads the `--attach` files, or refuses (exit 2) naming the one that
@@ -94,6 +121,9 @@ fn attachments(paths: &[PathBuf]) -> Result<Vec<Attachment>, ExitCode> {
 }
 
 pub(crate) async fn run(mut a: RunArgs, db: &super::Db) -> ExitCode {
+    if a.explain {
+        return explain(&a);
+    }
     let mut signals = match Signals::listen() {
         Ok(s) => s,
         Err(e) => return super::refuse(format!("cannot listen for signals: {e}")),

@@ -2,7 +2,10 @@
 //! host on the database (`--db`).
 //!
 //! `serve [--addr 127.0.0.1:7070] [--agents DIR] [--tokens FILE] [--drain 30s]`
-//! loads every manifest in `--agents` (by `name`) and the tokens file;
+//! loads every manifest in `--agents` (by `name`; one that cannot be
+//! prepared is skipped with a warning and listed under `failed` by
+//! `GET /v1/agents`; one with MCP servers starts them on its first use, see
+//! `agentvisor::server::catalog`) and the tokens file;
 //! SIGHUP reloads both (a directory or file that does not load is refused
 //! and the previous one stays). SIGTERM (or Ctrl-C) drains: the server
 //! keeps listening, `/readyz` answers 503 and new runs and messages 503
@@ -237,6 +240,9 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
 fn load(server: &Server, a: &ServeArgs) -> Result<(), ExitCode> {
     if let Some(dir) = &a.agents {
         let catalog = Catalog::load(dir, server.host()).map_err(super::refuse)?;
+        for failed in catalog.failed() {
+            errln!("warning: {failed}");
+        }
         server.set_catalog(catalog);
     }
     if let Some(file) = &a.tokens {

@@ -1,8 +1,10 @@
 //! `agentvisor soak FILE --duration D --concurrency C [--chaos RATE]
-//! [--seed N] [--report DIR] [--json]`: keeps C runs of one manifest in
+//! [--seed N] [--report DIR] [--json] [--require]`: keeps C runs of one manifest in
 //! flight for D (as each run ends the next starts), then stops starting runs
 //! and drains; samples the process every second; prints a verdict and exits
-//! 0 iff it passes. Ctrl-C stops starting runs and drains.
+//! 0 iff it passes. Ctrl-C stops starting runs and drains. A verdict that
+//! could not judge a part (a soak too short for the RSS slope) is
+//! `inconclusive`: exit 0 with a warning, or exit 1 with `--require`.
 //!
 //! The engine, its samples and its verdict are [`agentvisor::soak`]; this
 //! face parses the flags, wraps the model for `--chaos`, shows progress,
@@ -35,7 +37,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use agentvisor::providers::chaos::{ChaosConfig, ChaosModel};
 use agentvisor::providers::ScriptedModel;
-use agentvisor::soak::{Report, RssOutcome, Sample, Settings, Soak, SoakPlan};
+use agentvisor::soak::{Report, RssOutcome, Sample, Settings, Soak, SoakPlan, VerdictOutcome};
 use agentvisor::LimitsSpec;
 
 /// Flags of `agentvisor soak`.
@@ -65,6 +67,10 @@ pub(crate) struct SoakArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics while it runs.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Fail (exit 1) when the verdict is inconclusive (a part, such as the
+    /// RSS slope of a soak too short to judge, could not be judged).
+    #[arg(long)]
+    require: bool,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -157,6 +163,9 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
 
     let chaos_counts = chaos.as_ref().map(|c| c.counts());
     let mut report = Report::new(settings, soaked, chaos_counts, limits.max_tool_errors);
+    if a.require {
+        report.verdict.require_conclusive();
+    }
     let mut code = if report.verdict.pass {
         ExitCode::SUCCESS
     } else {
@@ -173,6 +182,14 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
         outln!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else {
         print_report(&report);
+    }
+    if report.verdict.outcome == VerdictOutcome::Inconclusive {
+        let why = report.verdict.unjudged.join("; ");
+        if a.require {
+            errln!("error: the verdict is inconclusive ({why}), and --require asks for a conclusive one");
+        } else {
+            errln!("warning: the verdict is inconclusive ({why}): nothing failed, but this soak does not show it passes; soak longer, or pass --require to fail on it");
+        }
     }
     // Records the database and the spool did not take: lost, and said so.
     if super::report_unwritten(&host, &report.summary.audit) {
@@ -305,7 +322,15 @@ fn print_report(r: &Report) {
         v.terminal.results,
         mark(v.terminal.pass)
     );
-    outln!("verdict:       {}", if v.pass { "PASS" } else { "FAIL" });
+    let verdict = match (v.outcome, v.pass) {
+        (VerdictOutcome::Pass, _) => "PASS",
+        (VerdictOutcome::Inconclusive, true) => "INCONCLUSIVE (no failure)",
+        (VerdictOutcome::Inconclusive, false) => {
+            "FAIL (inconclusive, and --require asks for a conclusive verdict)"
+        }
+        (VerdictOutcome::Fail, _) => "FAIL",
+    };
+    outln!("verdict:       {verdict}");
 }
 
 fn write_report(dir: &Path, report: &Report) -> Result<(), String> {

@@ -123,11 +123,13 @@ pub(crate) async fn connect(
                 String::new(),
             )
         })?;
+        let cap = config.max_message_bytes.max(1);
+        let stdout = super::framing::CappedLines::new(stdout, cap, &spec.name);
+        // Every line the protocol sees is at most the cap and its newline.
+        let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(stdout, stdin)
+            .with_max_line_length(cap.saturating_add(1));
         let started = async {
-            let service = handler
-                .serve((stdout, stdin))
-                .await
-                .map_err(|e| e.to_string())?;
+            let service = handler.serve(transport).await.map_err(|e| e.to_string())?;
             let tools = service.list_all_tools().await.map_err(|e| e.to_string());
             Ok::<_, String>((service, tools))
         };

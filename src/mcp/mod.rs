@@ -18,7 +18,9 @@
 //! - **Calls are tool calls.** Under the run's `tool_timeout`, in parallel
 //!   within a step, cancellable: a timeout, kill or cancel sends the server
 //!   `notifications/cancelled` for that request. A server's
-//!   `notifications/progress` is a heartbeat of the run's critic.
+//!   `notifications/progress` is a heartbeat of the run's critic. An
+//!   answer over 16 MiB (`max_message_bytes`) fails its call at once,
+//!   `mcp_result_too_large`, and costs the host no more than the limit.
 //! - **No secret leaks.** A stdio child gets `PATH`, `HOME`, `LANG`, `TZ`
 //!   and what its entry names; a secret only by `{ secret: NAME }`
 //!   (`AGENTVISOR_SECRET_NAME`), scrubbed from the server's stderr tail.
@@ -34,6 +36,8 @@ pub use crate::spec::mcp as spec;
 pub(crate) mod client;
 #[cfg(feature = "mcp")]
 pub mod env;
+#[cfg(feature = "mcp")]
+pub(crate) mod framing;
 #[cfg(feature = "mcp")]
 pub(crate) mod names;
 #[cfg(feature = "mcp")]
@@ -83,6 +87,10 @@ pub struct McpConfig {
     pub term_grace: Duration,
     /// The bytes of a server's stderr kept for error messages.
     pub stderr_tail: usize,
+    /// The largest message a stdio server may send, in bytes: a larger
+    /// answer fails its call at once (`mcp_result_too_large`) and is read
+    /// past without being held (see `framing`).
+    pub max_message_bytes: usize,
 }
 
 impl Default for McpConfig {
@@ -97,6 +105,7 @@ impl Default for McpConfig {
             stdin_grace: Duration::from_millis(200),
             term_grace: Duration::from_secs(5),
             stderr_tail: 1024,
+            max_message_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -150,6 +159,17 @@ pub enum McpError {
         /// The tool as the model sees it.
         tool: String,
     },
+    /// The server's answer to the call is larger than
+    /// [`McpConfig::max_message_bytes`].
+    #[error(
+        "mcp tool `{tool}` answered with more than {limit_bytes} bytes (the limit of one message)"
+    )]
+    ResultTooLarge {
+        /// The tool as the model sees it.
+        tool: String,
+        /// The limit.
+        limit_bytes: u64,
+    },
     /// An `env:` or `headers:` value could not be resolved.
     #[error("mcp server `{server}`: `{key}` names secret `{secret}`, but {variable} is not set")]
     EnvResolve {
@@ -184,6 +204,7 @@ impl McpError {
             McpError::ToolTimeout { .. } => "mcp_tool_timeout",
             McpError::InvalidName { .. } => "mcp_tool_invalid_name",
             McpError::Cancelled { .. } => "mcp_call_cancelled",
+            McpError::ResultTooLarge { .. } => "mcp_result_too_large",
             McpError::EnvResolve { .. } => "mcp_env_resolve",
             McpError::Unavailable(_) => "mcp_unavailable",
         }

@@ -323,6 +323,22 @@ impl McpTool {
                 stderr_tail: String::new(),
             }
             .into_tool_error(),
+            ServiceError::McpError(data)
+                if data.code.0 == super::framing::TOO_LARGE_CODE
+                    && data.data.as_ref().and_then(|d| d.get("kind"))
+                        == Some(&Value::from(super::framing::TOO_LARGE_KIND)) =>
+            {
+                McpError::ResultTooLarge {
+                    tool: self.spec.name.clone(),
+                    limit_bytes: data
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("limit_bytes"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or_default(),
+                }
+                .into_tool_error()
+            }
             ServiceError::McpError(data) => ToolError::Failed(data.message.to_string()),
             other => ToolError::Failed(other.to_string()),
         }

@@ -151,6 +151,28 @@ pub enum ResolveError {
         /// The agent's name.
         agent: String,
     },
+    /// A manifest names a tier that only the built-in default maps (to the
+    /// public OpenAI API), and nothing configures OpenAI (no
+    /// `OPENAI_BASE_URL`, no `OPENAI_API_KEY`, no `base_url`): the run
+    /// would call OpenAI without a key, which cannot work.
+    #[error("agent `{agent}` names model tier `{tier}`, which nothing configures: by the built-in default it would call `{target}` at the public OpenAI API, without a key. {HOW_TO_SET_A_MODEL}")]
+    UnconfiguredTier {
+        /// The agent's name.
+        agent: String,
+        /// The tier.
+        tier: String,
+        /// What the built-in default maps it to.
+        target: String,
+    },
+    /// A tier maps to something that is neither a model spec nor another
+    /// tier (`fast=llama3.2`, without its provider).
+    #[error("model tier `{tier}` maps to `{target}`, which is not a model: a tier maps to `scripted`, `openai:MODEL`, `anthropic:MODEL`, `ollama:MODEL` or another tier (fix the mapping, in `AGENTVISOR_TIERS` for the command line)")]
+    BadTier {
+        /// The tier whose mapping is wrong (the last one followed).
+        tier: String,
+        /// What it maps to.
+        target: String,
+    },
     /// Neither a provider spec, a tier nor a registered name.
     #[error("unknown model `{0}`")]
     Unknown(String),
@@ -168,6 +190,68 @@ pub enum ResolveError {
         /// The cargo feature that brings its provider.
         feature: &'static str,
     },
+}
+
+/// One tier followed: `tier` maps to `to`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierStep {
+    /// The tier.
+    pub tier: String,
+    /// What it maps to (a spec, another tier, or a registered name).
+    pub to: String,
+    /// The mapping is the built-in default (nothing configured it).
+    pub built_in: bool,
+}
+
+/// Where a manifest's model resolves (see [`ModelResolver::explain`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explained {
+    /// What the manifest (or `--model`) names.
+    pub named: String,
+    /// The tiers followed, in order.
+    pub chain: Vec<TierStep>,
+    /// The model spec at the end of them.
+    pub spec: String,
+    /// The base URL calls go to and where it comes from (`None`: not an
+    /// HTTP model).
+    pub base_url: Option<(String, String)>,
+    /// The variable the key is read from, and whether it is set.
+    pub key: Option<(String, bool)>,
+    /// The tier is only mapped by the built-in default and nothing
+    /// configures its provider: a run is refused.
+    pub unconfigured: bool,
+}
+
+impl std::fmt::Display for Explained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "model:    {}", self.named)?;
+        for s in &self.chain {
+            let origin = if s.built_in {
+                "the built-in default; `AGENTVISOR_TIERS` changes it"
+            } else {
+                "configured"
+            };
+            writeln!(f, "tier:     `{}` -> `{}` ({origin})", s.tier, s.to)?;
+        }
+        writeln!(f, "resolves: {}", self.spec)?;
+        if let Some((url, from)) = &self.base_url {
+            writeln!(f, "base URL: {url} (from {from})")?;
+        }
+        if let Some((name, set)) = &self.key {
+            writeln!(
+                f,
+                "key:      {name} ({})",
+                if *set { "set" } else { "not set" }
+            )?;
+        }
+        if self.unconfigured {
+            writeln!(
+                f,
+                "refused:  nothing configures this tier, and OpenAI without a key cannot answer. {HOW_TO_SET_A_MODEL}"
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// How a host resolves and wraps models. Every field has a default.
@@ -292,14 +376,102 @@ impl ModelResolver {
         Ok(tiers)
     }
 
-    /// Whether a manifest that names no model has somewhere to go: the
-    /// default tier is mapped to something else than the built-in default,
-    /// or `OPENAI_BASE_URL` / `OPENAI_API_KEY` is set.
-    fn default_configured(&self) -> bool {
+    /// The tiers followed from `name`, each with what it maps to and
+    /// whether that is the built-in default mapping; the last `to` is the
+    /// spec (or registered name) the chain ends at.
+    pub fn tier_chain(&self, name: &str) -> Result<Vec<TierStep>, ResolveError> {
+        let defaults = default_tiers();
+        let mut chain = Vec::new();
+        let mut current = name.trim().to_string();
+        for _ in 0..8 {
+            match self.config.tiers.get(&current) {
+                Some(next) if ModelSpec::parse(&current).is_none() => {
+                    let next = next.trim().to_string();
+                    chain.push(TierStep {
+                        built_in: defaults.get(&current) == Some(&next),
+                        tier: std::mem::replace(&mut current, next.clone()),
+                        to: next,
+                    });
+                }
+                _ => return Ok(chain),
+            }
+        }
+        Err(ResolveError::TierLoop(name.to_string()))
+    }
+
+    /// When `named` is a tier that only built-in default mappings take to
+    /// the public OpenAI API and nothing configures OpenAI for `spec` (no
+    /// `base_url`, no `OPENAI_BASE_URL`, no `OPENAI_API_KEY`): the spec it
+    /// would call.
+    fn unconfigured_tier(&self, named: &str, spec: &AgentSpec) -> Option<String> {
+        let chain = self.tier_chain(named).ok()?;
+        let last = chain.last()?;
         let c = &self.config;
-        c.tiers.get(DEFAULT_TIER) != default_tiers().get(DEFAULT_TIER)
-            || c.var("OPENAI_BASE_URL").is_some()
-            || c.var("OPENAI_API_KEY").is_some()
+        let unconfigured = chain.iter().all(|s| s.built_in)
+            && matches!(ModelSpec::parse(&last.to), Some(ModelSpec::OpenAi(_)))
+            && spec.base_url.is_none()
+            && spec.api_key_env.is_none()
+            && c.var("OPENAI_BASE_URL").is_none()
+            && c.var("OPENAI_API_KEY").is_none();
+        unconfigured.then(|| last.to.clone())
+    }
+
+    /// Where `spec`'s model resolves, said for a person (`agentvisor run
+    /// --explain`): the tiers followed (and whether each mapping is the
+    /// built-in default), the provider, its base URL and its key's
+    /// variable (whether it is set, never its value). A model registered
+    /// with the host is not known here.
+    pub fn explain(&self, spec: &AgentSpec) -> Result<Explained, ResolveError> {
+        let named = self.model_of(spec).to_string();
+        let chain = self.tier_chain(&named)?;
+        let target = chain.last().map_or(named.clone(), |s| s.to.clone());
+        let parsed = ModelSpec::parse(&target);
+        if parsed.is_none() {
+            if let Some(last) = chain.last() {
+                return Err(ResolveError::BadTier {
+                    tier: last.tier.clone(),
+                    target,
+                });
+            }
+        }
+        let (base_var, key_var, default_base) = match &parsed {
+            Some(ModelSpec::OpenAi(_)) => (
+                Some("OPENAI_BASE_URL"),
+                Some("OPENAI_API_KEY"),
+                Some("https://api.openai.com/v1"),
+            ),
+            Some(ModelSpec::Anthropic(_)) => (
+                Some("ANTHROPIC_BASE_URL"),
+                Some("ANTHROPIC_API_KEY"),
+                Some("https://api.anthropic.com"),
+            ),
+            Some(ModelSpec::Ollama(_)) => (None, None, Some(OLLAMA_BASE_URL)),
+            _ => (None, None, None),
+        };
+        let base_url = default_base.map(|d| {
+            match (&spec.base_url, base_var.and_then(|v| self.config.var(v))) {
+                (Some(b), _) => (b.clone(), "the manifest's `base_url`".to_string()),
+                (None, Some(b)) => (b, format!("`{}`", base_var.unwrap_or_default())),
+                (None, None) => (d.to_string(), "the default".to_string()),
+            }
+        });
+        let key = match (&spec.api_key_env, key_var) {
+            (Some(name), _) => Some(name.clone()),
+            (None, Some(name)) if base_url.is_some() => Some(name.to_string()),
+            _ => None,
+        }
+        .map(|name| {
+            let set = self.config.var(&name).is_some();
+            (name, set)
+        });
+        Ok(Explained {
+            named,
+            chain,
+            spec: target,
+            base_url,
+            key,
+            unconfigured: self.unconfigured_tier(self.model_of(spec), spec).is_some(),
+        })
     }
 
     /// What a caller may name, for error messages.
@@ -318,14 +490,27 @@ impl ModelResolver {
     /// by the caller or not: it is followed again here).
     pub fn resolve(&self, spec: &AgentSpec) -> Result<Arc<dyn ChatModel>, ResolveError> {
         let named = self.model_of(spec);
-        if named == DEFAULT_TIER && spec.model.trim().is_empty() && !self.default_configured() {
-            return Err(ResolveError::NoModel {
+        if let Some(target) = self.unconfigured_tier(named, spec) {
+            if named == DEFAULT_TIER && spec.model.trim().is_empty() {
+                return Err(ResolveError::NoModel {
+                    agent: spec.name.clone(),
+                });
+            }
+            return Err(ResolveError::UnconfiguredTier {
                 agent: spec.name.clone(),
+                tier: named.to_string(),
+                target,
             });
         }
-        let target = self.follow_tiers(named)?;
-        let parsed =
-            ModelSpec::parse(&target).ok_or_else(|| ResolveError::Unknown(named.to_string()))?;
+        let chain = self.tier_chain(named)?;
+        let target = chain.last().map_or(named.to_string(), |s| s.to.clone());
+        let parsed = ModelSpec::parse(&target).ok_or_else(|| match chain.last() {
+            Some(last) => ResolveError::BadTier {
+                tier: last.tier.clone(),
+                target: target.clone(),
+            },
+            None => ResolveError::Unknown(named.to_string()),
+        })?;
         match parsed {
             ModelSpec::Scripted => Ok(Arc::new(ScriptedModel::new(spec.script.clone()))),
             #[cfg(not(feature = "openai"))]
@@ -478,6 +663,62 @@ mod tests {
         spec.model = "ollama:qwen2.5".into();
         let o = r.resolve(&spec).unwrap();
         assert_eq!((o.name(), o.price_id()), ("ollama:qwen2.5", None));
+    }
+
+    #[cfg(feature = "openai")]
+    #[test]
+    fn a_tier_nothing_configures_is_refused_and_a_bad_mapping_names_itself() {
+        let r = resolver(&[]);
+        // Only the built-in default maps `fast`, to OpenAI, with no key.
+        let e = r.resolve(&AgentSpec::new("a", "fast")).err().unwrap();
+        assert!(
+            matches!(&e, ResolveError::UnconfiguredTier { tier, target, .. } if tier == "fast" && target == "openai:gpt-4o-mini"),
+            "{e:?}"
+        );
+        let x = r.explain(&AgentSpec::new("a", "smart")).unwrap();
+        assert!(x.unconfigured && x.chain[0].built_in, "{x:?}");
+        assert_eq!(x.spec, "openai:gpt-4o");
+        let text = x.to_string();
+        assert!(
+            text.contains("`smart` -> `openai:gpt-4o` (the built-in default"),
+            "{text}"
+        );
+        assert!(text.contains("https://api.openai.com/v1"), "{text}");
+        assert!(text.contains("OPENAI_API_KEY (not set)"), "{text}");
+        // A key, or a base URL, configures it.
+        assert!(resolver(&[("OPENAI_API_KEY", "sk-12345678")])
+            .resolve(&AgentSpec::new("a", "fast"))
+            .is_ok());
+        let x = resolver(&[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")])
+            .explain(&AgentSpec::new("a", "fast"))
+            .unwrap();
+        assert!(!x.unconfigured);
+        assert_eq!(
+            x.base_url,
+            Some(("http://127.0.0.1:9/v1".into(), "`OPENAI_BASE_URL`".into()))
+        );
+        // A mapping to no model names the tier and what it maps to.
+        let mut c = ProviderConfig {
+            env: Some(Arc::default()),
+            ..ProviderConfig::default()
+        };
+        c.tiers.insert("fast".into(), "llama3.2".into());
+        let r = ModelResolver::new(c);
+        for e in [
+            r.resolve(&AgentSpec::new("a", "fast")).err().unwrap(),
+            r.explain(&AgentSpec::new("a", "fast")).err().unwrap(),
+        ] {
+            assert_eq!(
+                e,
+                ResolveError::BadTier {
+                    tier: "fast".into(),
+                    target: "llama3.2".into()
+                }
+            );
+            assert!(e
+                .to_string()
+                .starts_with("model tier `fast` maps to `llama3.2`, which is not a model"));
+        }
     }
 
     #[cfg(not(feature = "openai"))]

@@ -352,6 +352,9 @@ pub struct AgentView {
 pub struct AgentList {
     /// The agents, by name.
     pub agents: Vec<AgentView>,
+    /// The manifests of `--agents` that were left out, and why.
+    #[serde(default)]
+    pub failed: Vec<super::catalog::FailedManifest>,
 }
 
 /// `GET /healthz`, `GET /readyz`.

@@ -8,6 +8,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::api;
+use super::catalog;
 use super::error;
 
 #[derive(OpenApi)]
@@ -39,7 +40,7 @@ use super::error;
         api::SubmitRun, api::RunView, api::LiveView, api::RunList, api::RunItem,
         api::SteerBody, api::ExtendBody, api::KillBody, api::ApprovalBody, api::Accepted,
         api::ApprovalDecision, api::PendingView,
-        api::AgentView, api::AgentList, api::Health, error::ErrorBody, error::ErrorDetail,
+        api::AgentView, api::AgentList, catalog::FailedManifest, api::Health, error::ErrorBody, error::ErrorDetail,
         api::CreateSession, api::MessageBody, api::BusyMode, api::SessionStatus,
         api::SessionView, api::SessionMessageView,
     )),

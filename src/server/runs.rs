@@ -13,7 +13,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use super::api::{AgentList, AgentView, RunView, SubmitRun, WaitQuery};
+use super::api::{AgentList, RunView, SubmitRun, WaitQuery};
 use super::auth::Caller;
 use super::body::{JsonAnswer, JsonBody};
 use super::error::{ApiError, ErrorBody};
@@ -163,7 +163,7 @@ pub(crate) async fn submit(
             "`idempotency_key` must be 1 to 256 characters",
         ));
     }
-    let agent = agent_of(&st, &caller, &body)?;
+    let agent = agent_of(&st, &caller, &body).await?;
     // The run this request started, if it started one (a replayed key's
     // run is looked up: it may have ended long ago).
     let (run_id, started) = match &key {
@@ -205,7 +205,7 @@ pub(crate) async fn submit(
 }
 
 /// The agent a submission names, or its inline manifest prepared.
-fn agent_of(st: &AppState, caller: &Caller, body: &SubmitRun) -> Result<Agent, ApiError> {
+async fn agent_of(st: &AppState, caller: &Caller, body: &SubmitRun) -> Result<Agent, ApiError> {
     if let Some(m) = &body.manifest {
         if !caller.is_admin() {
             return Err(ApiError::new(
@@ -220,6 +220,11 @@ fn agent_of(st: &AppState, caller: &Caller, body: &SubmitRun) -> Result<Agent, A
             other => serde_json::from_value(other.clone())
                 .map_err(|e| ApiError::invalid(format!("manifest: {e}")))?,
         };
+        if spec.mcp.as_ref().is_some_and(|m| !m.servers.is_empty()) {
+            return Err(ApiError::invalid(
+                "manifest: an inline manifest may not name MCP servers (their commands would run on the server): put it in the server's agents directory and submit it by name",
+            ));
+        }
         return st
             .host
             .agent(spec)
@@ -229,13 +234,26 @@ fn agent_of(st: &AppState, caller: &Caller, body: &SubmitRun) -> Result<Agent, A
         .agent
         .as_deref()
         .ok_or_else(|| ApiError::invalid("missing field `agent`"))?;
-    st.catalog().get(name).cloned().ok_or_else(|| {
-        ApiError::new(
+    catalog_agent(st, name).await
+}
+
+/// Agent `name` of the server's catalog, prepared (a manifest with MCP
+/// servers starts them on its first use): 404 when there is none, 503 when
+/// it cannot be prepared.
+pub(crate) async fn catalog_agent(st: &AppState, name: &str) -> Result<Agent, ApiError> {
+    match st.catalog().agent(name).await {
+        Some(Ok(agent)) => Ok(agent),
+        Some(Err(e)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "agent_unavailable",
+            format!("agent `{name}` cannot be prepared: {e}"),
+        )),
+        None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_agent",
             format!("no agent named `{name}` (see GET /v1/agents)"),
-        )
-    })
+        )),
+    }
 }
 
 /// Starts a run; a run refused at admission answers 429 / 503.
@@ -325,17 +343,11 @@ pub(crate) async fn get_run(
     security(("bearer" = []))
 )]
 pub(crate) async fn agents(State(st): State<Arc<AppState>>) -> Json<AgentList> {
-    let agents = st
-        .catalog()
-        .iter()
-        .map(|a| AgentView {
-            name: a.name().to_string(),
-            description: a.spec().description.clone(),
-            model: a.model().name().to_string(),
-            tools: a.spec().tools.clone(),
-        })
-        .collect();
-    Json(AgentList { agents })
+    let catalog = st.catalog();
+    Json(AgentList {
+        agents: catalog.views(),
+        failed: catalog.failed().to_vec(),
+    })
 }
 
 /// A run's audit records, in order (what `agentvisor replay` re-runs).

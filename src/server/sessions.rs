@@ -242,13 +242,7 @@ pub(crate) async fn create(
         }
         existed = true;
     }
-    let agent = st.catalog().get(&body.agent).cloned().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_agent",
-            format!("no agent named `{}` (see GET /v1/agents)", body.agent),
-        )
-    })?;
+    let agent = super::runs::catalog_agent(&st, &body.agent).await?;
     let options = SessionOptions {
         id: Some(stored),
         caller_id: Some(caller.id.to_string()),

@@ -27,4 +27,6 @@ pub use driver::{drain_limit, status_key, Sample, Soak, SoakPlan, Soaked, Stoppe
 pub use figures::{mib, round3};
 pub use histogram::{nearest_rank, percentile_us, LatencyHistogram};
 pub use report::{Report, Settings, Summary};
-pub use verdict::{RssOutcome, RssVerdict, StatusVerdict, TerminalVerdict, Verdict};
+pub use verdict::{
+    RssOutcome, RssVerdict, StatusVerdict, TerminalVerdict, Verdict, VerdictOutcome,
+};

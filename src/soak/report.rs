@@ -132,12 +132,7 @@ impl Report {
             summary.runs_finished,
             summary.audit.terminal_records,
         );
-        let verdict = Verdict {
-            pass: rss.pass && statuses.pass && terminal.pass && summary.submit_errors == 0,
-            rss,
-            statuses,
-            terminal,
-        };
+        let verdict = Verdict::of(rss, statuses, terminal, summary.submit_errors);
         Report {
             settings,
             series: Some(soaked.series),

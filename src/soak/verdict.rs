@@ -30,6 +30,14 @@
 //! - **Terminal records**: after the host's shutdown has drained the audit
 //!   actor, the store's count of terminal records equals the runs
 //!   submitted, and every submitted run's handle gave a result.
+//!
+//! The whole verdict's [`outcome`](Verdict::outcome) is `fail` when a part
+//! failed (or a submit did), else `inconclusive` when a part could not be
+//! judged (the RSS slope `too_short` or `inconclusive`: the soak did not
+//! show the process keeps its memory), else `pass`. An inconclusive
+//! verdict is no failure (`pass` stays true, and `agentvisor soak` exits 0
+//! with a warning) unless the caller requires a conclusive one
+//! ([`Verdict::require_conclusive`], `soak --require`).
 
 use std::collections::BTreeMap;
 
@@ -329,17 +337,79 @@ impl TerminalVerdict {
     }
 }
 
+/// What the whole verdict found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictOutcome {
+    /// Every part was judged and passed.
+    Pass,
+    /// A part failed, or a submit did.
+    Fail,
+    /// Nothing failed, but a part could not be judged (see
+    /// [`Verdict::unjudged`]).
+    Inconclusive,
+}
+
 /// The whole verdict.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Verdict {
-    /// Every part passes and no submit failed.
+    /// No part failed and no submit did (and, when a conclusive verdict is
+    /// required, every part was judged).
     pub pass: bool,
+    /// `pass`, `fail` or `inconclusive` (see the module doc).
+    pub outcome: VerdictOutcome,
+    /// The parts that could not be judged, each with why (`rss: too short
+    /// to judge: …`); empty when every part was.
+    pub unjudged: Vec<String>,
+    /// A conclusive verdict was required: an inconclusive one fails.
+    pub require_conclusive: bool,
     /// RSS over time.
     pub rss: RssVerdict,
     /// Statuses against the faults injected.
     pub statuses: StatusVerdict,
     /// Terminal records against runs.
     pub terminal: TerminalVerdict,
+}
+
+impl Verdict {
+    /// Puts the parts together; `submit_errors` is how many submits the
+    /// host refused (any fails the verdict).
+    pub fn of(
+        rss: RssVerdict,
+        statuses: StatusVerdict,
+        terminal: TerminalVerdict,
+        submit_errors: u64,
+    ) -> Self {
+        let failed = !(rss.pass && statuses.pass && terminal.pass && submit_errors == 0);
+        let mut unjudged = Vec::new();
+        if matches!(rss.outcome, RssOutcome::TooShort | RssOutcome::Inconclusive) {
+            unjudged.push(format!("rss: {}", rss.reason));
+        }
+        let outcome = if failed {
+            VerdictOutcome::Fail
+        } else if !unjudged.is_empty() {
+            VerdictOutcome::Inconclusive
+        } else {
+            VerdictOutcome::Pass
+        };
+        Verdict {
+            pass: !failed,
+            outcome,
+            unjudged,
+            require_conclusive: false,
+            rss,
+            statuses,
+            terminal,
+        }
+    }
+
+    /// Requires a conclusive verdict: an inconclusive one no longer passes.
+    pub fn require_conclusive(&mut self) {
+        self.require_conclusive = true;
+        if self.outcome == VerdictOutcome::Inconclusive {
+            self.pass = false;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -379,6 +449,36 @@ mod tests {
         // Twice as steep fails.
         let v = rss_verdict(&line(2.0, 600), 600.0);
         assert_eq!((v.outcome, v.pass), (RssOutcome::Fail, false), "{v:?}");
+    }
+
+    #[test]
+    fn a_verdict_that_could_not_judge_memory_says_so() {
+        let statuses = explain_statuses(&BTreeMap::from([("ok".to_string(), 10)]), None, 3);
+        let terminal = TerminalVerdict::of(10, 10, 10);
+        // 10 s: too short for the RSS slope.
+        let short = rss_verdict(&line(0.0, 10), 10.0);
+        let v = Verdict::of(short.clone(), statuses.clone(), terminal.clone(), 0);
+        assert_eq!(v.outcome, VerdictOutcome::Inconclusive);
+        assert!(v.pass, "inconclusive is no failure");
+        assert_eq!(v.unjudged.len(), 1);
+        assert!(
+            v.unjudged[0].starts_with("rss: too short"),
+            "{:?}",
+            v.unjudged
+        );
+        let mut required = v.clone();
+        required.require_conclusive();
+        assert!(!required.pass);
+        assert_eq!(required.outcome, VerdictOutcome::Inconclusive);
+        // Judged and flat: a pass, which requiring leaves a pass.
+        let long = rss_verdict(&line(0.0, 600), 600.0);
+        let mut v = Verdict::of(long, statuses.clone(), terminal.clone(), 0);
+        v.require_conclusive();
+        assert_eq!((v.outcome, v.pass), (VerdictOutcome::Pass, true));
+        assert!(v.unjudged.is_empty());
+        // A failed part wins over an unjudged one.
+        let v = Verdict::of(short, statuses, TerminalVerdict::of(10, 9, 9), 0);
+        assert_eq!((v.outcome, v.pass), (VerdictOutcome::Fail, false));
     }
 
     #[test]

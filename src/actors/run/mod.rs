@@ -530,18 +530,20 @@ impl RunState {
         // Deltas go straight to the listener, not through the mailbox: a
         // model that answers at once streams before `step.finish`, and its
         // deltas would otherwise queue behind the run's end and be dropped.
-        let on_delta: Option<DeltaSink> = if self.shared.has_listener() {
-            let shared = self.shared.clone();
-            let iteration = self.iteration;
-            Some(Arc::new(move |text: &str| {
+        // The sink is there whether or not anyone listens yet: a client
+        // that subscribes while the call runs (a server's event stream,
+        // opened after the submission) gets the deltas from then on; with
+        // nobody listening a delta costs a load of the subscriber count.
+        let shared = self.shared.clone();
+        let iteration = self.iteration;
+        let on_delta: Option<DeltaSink> = Some(Arc::new(move |text: &str| {
+            if shared.wants_deltas() {
                 shared.emit_delta(RunEvent::TextDelta {
                     iteration,
                     text: text.to_string(),
                 });
-            }))
-        } else {
-            None
-        };
+            }
+        }));
         let request = ChatRequest {
             messages: self.transcript.clone(),
             tools: self.agent.tools().specs(),

@@ -184,6 +184,7 @@ impl RunState {
         let passed = self.ticket.as_ref().and_then(|t| t.passed());
         if let (1, Some(id)) = (self.iteration, self.agent.unpriced_model()) {
             let message = format!("the price table has no model `{id}`: its cost counts as 0");
+            tracing::warn!(run_id = %self.shared.run_id, kind = "unknown_price", "{message}");
             self.event(RunEvent::Warning {
                 kind: "unknown_price".into(),
                 message,

@@ -75,10 +75,16 @@ pub enum SubmitError {
         /// What the host knows.
         known: String,
     },
-    /// The manifest names no model and nothing configures the default
-    /// tier (the message says how to set one).
+    /// The manifest names no model, or a tier that only the built-in
+    /// default maps, and nothing configures it (the message says how to
+    /// set one).
     #[error("{0}")]
     NoModel(String),
+    /// The host's tier mappings are wrong for the model the manifest
+    /// names: a tier maps to something that is no model, or tiers map
+    /// onto each other in a loop.
+    #[error(transparent)]
+    Tier(crate::providers::ResolveError),
     /// An attachment is too large or not usable.
     #[error(transparent)]
     Attachment(#[from] crate::ports::model::AttachmentError),
@@ -345,8 +351,14 @@ impl Host {
             }
         }
         resolver.resolve(spec).map_err(|e| {
-            if let ResolveError::NoModel { .. } = e {
-                return SubmitError::NoModel(e.to_string());
+            match e {
+                ResolveError::NoModel { .. } | ResolveError::UnconfiguredTier { .. } => {
+                    return SubmitError::NoModel(e.to_string())
+                }
+                ResolveError::BadTier { .. } | ResolveError::TierLoop(_) => {
+                    return SubmitError::Tier(e)
+                }
+                _ => {}
             }
             let mut known: Vec<String> = self.inner.models.keys().cloned().collect();
             known.extend(resolver.known());

@@ -439,11 +439,6 @@ impl RunShared {
         self.mailbox.command(self.key, cmd);
     }
 
-    /// Whether anyone subscribes to the run's events now.
-    pub(crate) fn has_listener(&self) -> bool {
-        self.subscribers.load(Ordering::SeqCst) > 0
-    }
-
     /// Takes the next audit `seq` for a record of the run. Called in the
     /// run's own handlers (one at a time), so numbers are taken in order.
     pub(crate) fn next_seq(&self) -> u32 {
@@ -491,10 +486,16 @@ impl RunShared {
         });
     }
 
+    /// Whether a streamed text delta would reach anyone now: the run has a
+    /// subscriber, or it is a sub-agent (its deltas go up to its ancestors').
+    pub(crate) fn wants_deltas(&self) -> bool {
+        self.parent_run_id.is_some() || self.subscribers.load(Ordering::SeqCst) > 0
+    }
+
     /// Sends a streamed text delta (not a record: it carries the `seq` of
     /// the record before it).
     pub(crate) fn emit_delta(&self, event: RunEvent) {
-        if self.subscribers.load(Ordering::SeqCst) == 0 && self.parent_run_id.is_none() {
+        if !self.wants_deltas() {
             return;
         }
         self.publish(Event {
