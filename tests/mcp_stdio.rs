@@ -733,7 +733,7 @@ async fn tool_choice_names_a_server_tool_that_is_not_in_tools() {
     }
     // A name the server does not have is refused once its tools are known.
     let yaml = manifest("", "", "  - { text: done }\n", "tool_choice: t__nope\n");
-    let e = host.prepare(spec(&yaml)).await.err().expect("refused");
+    let e = host.prepare(spec(&yaml)).await.expect_err("refused");
     let e = e.to_string();
     assert!(e.contains("`t__nope`") && e.contains("t__echo"), "{e}");
     host.shutdown().await;
