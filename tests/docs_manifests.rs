@@ -1,7 +1,8 @@
 //! The documentation's manifests run as written: every `yaml` block of
 //! README.md and docs/*.md is a whole manifest that parses, and each one
 //! on the scripted model runs (an in-process host) to the status the line
-//! `# ends: STATUS` in its block claims. A scripted block without such a
+//! `# ends: STATUS` in its block claims (and with the output an
+//! `# output: TEXT` line claims). A scripted block without such a
 //! line, or a claim on a block that cannot run here, fails the test. The
 //! manifests the docs name by path (`examples/agents/NAME.yaml`) exist, and
 //! the schema version docs/durability.md states is the store's.
@@ -23,11 +24,14 @@ struct Block {
 impl Block {
     /// The status its `# ends: STATUS` line claims.
     fn claim(&self) -> Option<String> {
-        self.text.lines().find_map(|l| {
-            l.trim()
-                .strip_prefix("# ends:")
-                .map(|s| s.trim().to_string())
-        })
+        self.says("# ends:")
+    }
+
+    /// What the line that starts with `prefix` says after it.
+    fn says(&self, prefix: &str) -> Option<String> {
+        self.text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(|s| s.trim().to_string()))
     }
 }
 
@@ -136,6 +140,14 @@ async fn every_scripted_manifest_in_the_docs_ends_as_claimed() {
                     result.error_kind,
                     result.error
                 );
+                if let Some(output) = b.says("# output:") {
+                    assert_eq!(
+                        result.output.as_deref(),
+                        Some(output.as_str()),
+                        "{}: the docs claim the output `{output}`",
+                        b.at
+                    );
+                }
                 ran += 1;
             }
         }
