@@ -1,4 +1,4 @@
-//! The README's command synopsis and `--help` agree: every flag the
+//! The command synopsis (docs/cli.md) and `--help` agree: every flag the
 //! synopsis writes exists on its command, every flag a command has is in
 //! the synopsis (the global ones in its comment), a flag with a default is
 //! written `[--flag DEFAULT]`, and every command is there. A flag is given
@@ -72,12 +72,12 @@ fn subcommands(args: &[&str]) -> Vec<String> {
     out
 }
 
-/// The README's synopsis: the lines of its plain fenced blocks (no
+/// The synopsis (docs/cli.md): the lines of its plain fenced blocks (no
 /// language) that start with `agentvisor ` (with their indented
 /// continuation lines), and those blocks' `#` comments.
 fn synopsis() -> (Vec<String>, String) {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
     let (mut lines, mut comments) = (Vec::new(), String::new());
     let mut plain = false;
     let mut fenced = false;
@@ -147,7 +147,7 @@ fn flags_of(line: &str) -> Vec<(String, Option<String>)> {
 }
 
 #[test]
-fn the_readme_synopsis_and_help_agree() {
+fn the_synopsis_and_help_agree() {
     let (lines, comments) = synopsis();
     assert!(lines.len() > 15, "no synopsis found: {lines:?}");
     let global = options(&[]);
@@ -185,7 +185,7 @@ fn the_readme_synopsis_and_help_agree() {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         let flags = written.get(cmd).unwrap_or_else(|| {
             panic!(
-                "`agentvisor {}` is not in the README's synopsis",
+                "`agentvisor {}` is not in the synopsis (docs/cli.md)",
                 args.join(" ")
             )
         });
@@ -193,7 +193,7 @@ fn the_readme_synopsis_and_help_agree() {
         for (flag, shown) in flags {
             assert!(
                 have.contains_key(flag),
-                "the README writes `agentvisor {} {flag}`, which `--help` does not list",
+                "docs/cli.md writes `agentvisor {} {flag}`, which `--help` does not list",
                 args.join(" ")
             );
             if let (Some(Some(default)), false) = (have.get(flag), global.contains_key(flag)) {
@@ -205,7 +205,7 @@ fn the_readme_synopsis_and_help_agree() {
                 });
                 assert!(
                     shown.split('|').any(|v| v == default),
-                    "the README shows `agentvisor {} [{flag} {shown}]`; its default is {default}",
+                    "docs/cli.md shows `agentvisor {} [{flag} {shown}]`; its default is {default}",
                     args.join(" ")
                 );
             }
@@ -216,7 +216,7 @@ fn the_readme_synopsis_and_help_agree() {
             }
             assert!(
                 flags.iter().any(|(f, _)| f == flag),
-                "`agentvisor {} {flag}` is missing from the README's synopsis",
+                "`agentvisor {} {flag}` is missing from the synopsis (docs/cli.md)",
                 args.join(" ")
             );
         }

@@ -748,3 +748,29 @@ async fn a_sub_agent_shares_its_parents_servers_and_gets_no_other() {
         .unwrap_or_default()
         .contains("unknown"));
 }
+
+#[tokio::test]
+async fn tool_choice_names_a_server_tool_that_is_not_in_tools() {
+    // `tool_choice` names a tool of the server only: the agent sees it,
+    // so it is prepared and runs; `required` counts the server's tools.
+    let host = host_with(McpConfig::default()).await;
+    for choice in ["t__echo", "required"] {
+        let yaml = manifest(
+            "",
+            "",
+            "  - { tool: t__echo, args: { text: hello } }\n  - { text: done }\n",
+            &format!("tool_choice: {choice}\n"),
+        );
+        host.prepare(spec(&yaml))
+            .await
+            .unwrap_or_else(|e| panic!("{choice}: {e}"));
+        let (r, _) = run(&host, &yaml).await;
+        assert_eq!(r.status, RunStatus::Ok, "{choice}: {r:?}");
+    }
+    // A name the server does not have is refused once its tools are known.
+    let yaml = manifest("", "", "  - { text: done }\n", "tool_choice: t__nope\n");
+    let e = host.prepare(spec(&yaml)).await.expect_err("refused");
+    let e = e.to_string();
+    assert!(e.contains("`t__nope`") && e.contains("t__echo"), "{e}");
+    host.shutdown().await;
+}

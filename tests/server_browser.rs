@@ -1,10 +1,13 @@
 //! The dashboard in a real browser: headless Chromium driven through
 //! chromedriver (Debian's `chromium` and `chromium-driver`, which
 //! `.ci/run` installs) against a server on a loopback socket. The page
-//! loads and goes live, a submitted run appears and ends, the kill button
-//! kills a slow run, a run waiting for approval lists the call on its page
-//! and the approve button lets it finish, and the browser console holds no
-//! error. The page's
+//! loads and goes live; a submitted run appears with its whole id and
+//! ends; live runs are listed first; the kill button asks first (keeping
+//! the run when told to) and then kills a slow run; a page opened later
+//! shows every ended run's tokens, cost and last critic decision; a
+//! parent's page shows its sub-agent in its tree and its events; a run
+//! waiting for approval lists the call on its page and the approve button
+//! lets it finish; and the browser console holds no error. The page's
 //! screenshot is saved to `docs/dashboard.png`.
 //!
 //! Runs with `cargo test --features peers` (it needs the programs).
@@ -216,7 +219,23 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
 
     let (host, store) = support::host().await;
     let server = Server::new(host.clone(), store, ServerConfig::default());
-    let agents = [QUICK, SLOW, GATED].map(|y| host.agent(support::spec(y)).unwrap());
+    let mut agents: Vec<_> = [QUICK, SLOW, GATED]
+        .map(|y| host.agent(support::spec(y)).unwrap())
+        .into();
+    // A parent that delegates once, for the run page's tree.
+    let dir = support::scratch::Scratch::new("browser-tree");
+    let child = dir.file("helper.yaml", QUICK);
+    let lead = dir.file(
+        "lead.yaml",
+        &format!(
+            "name: lead\nmodel: scripted\nprompt: go\nagents:\n  helper: {}\nscript:\n  - {{ tool: agent__helper, args: {{ prompt: add }} }}\n  - {{ text: \"the helper said five\", usage: {{ input: 20, output: 4 }} }}\n",
+            child.display()
+        ),
+    );
+    agents.push(
+        host.agent(agentvisor::AgentSpec::from_file(&lead).unwrap())
+            .unwrap(),
+    );
     server.set_catalog(Catalog::from_agents(agents));
     server.set_tokens(Some(TokenTable::from_tokens([(
         TOKEN,
@@ -271,35 +290,123 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
         v == "ok"
     })
     .await;
+    // Its id is shown whole (sibling runs share a long time prefix).
+    let cell = |id: &str, class: &str| {
+        format!(
+            "const r = document.querySelector('tr[data-id=\"{id}\"] td.{class}'); return r ? r.textContent : null"
+        )
+    };
+    assert_eq!(d.script(&cell(&quick, "id")).await, quick.as_str());
 
-    // A slow run appears running; its kill button kills it.
+    // A slow run appears running, listed before the ended one; its kill
+    // button asks first, keeps it running when told to, then kills it.
     let slow = submit("slow").await;
     d.wait_for("the slow run to show running", &row_status(&slow), |v| {
         v == "running"
     })
     .await;
-    let clicked = d
-        .script(&format!(
-            "const b = document.querySelector('tr[data-id=\"{slow}\"] button.kill'); if (!b) return false; b.click(); return true"
-        ))
+    assert_eq!(
+        d.script("return document.querySelector('#runs tbody tr').dataset.id")
+            .await,
+        slow.as_str(),
+        "the live run is listed first"
+    );
+    let click_kill = format!(
+        "const b = document.querySelector('tr[data-id=\"{slow}\"] button.kill'); if (!b) return false; b.click(); return true"
+    );
+    let asking = "return document.getElementById('confirm').open";
+    assert_eq!(
+        d.script(&click_kill).await,
+        true,
+        "the slow run has a kill button"
+    );
+    d.wait_for("the kill to ask first", asking, |v| v == true)
         .await;
-    assert_eq!(clicked, true, "the slow run has a kill button");
+    d.script("document.getElementById('confirm-no').click(); return true")
+        .await;
+    d.wait_for("the question to close", asking, |v| v == false)
+        .await;
+    let status_of = |id: String| {
+        let api = api.clone();
+        let base = base.clone();
+        async move {
+            let view = api
+                .get(format!("{base}/v1/runs/{id}"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            serde_json::from_str::<Value>(&view).unwrap()
+        }
+    };
+    assert_eq!(
+        status_of(slow.clone()).await["status"],
+        "running",
+        "a kill the operator took back does not kill"
+    );
+    assert_eq!(d.script(&click_kill).await, true);
+    d.wait_for("the kill to ask again", asking, |v| v == true)
+        .await;
+    d.script("document.getElementById('confirm-yes').click(); return true")
+        .await;
     d.wait_for("the slow run to show killed", &row_status(&slow), |v| {
         v.as_str().is_some_and(|s| s.starts_with("killed"))
     })
     .await;
-    let view = api
-        .get(format!("{base}/v1/runs/{slow}"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let view: Value = serde_json::from_str(&view).unwrap();
+    let view = status_of(slow.clone()).await;
     assert_eq!(view["status"], "killed");
     assert_eq!(view["kill_reason"], "operator");
+
+    // A page opened now shows every ended run's tokens, cost and last
+    // critic decision (read from each run's result, not from the feed).
+    d.call(
+        reqwest::Method::POST,
+        "/url",
+        Some(json!({"url": format!("{base}/?token={TOKEN}&again=1")})),
+    )
+    .await;
+    let usage = status_of(quick.clone()).await["result"]["usage"].clone();
+    let tokens = usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap();
+    assert!(tokens > 0, "{usage}");
+    d.wait_for("the quick run's tokens", &cell(&quick, "tokens"), |v| {
+        v == tokens.to_string().as_str()
+    })
+    .await;
+    d.wait_for("the quick run's decision", &cell(&quick, "decision"), |v| {
+        v == "–"
+    })
+    .await;
+    assert_eq!(d.script(&cell(&quick, "cost")).await, "0.0000");
+    d.wait_for("the killed run's decision", &cell(&slow, "decision"), |v| {
+        v.as_str().is_some_and(|s| s.starts_with("kill (operator"))
+    })
+    .await;
+
+    // A parent's page: its sub-agent in its tree, its events to run.end.
+    let parent_id = submit("lead").await;
+    d.wait_for("the parent to end ok", &row_status(&parent_id), |v| {
+        v == "ok"
+    })
+    .await;
+    d.script(&format!("location.hash = '#run/{parent_id}'; return true"))
+        .await;
+    d.wait_for(
+        "the parent's tree",
+        &format!(
+            "const c = document.querySelectorAll('#r-tree li[data-id=\"{parent_id}\"] > ul > li'); return c.length === 1 ? c[0].textContent : ''"
+        ),
+        |v| v.as_str().is_some_and(|s| s.contains(" ok")),
+    )
+    .await;
+    d.wait_for(
+        "the parent's events",
+        "const l = document.querySelectorAll('#r-timeline li'); return l.length ? l[l.length - 1].textContent : ''",
+        |v| v.as_str().is_some_and(|s| s.contains("run.end")),
+    )
+    .await;
 
     // The run page: its timeline ends with run.end.
     d.script(&format!("location.hash = '#run/{quick}'; return true"))

@@ -27,8 +27,8 @@ pub const CHANT_CHUNK_CHARS: usize = 50;
 /// The highest threshold of the detectors that count without a window.
 pub const MAX_LOOP_COUNT: u32 = 10_000;
 
-/// The loop detectors' thresholds, resolved (`0`: off). See the README's
-/// critic section for what each counts.
+/// The loop detectors' thresholds, resolved (`0`: off). See
+/// `docs/critic.md` for what each counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Loops {
     /// Identical consecutive calls.

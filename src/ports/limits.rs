@@ -305,8 +305,7 @@ impl LimitsSpec {
         }
     }
 
-    /// Checks every key set here against its documented range (the README's
-    /// manifest section): `Err` names the key (`limits.KEY`) and says the
+    /// Checks every key set here against its documented range (`docs/manifest.md`): `Err` names the key (`limits.KEY`) and says the
     /// range. Durations over 24 h are refused when parsed already.
     ///
     /// | key | range |

@@ -226,8 +226,8 @@ impl fmt::Display for KillReason {
     }
 }
 
-/// The loop a run was caught in (the critic's loop detectors, see the
-/// README's critic section): carried by the critic's steer and kill
+/// The loop a run was caught in (the critic's loop detectors, see
+/// `docs/critic.md`): carried by the critic's steer and kill
 /// decisions and by the result of a run killed `runaway`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

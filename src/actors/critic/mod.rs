@@ -3,7 +3,7 @@
 //! critic decides to steer, extend the deadline, raise the step ceiling, or
 //! kill with a typed reason.
 //!
-#![doc = include_str!("../../../docs/critic.md")]
+#![doc = include_str!("../../../docs/critic-shard.md")]
 
 use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;

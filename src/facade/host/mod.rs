@@ -91,6 +91,17 @@ pub enum SubmitError {
     /// The invocation's `budget_tokens` is 0 (a run needs at least one).
     #[error("`budget_tokens` must be at least 1")]
     ZeroBudget,
+    /// The manifest's `tool_choice` names a tool its agent does not see
+    /// once its tools are known (an MCP server without that tool, a tool a
+    /// sub-agent's parent does not let it have), or asks for a tool call
+    /// (`required`) of an agent that sees none.
+    #[error("agent `{agent}`: `tool_choice` {problem}")]
+    ToolChoice {
+        /// The agent's name.
+        agent: String,
+        /// What is wrong, with the tools the agent sees.
+        problem: String,
+    },
     /// The run would send a real provider nothing to answer: the manifest
     /// has no `prompt:` and the invocation brings no input, inputs or
     /// attachment.
@@ -270,6 +281,7 @@ impl Host {
             )));
         }
         let tools = tools.with_tools(palette)?;
+        check_tool_choice(&spec, &tools)?;
         let judges = self.judges_for(&spec)?;
         Ok(Agent::new(spec, model, tools, limits).with_judges(judges))
     }
@@ -648,4 +660,36 @@ pub struct LiveRun {
     pub tool_calls: u32,
     /// Tool calls waiting for an operator's approval.
     pub awaiting_approval: Vec<crate::handle::PendingApproval>,
+}
+
+/// The manifest's `tool_choice` against the tools its agent sees, all of
+/// them known now (its own, its sub-agents', its MCP servers'): a named
+/// tool must be one of them, and `required` needs one.
+fn check_tool_choice(
+    spec: &AgentSpec,
+    tools: &crate::dispatch::ToolSet,
+) -> Result<(), SubmitError> {
+    use crate::ports::model::ToolChoice;
+    let seen = || {
+        let names: Vec<String> = tools.specs().iter().map(|t| t.name.clone()).collect();
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    let problem = match &spec.tool_choice {
+        Some(ToolChoice::Tool(name)) if !tools.contains(name) => format!(
+            "names `{name}`, which the agent does not see (its tools: {})",
+            seen()
+        ),
+        Some(ToolChoice::Required) if tools.is_empty() => {
+            "is `required`, but the agent sees no tool".to_string()
+        }
+        _ => return Ok(()),
+    };
+    Err(SubmitError::ToolChoice {
+        agent: spec.name.clone(),
+        problem,
+    })
 }

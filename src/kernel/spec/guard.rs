@@ -332,7 +332,7 @@ impl AgentSpec {
     /// Whether the agent's runs can call `name`: one of `tools`, a
     /// sub-agent's `agent__NAME`, or a tool of one of its MCP servers
     /// (`SERVER__TOOL`; the server's tools are known only once it starts).
-    fn can_call(&self, name: &str) -> bool {
+    pub(super) fn can_call(&self, name: &str) -> bool {
         self.tools.iter().any(|t| t == name)
             || name
                 .strip_prefix(SUB_AGENT_PREFIX)

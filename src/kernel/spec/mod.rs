@@ -253,16 +253,23 @@ impl AgentSpec {
     /// Checks the model call options (part of [`check`](Self::check)).
     fn check_call_options(&self, source: &str) -> Result<(), String> {
         let at = |key: &str| line_of(source, key);
+        // Every tool the model sees can be named: its `tools`, a
+        // sub-agent's `agent__NAME`, an MCP server's `SERVER__TOOL` (whose
+        // tools are known only once the server starts: the host checks the
+        // name again then). `required` counts them all.
+        let sees_tools = !self.tools.is_empty()
+            || !self.agents.is_empty()
+            || self.mcp.as_ref().is_some_and(|m| !m.servers.is_empty());
         match &self.tool_choice {
-            Some(ToolChoice::Tool(name)) if !self.tools.iter().any(|t| t == name) => {
+            Some(ToolChoice::Tool(name)) if !self.can_call(name) => {
                 return Err(format!(
-                    "`tool_choice` names `{name}`, which is not in `tools`{} (use auto, required, none or a listed tool)",
+                    "`tool_choice` names `{name}`, which this agent cannot call{} (use auto, required, none, or one of its `tools`, an `agent__NAME` of its `agents` or an MCP server's `SERVER__TOOL`)",
                     at("tool_choice")
                 ));
             }
-            Some(ToolChoice::Required | ToolChoice::Tool(_)) if self.tools.is_empty() => {
+            Some(ToolChoice::Required) if !sees_tools => {
                 return Err(format!(
-                    "`tool_choice` asks for a tool call but `tools` is empty{}",
+                    "`tool_choice` asks for a tool call but the agent has no tools (no `tools`, `agents` or MCP servers){}",
                     at("tool_choice")
                 ));
             }

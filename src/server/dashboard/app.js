@@ -1,7 +1,9 @@
 // The agentvisor dashboard: plain JavaScript against the public API.
 // Runs table: GET /v1/runs, then the host-wide feed GET /v1/events (SSE).
-// Run page: GET /v1/runs/{id}, its events (SSE), its sub-agents
-// (GET /v1/runs?root=id), and the buttons' POSTs.
+// Ended runs listed before the page opened get their tokens, cost and
+// last critic decision from GET /v1/runs/{id}, a few at a time.
+// Run page: GET /v1/runs/{id}, its events (SSE), its tree
+// (GET /v1/runs?root=id), and the buttons' POSTs. A kill asks first.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -60,6 +62,13 @@ function upsert(run) {
   return row;
 }
 
+// The last critic decision, as a cell says it: "kill (runaway, loop cycle)".
+function decisionText(d) {
+  if (!d) return "";
+  const why = [d.reason, d.loop ? "loop " + d.loop : null].filter(Boolean).join(", ");
+  return d.action + (why ? " (" + why + ")" : "");
+}
+
 function fromItem(r) {
   return {
     run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, parent_run_id: r.parent_run_id,
@@ -69,7 +78,38 @@ function fromItem(r) {
     step: r.live ? r.live.iteration : (r.step || null),
     tokens: r.live ? r.live.tokens : null,
     waiting: r.live ? (r.live.awaiting_approval || []).length : 0,
+    detailed: false,
   };
+}
+
+// What an ended run's result adds to its row: tokens, cost, the critic's
+// last decision (the one that ended it, for a kill).
+function fromResult(result) {
+  const u = result.usage || {};
+  const last = (result.critic || [])[(result.critic || []).length - 1];
+  return {
+    tokens: (u.input_tokens || 0) + (u.output_tokens || 0),
+    cost_micros: result.cost_micros || 0,
+    step: result.iterations,
+    decision: last ? decisionText(last) : "–",
+    detailed: true,
+  };
+}
+
+// Ended rows on screen without their result's figures, fetched a few at a
+// time (the 50 newest of them at most, each once).
+const details = { inFlight: 0, wanted: [] };
+async function pumpDetails() {
+  while (details.inFlight < 4 && details.wanted.length) {
+    const id = details.wanted.shift();
+    const row = state.runs.get(id);
+    if (!row || row.detailed || row.status === "running" || row.fetching) continue;
+    row.fetching = true;
+    details.inFlight++;
+    api("GET", "/v1/runs/" + id).then(({ status, data }) => {
+      if (status === 200 && data.result) Object.assign(row, fromResult(data.result));
+    }).finally(() => { row.fetching = false; details.inFlight--; scheduleRender(); pumpDetails(); });
+  }
 }
 
 function visible(r) {
@@ -77,9 +117,17 @@ function visible(r) {
   return (!st || r.status === st) && (!ag || r.agent.includes(ag)) && (!ca || (r.caller_id || "").includes(ca));
 }
 
+// Live runs first, then ended ones; newest first within each (run ids
+// start with their time).
+function byLiveThenNewest(a, b) {
+  const live = (b.status === "running") - (a.status === "running");
+  if (live) return live;
+  return b.run_id > a.run_id ? 1 : b.run_id < a.run_id ? -1 : 0;
+}
+
 function render() {
-  const rows = [...state.runs.values()].filter(visible)
-    .sort((a, b) => (b.run_id > a.run_id ? 1 : -1)).slice(0, 300);
+  const rows = [...state.runs.values()].filter(visible).sort(byLiveThenNewest).slice(0, 300);
+  details.wanted = rows.filter((r) => r.status !== "running" && !r.detailed).slice(0, 50).map((r) => r.run_id);
   const body = $("runs").tBodies[0];
   const html = rows.map((r) => {
     const a = r.ended_ms ? r.ended_ms - r.started_ms : Date.now() - r.started_ms;
@@ -87,10 +135,10 @@ function render() {
       (r.status === "running" && r.waiting ? " · awaiting approval" : "");
     const cost = r.cost_micros != null ? (r.cost_micros / 1e6).toFixed(4) : "";
     const kill = r.status === "running" ? `<button class="danger kill" data-id="${r.run_id}">Kill</button>` : "";
-    return `<tr data-id="${r.run_id}"><td><code>${r.run_id.slice(0, 12)}</code></td>` +
+    return `<tr data-id="${r.run_id}"><td class="id"><code>${r.run_id}</code></td>` +
       `<td class="status ${r.status}">${esc(status)}</td><td>${esc(r.agent)}</td><td>${esc(r.caller_id || "-")}</td>` +
-      `<td class="num">${age(a)}</td><td class="num">${r.step ?? ""}</td><td class="num">${r.tokens ?? ""}</td>` +
-      `<td class="num">${cost}</td><td>${esc(r.decision || "")}</td><td>${kill}</td></tr>`;
+      `<td class="num">${age(a)}</td><td class="num">${r.step ?? ""}</td><td class="num tokens">${r.tokens ?? ""}</td>` +
+      `<td class="num cost">${cost}</td><td class="decision">${esc(r.decision || (r.status !== "running" && r.detailed ? "–" : ""))}</td><td>${kill}</td></tr>`;
   }).join("");
   body.innerHTML = html;
   $("count").textContent = rows.length + " shown, " + [...state.runs.values()].filter((r) => r.status === "running").length + " running";
@@ -103,7 +151,7 @@ function esc(s) {
 async function loadRuns() {
   const { status, data } = await api("GET", "/v1/runs?limit=200");
   if (status !== 200) return false;
-  for (const r of data.runs) upsert(fromItem(r));
+  for (const r of data.runs) upsert(Object.assign(fromItem(r), { preexisting: true }));
   render();
   return true;
 }
@@ -126,11 +174,17 @@ function connectFeed() {
       upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, parent_run_id: ev.parent_run_id, status: "running", started_ms: ev.at_ms, ended_ms: null, step: 0, tokens: 0 });
     } else if (ev.type === "run.ended") {
       const row = upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, status: ev.status, kill_reason: ev.kill_reason, ended_ms: ev.at_ms, step: ev.iterations, tokens: ev.tokens, cost_micros: ev.cost_micros });
+      // Its decisions came through the feed, unless it began before this
+      // page did or the feed lost events (it is lossy): then its result
+      // says.
+      row.detailed = !(row.preexisting || state.lagged);
       if (row.started_ms == null) row.started_ms = ev.at_ms - ev.duration_ms;
       state.ended.push([Date.now(), ev.duration_ms, ev.tokens]);
       if (openRunId() === ev.run_id) refreshRun();
+    } else if (ev.type === "lagged") {
+      state.lagged = true;
     } else if (ev.type === "critic.decision") {
-      upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, decision: ev.decision.action + " (" + ev.decision.reason + ")" });
+      upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, decision: decisionText(ev.decision) });
     }
     scheduleRender();
   };
@@ -211,7 +265,10 @@ async function refreshRun() {
   $("r-status").className = "status " + data.status;
   const facts = { agent: data.agent, caller: data.caller_id || "-", parent: data.parent_run_id || "-" };
   if (data.live) Object.assign(facts, { step: data.live.iteration + " / " + data.live.max_iterations, tokens: data.live.tokens, elapsed: age(data.live.elapsed_ms) });
-  if (data.result) Object.assign(facts, { output: data.output || "", tokens: data.result.usage.input_tokens + data.result.usage.output_tokens, "cost $": (data.result.cost_micros / 1e6).toFixed(4) });
+  if (data.result) {
+    const f = fromResult(data.result);
+    Object.assign(facts, { output: data.output || "", tokens: f.tokens, "cost $": (f.cost_micros / 1e6).toFixed(4), "last critic decision": f.decision });
+  }
   $("r-facts").innerHTML = Object.entries(facts).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
   const running = data.status === "running";
   for (const b of ["b-steer", "b-extend", "b-kill"]) $(b).disabled = !running;
@@ -221,10 +278,48 @@ async function refreshRun() {
   for (const b of ["b-approve", "b-deny"]) $(b).disabled = waiting.length === 0;
   $("r-approvals").innerHTML = waiting.map((p) => `<li><code>${esc(p.call_id)}</code> <b>${esc(p.tool)}</b> <code>${esc(p.arguments.slice(0, 400))}</code></li>`).join("");
   const tree = await api("GET", "/v1/runs?limit=500&root=" + id);
-  if (tree.status === 200) {
-    const kids = tree.data.runs.filter((r) => r.run_id !== id);
-    $("r-tree").innerHTML = kids.length ? kids.map((r) => `<li><a href="#run/${r.run_id}"><code>${r.run_id.slice(0, 12)}</code></a> ${esc(r.agent)} <span class="status ${r.status}">${esc(r.status)}</span></li>`).join("") : "<li>none</li>";
+  if (tree.status === 200) $("r-tree").innerHTML = treeHtml(id, tree.data.runs);
+}
+
+// The run and its sub-agents at any depth, each under its parent.
+function treeHtml(id, runs) {
+  const kids = new Map();
+  for (const r of runs) {
+    if (r.run_id === id || !r.parent_run_id) continue;
+    if (!kids.has(r.parent_run_id)) kids.set(r.parent_run_id, []);
+    kids.get(r.parent_run_id).push(r);
   }
+  const self = runs.find((r) => r.run_id === id) || { run_id: id, agent: "", status: "" };
+  const node = (r, depth) => {
+    const tokens = r.live ? r.live.tokens + " tokens" : "";
+    const status = r.status + (r.kill_reason ? " (" + r.kill_reason + ")" : "");
+    const below = (kids.get(r.run_id) || []).sort((a, b) => (a.run_id > b.run_id ? 1 : -1));
+    const inner = depth < 16 && below.length ? "<ul>" + below.map((k) => node(k, depth + 1)).join("") + "</ul>" : "";
+    const here = r.run_id === id ? `<code>${r.run_id}</code>` : `<a href="#run/${r.run_id}"><code>${r.run_id}</code></a>`;
+    return `<li data-id="${r.run_id}">${here} ${esc(r.agent)} <span class="status ${esc(r.status)}">${esc(status)}</span> ${tokens}${inner}</li>`;
+  };
+  return node(self, 0);
+}
+
+// Asks before a kill: resolves true when the operator confirms.
+function confirmKill(id) {
+  const row = state.runs.get(id);
+  $("confirm-text").textContent = "Kill run " + id + (row ? " (" + row.agent + ")" : "") +
+    "? It ends killed (operator), and so do its sub-agents.";
+  const dialog = $("confirm");
+  return new Promise((resolve) => {
+    const done = (yes) => {
+      $("confirm-yes").onclick = null;
+      $("confirm-no").onclick = null;
+      dialog.oncancel = null;
+      if (dialog.open) dialog.close();
+      resolve(yes);
+    };
+    $("confirm-yes").onclick = () => done(true);
+    $("confirm-no").onclick = () => done(false);
+    dialog.oncancel = () => done(false);   // Escape
+    dialog.showModal();
+  });
 }
 
 function openRun(id) {
@@ -284,6 +379,7 @@ $("runs").addEventListener("click", async (e) => {
   const kill = e.target.closest("button.kill");
   if (kill) {
     e.stopPropagation();
+    if (!(await confirmKill(kill.dataset.id))) return;
     kill.disabled = true;
     await api("POST", "/v1/runs/" + kill.dataset.id + "/kill");
     return;
@@ -299,7 +395,9 @@ $("b-steer").addEventListener("click", () => {
 $("b-extend").addEventListener("click", () => command("extend", { seconds: 60 }));
 $("b-approve").addEventListener("click", () => command("approve"));
 $("b-deny").addEventListener("click", () => command("deny", { note: $("r-deny-reason").value.trim() }));
-$("b-kill").addEventListener("click", () => command("kill"));
+$("b-kill").addEventListener("click", async () => {
+  if (await confirmKill(openRunId())) command("kill");
+});
 $("login").addEventListener("submit", (e) => {
   e.preventDefault();
   state.token = $("token").value.trim();
@@ -317,4 +415,5 @@ async function start() {
 
 setInterval(tick, 1000);
 setInterval(() => { if (state.feed) refreshLive(); }, 2000);
+setInterval(pumpDetails, 500);
 start();
