@@ -40,6 +40,7 @@ mod builder;
 mod config;
 pub mod palette;
 mod recovery;
+mod retention;
 pub(crate) mod sessions;
 
 #[cfg(feature = "mcp")]
@@ -130,6 +131,9 @@ pub(crate) struct HostInner {
     allowance: Option<Allowances>,
     /// The chat sessions open on this host, and their store.
     sessions: crate::host::sessions::SessionTable,
+    /// The background pruning (`HostConfig::retention`), stopped with the
+    /// host.
+    pruning: Option<retention::Pruning>,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -554,6 +558,9 @@ impl Host {
     pub async fn shutdown_after(&self, drain: Duration) -> AuditStats {
         let h = &self.inner;
         h.closed.store(true, Ordering::Release);
+        if let Some(p) = &h.pruning {
+            p.stop();
+        }
         if !drain.is_zero() {
             let _ = tokio::time::timeout(drain, self.wait_idle()).await;
         }

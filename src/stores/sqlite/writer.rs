@@ -138,6 +138,13 @@ enum Job {
     },
     /// Any other write (budget, limits, checkpoints, leases).
     Write { write: WriteFn, reply: Reply<()> },
+    /// Work outside a transaction (`PRAGMA incremental_vacuum`, `VACUUM`),
+    /// waiting for another process's lock at most `busy`.
+    Raw {
+        work: WriteFn,
+        busy: std::time::Duration,
+        reply: Reply<()>,
+    },
     /// `PRAGMA wal_checkpoint(MODE)`.
     WalCheckpoint {
         mode: &'static str,
@@ -410,6 +417,18 @@ impl Writer {
         .await
     }
 
+    /// Runs `work` on the writer's connection outside a transaction (it
+    /// opens its own, or needs none), waiting for another connection's
+    /// lock (a reader's, for a WAL checkpoint) at most `busy`.
+    pub(super) async fn raw(
+        &self,
+        busy: std::time::Duration,
+        work: impl FnOnce(&mut Connection) -> rusqlite::Result<()> + Send + 'static,
+    ) -> Result<(), WriteError> {
+        let work: WriteFn = Box::new(work);
+        self.ask(|reply| Job::Raw { work, busy, reply }).await
+    }
+
     /// Runs a WAL checkpoint between two writes.
     pub(super) async fn checkpoint(&self, mode: &'static str) -> Result<(), WriteError> {
         self.ask(|reply| Job::WalCheckpoint { mode, reply }).await
@@ -588,6 +607,14 @@ fn run(
             }
             Job::Write { write, reply } => {
                 let _ = reply.send(st.write(write));
+            }
+            Job::Raw { work, busy, reply } => {
+                let limit = st.limit.clone();
+                let done = st.write(|c| {
+                    limit.set(busy);
+                    work(c)
+                });
+                let _ = reply.send(done);
             }
             Job::WalCheckpoint { mode, reply } => {
                 let sql = match mode {

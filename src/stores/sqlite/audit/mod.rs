@@ -51,6 +51,7 @@ use super::SqliteStore;
 use crate::ports::audit::{
     AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex, RunSummary,
 };
+use crate::ports::retention::{PruneReport, PrunedCount, Retention};
 use crate::ports::run::{RunId, RunResult, RunStatus};
 
 /// The kind of a `run.start` record.
@@ -107,6 +108,20 @@ impl AuditStore for SqliteStore {
             })
             .await?;
         ids.iter().map(|s| decode::parse_id(s)).collect()
+    }
+
+    async fn prune(
+        &self,
+        retention: &Retention,
+        now_ms: u64,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<PruneReport, AuditStoreError> {
+        self.prune_runs(retention, now_ms, batch, dry_run).await
+    }
+
+    async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {
+        self.pruned_counts().await
     }
 
     /// What this handle wrote since it was opened: records and terminal
