@@ -349,6 +349,12 @@ pub trait AuditStore: Send + Sync + 'static {
         })
     }
 
+    /// The host is done writing (its shutdown drained every record): a
+    /// store may fold its journal into its files now (SQLite: the WAL is
+    /// checkpointed and truncated, so a finished command leaves no WAL
+    /// behind). It stays usable. Default: nothing to do.
+    async fn settle(&self) {}
+
     /// The runs pruned so far (all time), by agent and status.
     async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {
         Ok(Vec::new())

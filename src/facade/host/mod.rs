@@ -592,6 +592,8 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
+        // Every record is written: the store may fold its journal in.
+        h.audit_store.settle().await;
         // Exactly once: the durable runs this host keeps (cancelled by the
         // shutdown) may be recovered at once, by any host.
         if let Err(e) = h.checkpointer.release(&h.lease.owner).await {

@@ -48,10 +48,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../../../migrations/0008_host_leases.sql")),
     (9, include_str!("../../../migrations/0009_run_trees.sql")),
     (10, include_str!("../../../migrations/0010_retention.sql")),
+    (
+        11,
+        include_str!("../../../migrations/0011_run_templates.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -169,6 +173,8 @@ pub struct SqliteStore {
     records: AtomicU64,
     terminal_records: AtomicU64,
     batches: AtomicU64,
+    /// Texts written lately, to store repeats once (see `audit::encode`).
+    repeats: Mutex<audit::encode::Repeats>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -261,11 +267,15 @@ impl SqliteStore {
                 // an append-mostly log. Writes nothing yet.
                 conn.pragma_update(None, "page_size", PAGE_SIZE)
                     .map_err(|e| open_error(path, &e))?;
-                // Likewise: pruned runs' pages go back to the file system
-                // (`PRAGMA incremental_vacuum`, see `retention`).
-                conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
-                    .map_err(|e| open_error(path, &e))?;
                 check_owner(&conn, path)?;
+                // A new file only (setting it writes the header, and takes
+                // effect only before the first table): pruned runs' pages
+                // go back to the file system (`incremental_vacuum`, see
+                // `retention`).
+                if user_tables(&conn).map_err(|e| open_error(path, &e))?.is_empty() {
+                    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                        .map_err(|e| open_error(path, &e))?;
+                }
                 // Switching to WAL writes the file header: only now that
                 // the file is known to be ours (or new).
                 let mode: String = conn
@@ -304,6 +314,7 @@ impl SqliteStore {
             records: AtomicU64::new(0),
             terminal_records: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            repeats: Mutex::new(audit::encode::Repeats::default()),
         }
     }
 

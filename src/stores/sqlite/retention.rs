@@ -208,6 +208,14 @@ impl SqliteStore {
                     "DELETE FROM runs WHERE run_id = ?1 AND NOT EXISTS \
                      (SELECT 1 FROM checkpoints k WHERE k.run_id = ?1)",
                 )?;
+                // A pruned row's templates lose a reference; one nobody
+                // points at any more goes (schema version 11).
+                let mut refs =
+                    tx.prepare_cached("SELECT tail_ref, result_ref FROM runs WHERE run_id = ?1")?;
+                let mut unref =
+                    tx.prepare_cached("UPDATE run_templates SET refs = refs - 1 WHERE id = ?1")?;
+                let mut drop_unused =
+                    tx.prepare_cached("DELETE FROM run_templates WHERE id = ?1 AND refs <= 0")?;
                 let mut count = tx.prepare_cached(
                     "INSERT INTO runs_pruned (agent, status, runs, records) VALUES (?1, ?2, 1, ?3) \
                      ON CONFLICT (agent, status) DO UPDATE SET runs = runs_pruned.runs + 1, \
@@ -215,8 +223,14 @@ impl SqliteStore {
                 )?;
                 for (cand, _) in &chosen {
                     let records = records_of(tx, &cand.run_id)?;
+                    let (tail_ref, result_ref): (Option<i64>, Option<i64>) =
+                        refs.query_row([&cand.run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
                     if del_run.execute([&cand.run_id])? == 0 {
                         continue;
+                    }
+                    for id in [tail_ref, result_ref].into_iter().flatten() {
+                        unref.execute([id])?;
+                        drop_unused.execute([id])?;
                     }
                     del_segments.execute([&cand.run_id])?;
                     del_records.execute([&cand.run_id])?;
