@@ -184,7 +184,7 @@ pub fn parse_size(s: &str) -> Result<u64, RetentionError> {
         _ => return Err(bad()),
     };
     let bytes = (value * scale).round();
-    if !bytes.is_finite() || bytes < 1.0 || bytes > 9.0e18 {
+    if !bytes.is_finite() || !(1.0..=9.0e18).contains(&bytes) {
         return Err(bad());
     }
     Ok(bytes as u64)

@@ -394,6 +394,10 @@ fn use_templates(row: &mut RunRow, repeats: &mut Repeats, templates: &mut Vec<Te
     row.result_ref = point(&row.result);
 }
 
+/// What a batch encodes to: segments, `runs` rows, the templates the rows
+/// point at.
+pub(super) type Encoded = (Vec<SegmentRow>, Vec<RunRow>, Vec<TemplateRow>);
+
 /// Encodes a batch: one segment per run, its records in batch order, as
 /// `[[seq, at_ms, kind, payload], …]`. A run whose terminal record is in
 /// the batch gets a `runs` row, which takes the result JSON (the record's
@@ -402,7 +406,7 @@ fn use_templates(row: &mut RunRow, repeats: &mut Repeats, templates: &mut Vec<Te
 pub(super) fn encode(
     batch: &[AuditRecord],
     repeats: Option<&mut Repeats>,
-) -> Result<(Vec<SegmentRow>, Vec<RunRow>, Vec<TemplateRow>), AuditStoreError> {
+) -> Result<Encoded, AuditStoreError> {
     struct Open<'b> {
         run_id: RunId,
         first_seq: i64,
