@@ -120,12 +120,19 @@ fn candidates(
     }
     let mut stmt = c.prepare_cached(
         "SELECT run_id, agent, status, finished_at FROM runs \
-         WHERE NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.run_id = runs.run_id) \
-         AND (finished_at < ?1 OR ?2 > 0) \
-         ORDER BY finished_at, run_id LIMIT ?3",
+         WHERE finished_at < ?1 \
+         AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.run_id = runs.run_id) \
+         ORDER BY finished_at LIMIT ?2",
     )?;
+    // The oldest first, in `runs_by_finish` order (no sort); by age alone
+    // a range of that index, so a pass reads only what it may prune.
+    let bound = if want > 0 {
+        i64::MAX
+    } else {
+        cutoff.unwrap_or(i64::MIN)
+    };
     let rows = stmt.query_map(
-        params![cutoff.unwrap_or(i64::MIN), to_i64(want), to_i64(limit)],
+        params![bound, to_i64(limit)],
         |r| {
             Ok(Candidate {
                 run_id: r.get(0)?,
