@@ -12,11 +12,11 @@ use crate::ports::retention::Retention;
 use crate::ports::run::unix_ms;
 
 /// Runs pruned per store call, at most.
-pub(crate) const PRUNE_BATCH: usize = 256;
+pub(crate) const PRUNE_BATCH: usize = 1024;
 
 /// The pause between two batches of one pass: the writer takes the runs'
 /// batches in between.
-const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
+const BETWEEN_BATCHES: Duration = Duration::from_millis(2);
 
 /// The pruning task; stopped by [`Pruning::stop`] or when dropped.
 pub(crate) struct Pruning {

@@ -92,20 +92,37 @@ fn candidates(
     batch: usize,
     fp: &Footprint,
 ) -> rusqlite::Result<(Vec<Candidate>, bool)> {
+    // Runs are ordered as `runs_by_finish` holds them: (finished_at,
+    // rowid). Those before `cutoff` go (by age, by count).
     let mut want: u64 = 0;
-    let mut cutoff: Option<i64> = None;
-    if let Some(age) = retention.max_age {
-        cutoff = Some(to_i64(now_ms.saturating_sub(age.as_millis() as u64)));
-    }
-    let count = if retention.max_runs.is_some() || retention.max_bytes.is_some() {
-        to_u64(c.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get::<_, i64>(0))?)
-    } else {
-        0
+    let mut cutoff: Option<(i64, i64)> = None;
+    let mut raise = |bound: (i64, i64)| {
+        cutoff = Some(cutoff.map_or(bound, |c: (i64, i64)| c.max(bound)));
     };
+    if let Some(age) = retention.max_age {
+        raise((
+            to_i64(now_ms.saturating_sub(age.as_millis() as u64)),
+            i64::MIN,
+        ));
+    }
     if let Some(max) = retention.max_runs {
-        want = want.max(count.saturating_sub(max));
+        // The newest run past the bound, found walking `runs_by_finish`
+        // back over the runs kept (not counting them all): it and every
+        // run before it go.
+        let edge: Option<(i64, i64)> = c
+            .query_row(
+                "SELECT finished_at, rowid FROM runs ORDER BY finished_at DESC, rowid DESC \
+                 LIMIT 1 OFFSET ?1",
+                [to_i64(max)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        if let Some((t, row)) = edge {
+            raise((t, row.saturating_add(1)));
+        }
     }
     if let Some(max) = retention.max_bytes {
+        let count = to_u64(c.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get::<_, i64>(0))?);
         let used = fp.used_bytes();
         if used > max && count > 0 {
             // Runs take about the same bytes: prune the share over the
@@ -118,36 +135,36 @@ fn candidates(
     if want == 0 && cutoff.is_none() {
         return Ok((Vec::new(), false));
     }
+    // The oldest first, in `runs_by_finish` order (no sort); by age or
+    // count a range of that index, so a pass reads only what it prunes.
     let mut stmt = c.prepare_cached(
-        "SELECT run_id, agent, status, finished_at FROM runs \
-         WHERE finished_at < ?1 \
+        "SELECT run_id, agent, status, finished_at, rowid FROM runs \
+         WHERE (finished_at, rowid) < (?1, ?2) \
          AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.run_id = runs.run_id) \
-         ORDER BY finished_at LIMIT ?2",
+         ORDER BY finished_at, rowid LIMIT ?3",
     )?;
-    // The oldest first, in `runs_by_finish` order (no sort); by age alone
-    // a range of that index, so a pass reads only what it may prune.
     let bound = if want > 0 {
-        i64::MAX
+        (i64::MAX, i64::MAX)
     } else {
-        cutoff.unwrap_or(i64::MIN)
+        cutoff.unwrap_or((i64::MIN, i64::MIN))
     };
-    let rows = stmt.query_map(
-        params![bound, to_i64(limit)],
-        |r| {
-            Ok(Candidate {
+    let rows = stmt.query_map(params![bound.0, bound.1, to_i64(limit)], |r| {
+        Ok((
+            Candidate {
                 run_id: r.get(0)?,
                 agent: r.get(1)?,
                 status: r.get(2)?,
                 finished_at: r.get(3)?,
-            })
-        },
-    )?;
+            },
+            r.get::<_, i64>(4)?,
+        ))
+    })?;
     let mut out = Vec::new();
     for (i, row) in rows.enumerate() {
-        let cand = row?;
-        // Past the count or bytes bound, or older than the age bound.
-        let old = cutoff.is_some_and(|t| cand.finished_at < t);
-        if (i as u64) < want || old {
+        let (cand, rowid) = row?;
+        // Past the bytes bound, or before the age or count bound.
+        let before = cutoff.is_some_and(|t| (cand.finished_at, rowid) < t);
+        if (i as u64) < want || before {
             out.push(cand);
         } else {
             break;
@@ -182,7 +199,12 @@ impl SqliteStore {
                     candidates(c, &retention, now_ms, batch, &before).map_err(unavailable)?;
                 let mut out = Vec::with_capacity(cands.len());
                 for cand in cands {
-                    let records = records_of(c, &cand.run_id).map_err(unavailable)?;
+                    // Counted again as they go; a dry run counts here.
+                    let records = if dry_run {
+                        records_of(c, &cand.run_id).map_err(unavailable)?
+                    } else {
+                        0
+                    };
                     out.push((cand, records));
                 }
                 Ok::<_, AuditStoreError>((out, more))
@@ -251,7 +273,7 @@ impl SqliteStore {
         for (agent, status, records) in &pruned {
             report.add(agent, status_of(status), *records);
         }
-        self.give_back(&before).await;
+        self.give_back(report.more).await;
         report.bytes_after = self.footprint().await?.used_bytes();
         // Runs are not all the same size, nor is every page theirs: look
         // again while the bytes are over the bound.
@@ -266,10 +288,18 @@ impl SqliteStore {
     }
 
     /// Gives free pages back to the file system (a bounded number a writer
-    /// job) when the file allows it, and truncates the WAL unless a reader
-    /// holds it. Failures are logged: the next prune tries again.
-    async fn give_back(&self, fp: &Footprint) {
-        if fp.shrinks() {
+    /// job) when the file allows it and they are worth it, and at the end
+    /// of a pass (`more` false) truncates the WAL unless a reader holds it.
+    /// Failures are logged: the next prune tries again.
+    async fn give_back(&self, more: bool) {
+        let Ok(fp) = self.footprint().await else {
+            return;
+        };
+        // Free pages are reused by the next inserts: they go back to the
+        // file system only once they are a quarter of the file, or the
+        // pass is over (a host that keeps writing would grow it again).
+        let worth = fp.free_pages > 0 && (!more || fp.free_pages * 4 > fp.pages);
+        if fp.shrinks() && worth {
             loop {
                 let Ok(now) = self.footprint().await else {
                     break;
@@ -298,7 +328,7 @@ impl SqliteStore {
                 }
             }
         }
-        if self.file_backed {
+        if self.file_backed && !more {
             let done = self
                 .writer
                 .raw(TRUNCATE_BUSY, |c| {
