@@ -98,3 +98,61 @@ async fn a_run_without_a_terminal_record_is_refused() {
             .is_err()
     );
 }
+
+/// A tool call's arguments past what any tool accepts (here 600 kB) are kept
+/// capped in the records — head, tail, a marker with the full size — and
+/// the run still replays the same: its call refused for its size again.
+#[tokio::test(start_paused = true)]
+async fn oversized_arguments_are_recorded_capped_and_replay_the_same() {
+    let big = "w".repeat(600_000);
+    let manifest = format!(
+        "name: big\nsystem: s\ntools: [upper]\nscript:\n  - {{ tool: upper, args: {{ text: \"{big}\" }} }}\n  - {{ text: done }}\n"
+    );
+    let (host, store) = support::host().await;
+    let result = host
+        .submit(support::spec(&manifest), Invocation::prompt("go"))
+        .await
+        .unwrap()
+        .await;
+    host.shutdown().await;
+    assert_eq!(result.status, RunStatus::Ok);
+    let records = store.run_records(result.run_id).await.unwrap();
+    let args: Vec<String> = records
+        .iter()
+        .filter_map(|r| match &r.entry {
+            AuditEntry::Event(agentvisor::ports::event::RunEvent::StepFinish { calls, .. }) => {
+                Some(
+                    calls
+                        .iter()
+                        .map(|c| c.arguments.to_string())
+                        .collect::<Vec<_>>(),
+                )
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(args.len(), 1);
+    let full = format!("{{\"text\":\"{big}\"}}").len();
+    assert!(args[0].len() <= 4096, "stored {} bytes", args[0].len());
+    assert!(
+        args[0].contains(&format!("bytes cut of {full}]")),
+        "{}",
+        &args[0][..100]
+    );
+    assert!(args[0].starts_with("{\"text\":\"www"));
+    // Every record together stays small.
+    let total: usize = records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap().len())
+        .sum();
+    assert!(total < 32 * 1024, "records take {total} bytes");
+    let report = replay(&records, &ToolRegistry::with_builtins().with_test_tools())
+        .await
+        .unwrap();
+    assert!(report.same, "{:#?}", report.first_difference);
+    assert!(report.recorded.iter().any(|t| matches!(
+        t,
+        TraceItem::ToolResult { ok: false, result, .. } if result.contains(&format!("arguments are {full} bytes"))
+    )));
+}

@@ -1418,7 +1418,10 @@ async fn a_runs_steps_are_stored_once_and_read_back_whole() {
         assert_eq!(&store.run_records(id).await.unwrap(), run);
         let stored: String = conn
             .query_row(
-                "SELECT result FROM runs WHERE run_id = ?",
+                // A repeated result is stored once (schema version 11).
+                "SELECT CASE WHEN result_ref IS NULL THEN result ELSE \
+                 (SELECT body FROM run_templates WHERE id = result_ref) END \
+                 FROM runs WHERE run_id = ?",
                 [id.to_string()],
                 |r| r.get(0),
             )

@@ -274,6 +274,9 @@ pub(crate) async fn runs(a: RunsArgs, url: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         RunsCommand::Control(c) => control(&api, c).await,
+        RunsCommand::Prune(_) => {
+            super::refuse("runs prune works on the database file: give --db PATH, not --server")
+        }
     }
 }
 

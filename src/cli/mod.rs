@@ -39,6 +39,7 @@ mod budget;
 mod chat;
 mod client;
 mod flags;
+mod keep;
 mod logs;
 mod mcp;
 mod recover;
@@ -189,6 +190,8 @@ struct StoreOptions {
     spool: Option<PathBuf>,
     check: bool,
     lease_ttl: Option<Duration>,
+    /// `--retain` of the command that runs agents.
+    keep: keep::KeepArgs,
 }
 
 /// `--lease-ttl`: a duration from 100 ms to 24 h.
@@ -208,6 +211,13 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         spool: cli.spool.clone(),
         check: cli.check,
         lease_ttl: cli.lease_ttl,
+        keep: match &cli.command {
+            Command::Run(a) => a.keep.clone(),
+            Command::Swarm(a) => a.keep.clone(),
+            Command::Soak(a) => a.keep.clone(),
+            Command::Serve(a) => a.keep.clone(),
+            _ => keep::KeepArgs::default(),
+        },
     });
     let db = match cli.command {
         // The commands that open no database take any `--db`.
@@ -457,7 +467,9 @@ pub(crate) async fn prepare_with(
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
     let base = customize(&spec, host_builder())?;
     let builder = match db {
-        Db::Memory => base.budget_ledger(Arc::new(MemoryBudgetLedger::new())),
+        Db::Memory => base
+            .config(memory_config())
+            .budget_ledger(Arc::new(MemoryBudgetLedger::new())),
         Db::File(path) => {
             let store = Arc::new(open_db(path).await?);
             base.config(sqlite_config(path))
@@ -626,7 +638,19 @@ pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
         audit_max_age: Duration::from_millis(5),
         audit_spool: Some(spool),
         lease_ttl: store_options().lease_ttl.unwrap_or(defaults.lease_ttl),
+        retention: store_options().keep.retain.unwrap_or_default(),
+        audit: store_options().keep.audit.unwrap_or_default(),
         ..defaults
+    }
+}
+
+/// Host settings for the in-memory stores: the defaults, with `--audit`.
+/// (`--retain` bounds a database; the in-memory store keeps what it is
+/// given while the process lives.)
+pub(crate) fn memory_config() -> HostConfig {
+    HostConfig {
+        audit: store_options().keep.audit.unwrap_or_default(),
+        ..HostConfig::default()
     }
 }
 

@@ -34,6 +34,9 @@ use super::signals::{Caught, Signals};
 /// Flags of `agentvisor run`.
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
+    /// What the database keeps (`--retain`).
+    #[command(flatten)]
+    pub(crate) keep: super::keep::KeepArgs,
     /// The agent manifest (YAML).
     file: PathBuf,
     /// The prompt (default: the manifest's `prompt`); `-` reads it from stdin.

@@ -37,6 +37,7 @@ use serde::Serialize;
 use agentvisor::ports::audit::{
     AuditEntry, AuditRecord, AuditStore, RunFilter, RunIndex, RunSummary,
 };
+use agentvisor::ports::retention::{PruneReport, Retention};
 use agentvisor::stores::SqliteStore;
 use agentvisor::{RunId, RunResult, RunStatus};
 
@@ -61,6 +62,11 @@ pub(super) enum RunsCommand {
     List(ListArgs),
     /// Show one run: its result, then every audit record in order.
     Show(ShowArgs),
+    /// Prune the oldest finished runs a retention policy does not keep
+    /// (`--retain max_age=7d,max_runs=N,max_bytes=SIZE`); `--dry-run`
+    /// says what would go. Runs in flight, checkpointed or waiting for
+    /// approval stay.
+    Prune(PruneArgs),
     /// Commands to a run in flight on a server (`--server`): kill, steer,
     /// extend, cancel, approve, deny.
     #[command(flatten)]
@@ -151,6 +157,30 @@ pub(super) struct ShowArgs {
     pub(super) tree: bool,
 }
 
+#[derive(Args, Debug)]
+pub(super) struct PruneArgs {
+    /// The policy: any of `max_age=DURATION` (`7d`, `12h`), `max_runs=N`,
+    /// `max_bytes=SIZE` (`500MB`, `2GiB`), comma-separated. Without it,
+    /// nothing is pruned (`--vacuum` alone rewrites the file).
+    #[arg(long, value_name = "POLICY", value_parser = retain_flag)]
+    pub(super) retain: Option<Retention>,
+    /// Say what would be pruned; remove nothing.
+    #[arg(long)]
+    pub(super) dry_run: bool,
+    /// Then rewrite the whole file (`VACUUM`) so it shrinks, and so a file
+    /// created before pruning existed shrinks as runs are pruned from then
+    /// on. Takes the database's write lock while it runs.
+    #[arg(long)]
+    pub(super) vacuum: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+fn retain_flag(s: &str) -> Result<Retention, String> {
+    s.parse::<Retention>().map_err(|e| e.to_string())
+}
+
 #[derive(Serialize)]
 struct Shown<'a> {
     result: Option<&'a RunResult>,
@@ -186,6 +216,7 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
     let code = match a.command {
         RunsCommand::List(l) => list(&store, l).await,
         RunsCommand::Show(s) => show(&store, s).await,
+        RunsCommand::Prune(p) => prune(&store, p).await,
         RunsCommand::Control(_) => ExitCode::from(2),
     };
     store.close().await;
@@ -295,6 +326,74 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
             utc(r.finished_at),
             r.duration_ms()
         );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `runs prune`: batches until the policy is met (a dry run: one look at
+/// what the first batches would take), then the report.
+async fn prune(store: &SqliteStore, a: PruneArgs) -> ExitCode {
+    let fail = |e: agentvisor::ports::audit::AuditStoreError| {
+        super::refuse(format!("{}: {e}", store.path().display()))
+    };
+    let mut total = PruneReport {
+        dry_run: a.dry_run,
+        ..PruneReport::default()
+    };
+    if let Some(retention) = a.retain {
+        let now = agentvisor::ports::run::unix_ms();
+        let batch = if a.dry_run { 1_000_000 } else { 1000 };
+        loop {
+            let report = match store.prune(&retention, now, batch, a.dry_run).await {
+                Ok(r) => r,
+                Err(e) => return fail(e),
+            };
+            if total.bytes_before == 0 {
+                total.bytes_before = report.bytes_before;
+            }
+            total.bytes_after = report.bytes_after;
+            total.merge(&report);
+            total.more = report.more;
+            if a.dry_run || !report.more || report.runs == 0 {
+                break;
+            }
+        }
+    }
+    if a.vacuum && !a.dry_run {
+        if let Err(e) = store.vacuum().await {
+            return fail(e);
+        }
+        if let Ok(fp) = store.footprint().await {
+            total.bytes_after = fp.used_bytes();
+        }
+    }
+    if a.json {
+        outln!("{}", serde_json::to_string(&total).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    outln!(
+        "{} {} run(s) ({} record(s)){}",
+        if a.dry_run { "would prune" } else { "pruned" },
+        total.runs,
+        total.records,
+        if total.more && a.dry_run {
+            ", and more after them"
+        } else {
+            ""
+        }
+    );
+    for c in &total.by {
+        outln!("  {:<16}  {:<16}  {:>8}", c.agent, c.status, c.runs);
+    }
+    outln!(
+        "database: {} bytes in use before, {} after",
+        total.bytes_before,
+        total.bytes_after
+    );
+    if let Ok(fp) = store.footprint().await {
+        if !fp.shrinks() {
+            outln!("note: this file was created without incremental auto-vacuum: pruned pages are reused but the file does not shrink; `runs prune --vacuum` rewrites it once so it does");
+        }
     }
     ExitCode::SUCCESS
 }

@@ -48,6 +48,9 @@ use super::Db;
 /// Flags of `agentvisor serve`.
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
+    /// What the database keeps (`--retain`).
+    #[command(flatten)]
+    pub(crate) keep: super::keep::KeepArgs,
     /// The address to listen on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:7070")]
     addr: SocketAddr,
@@ -137,6 +140,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
             let store = Arc::new(MemoryAuditStore::new());
             let host = agentvisor::Host::builder()
                 .providers(providers)
+                .config(super::memory_config())
                 .audit_store(store.clone() as Arc<dyn AuditStore>)
                 .budget_ledger(Arc::new(MemoryBudgetLedger::new()))
                 .build()

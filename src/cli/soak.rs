@@ -43,6 +43,9 @@ use agentvisor::LimitsSpec;
 /// Flags of `agentvisor soak`.
 #[derive(Args, Debug)]
 pub(crate) struct SoakArgs {
+    /// What the database keeps (`--retain`).
+    #[command(flatten)]
+    pub(crate) keep: super::keep::KeepArgs,
     /// The agent manifest (YAML).
     file: PathBuf,
     /// How long to keep starting runs (`30s`, `10m`, `1h`).

@@ -38,6 +38,9 @@ pub(super) const MAX_CONCURRENCY: u64 = 1_000_000;
 /// Flags of `agentvisor swarm`.
 #[derive(Args, Debug)]
 pub(crate) struct SwarmArgs {
+    /// What the database keeps (`--retain`).
+    #[command(flatten)]
+    pub(crate) keep: super::keep::KeepArgs,
     /// The agent manifest (YAML).
     file: PathBuf,
     /// How many runs (1 to 1000000000).

@@ -421,7 +421,19 @@ pub async fn replay(
                     ..
                 } => responses.push(ChatResponse {
                     text: text.clone(),
-                    tool_calls: calls.clone(),
+                    // A call whose arguments the record keeps capped is
+                    // answered with a text of their full length: refused
+                    // for its size as the run's was.
+                    tool_calls: calls
+                        .iter()
+                        .map(|c| match crate::ports::run::uncap_arguments(&c.arguments) {
+                            Some(full) => crate::ports::model::ToolCallRequest {
+                                arguments: full.into(),
+                                ..c.clone()
+                            },
+                            None => c.clone(),
+                        })
+                        .collect(),
                     usage: *usage,
                     finish_reason: finish_reason.clone(),
                 }),

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::event::RunEvent;
+use super::retention::{PruneReport, PrunedCount, Retention};
 use super::run::{KillReason, RunId, RunResult, RunStatus};
 
 /// Who and what a run is, recorded at its start.
@@ -46,6 +47,62 @@ pub struct RunInfo {
     /// to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<std::sync::Arc<str>>,
+}
+
+/// How much of a run the audit log keeps (`audit:` in a manifest, the
+/// host's `HostConfig::audit`, `--audit`). Every run's start and terminal
+/// record (its result, with its step summaries) are kept at both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditDetail {
+    /// Every event (the default): what `replay` and a stream resumed from
+    /// the log need.
+    #[default]
+    Full,
+    /// The run's start, result, critic decisions, approvals, errors and
+    /// warnings; not the step events (`step.start`, `step.finish`,
+    /// `text.delta`, `tool.call`, a `tool.result` that succeeded,
+    /// `message.create`, `transcript.compacted`).
+    Summary,
+}
+
+impl AuditDetail {
+    /// Whether a run recorded at this detail keeps `event` in the log.
+    pub fn keeps(self, event: &RunEvent) -> bool {
+        match self {
+            AuditDetail::Full => true,
+            AuditDetail::Summary => !matches!(
+                event,
+                RunEvent::StepStart { .. }
+                    | RunEvent::StepFinish { .. }
+                    | RunEvent::TextDelta { .. }
+                    | RunEvent::ToolCall { .. }
+                    | RunEvent::ToolResult { ok: true, .. }
+                    | RunEvent::MessageCreate { .. }
+                    | RunEvent::TranscriptCompacted { .. }
+            ),
+        }
+    }
+
+    /// The name (`full`, `summary`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditDetail::Full => "full",
+            AuditDetail::Summary => "summary",
+        }
+    }
+}
+
+impl std::str::FromStr for AuditDetail {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "full" => Ok(AuditDetail::Full),
+            "summary" => Ok(AuditDetail::Summary),
+            other => Err(format!("`{other}` is not an audit detail (full, summary)")),
+        }
+    }
 }
 
 /// What an audit record says.
@@ -270,6 +327,37 @@ pub trait AuditStore: Send + Sync + 'static {
     /// as `interrupted` when no checkpoint resumes them. A store that
     /// cannot tell answers none.
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Prunes the oldest finished runs `retention` no longer keeps (`now_ms`
+    /// is the time ages count to), at most `batch` of them, with their
+    /// records; counts them by agent and status (see
+    /// [`AuditStore::pruned`]). Never a run in flight, nor one with a
+    /// checkpoint. `dry_run`: says what it would prune, removes nothing. A
+    /// store that keeps everything (the default) prunes nothing.
+    async fn prune(
+        &self,
+        retention: &Retention,
+        now_ms: u64,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<PruneReport, AuditStoreError> {
+        let _ = (retention, now_ms, batch);
+        Ok(PruneReport {
+            dry_run,
+            ..PruneReport::default()
+        })
+    }
+
+    /// The host is done writing (its shutdown drained every record): a
+    /// store may fold its journal into its files now (SQLite: the WAL is
+    /// checkpointed and truncated, so a finished command leaves no WAL
+    /// behind). It stays usable. Default: nothing to do.
+    async fn settle(&self) {}
+
+    /// The runs pruned so far (all time), by agent and status.
+    async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {
         Ok(Vec::new())
     }
 }

@@ -571,8 +571,132 @@ pub fn cap_text(s: &str, max: usize) -> String {
     format!("{}…[{} bytes cut]…{}", &s[..head], tail - head, &s[tail..])
 }
 
+/// Argument texts longer than this are not kept whole in a run's records
+/// (64 KiB: the longest the dispatcher accepts, so an argument text a tool
+/// ran with is always kept whole; a longer one was refused).
+pub const RECORDED_ARGUMENT_LIMIT: usize = 64 * 1024;
+
+/// What an argument text past [`RECORDED_ARGUMENT_LIMIT`] is capped to in
+/// the records: its head and tail, about 2 KiB each, and a marker.
+pub const RECORDED_ARGUMENT_BYTES: usize = 4096;
+
+/// A tool call's raw arguments as a run's records keep them: whole up to
+/// [`RECORDED_ARGUMENT_LIMIT`] (returned as they are, shared), else capped
+/// to [`RECORDED_ARGUMENT_BYTES`] like a tool result — head and tail around
+/// a marker, `…[CUT bytes cut of FULL]…`, that records the full size, so
+/// [`uncap_arguments`] gives back a text of the same length (replay refuses
+/// it as the run did).
+pub fn cap_arguments(args: &Arc<str>) -> Arc<str> {
+    if args.len() <= RECORDED_ARGUMENT_LIMIT {
+        return args.clone();
+    }
+    let (head, tail) = argument_cuts(args, args.len());
+    Arc::from(format!(
+        "{}…[{} bytes cut of {}]…{}",
+        &args[..head],
+        tail - head,
+        args.len(),
+        &args[tail..]
+    ))
+}
+
+/// Where [`cap_arguments`] cuts a text of `full` bytes: the head's end and
+/// the tail's start (on char boundaries of `s`).
+fn argument_cuts(s: &str, full: usize) -> (usize, usize) {
+    let keep = (RECORDED_ARGUMENT_BYTES - 64) / 2;
+    let mut head = keep.min(s.len());
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = full.saturating_sub(keep).min(s.len());
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    (head, tail)
+}
+
+/// The inverse of [`cap_arguments`] as far as it goes: for a capped text,
+/// one of the full length with the same head and tail (the cut part filled
+/// in), which [`cap_arguments`] caps back to the same text; `None` for a
+/// text that was not capped.
+pub fn uncap_arguments(capped: &str) -> Option<String> {
+    let keep = (RECORDED_ARGUMENT_BYTES - 64) / 2;
+    for (at, _) in capped.match_indices("…[") {
+        let rest = &capped[at + "…[".len()..];
+        let Some((cut, rest)) = rest.split_once(" bytes cut of ") else {
+            continue;
+        };
+        let Some((full, _)) = rest.split_once("]…") else {
+            continue;
+        };
+        let (Ok(cut), Ok(full)) = (cut.parse::<usize>(), full.parse::<usize>()) else {
+            continue;
+        };
+        let marker = format!("…[{cut} bytes cut of {full}]…");
+        let head = &capped[..at];
+        let Some(tail) = capped[at..].strip_prefix(marker.as_str()) else {
+            continue;
+        };
+        if full <= RECORDED_ARGUMENT_LIMIT || head.len() + cut + tail.len() != full {
+            continue;
+        }
+        // The cut is filled with ASCII but where a cut fell inside a
+        // character: a 4-byte character there keeps the cut where it was.
+        let mut filled = String::with_capacity(full);
+        filled.push_str(head);
+        let lead = keep.saturating_sub(head.len());
+        let trail = (full - tail.len()).saturating_sub(full - keep);
+        let mut middle = cut;
+        if lead > 0 {
+            filled.push('\u{10348}');
+            middle -= 4;
+        }
+        let end = if trail > 0 { 4 } else { 0 };
+        filled.extend(std::iter::repeat_n('x', middle.checked_sub(end)?));
+        if trail > 0 {
+            filled.push('\u{10348}');
+        }
+        filled.push_str(tail);
+        return (filled.len() == full).then_some(filled);
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn arguments_past_the_limit_are_capped_with_their_size_and_uncap_to_the_same_length() {
+        let small: Arc<str> = Arc::from("{\"a\":1}");
+        assert!(Arc::ptr_eq(&cap_arguments(&small), &small));
+        let edge: Arc<str> = Arc::from("y".repeat(RECORDED_ARGUMENT_LIMIT));
+        assert_eq!(cap_arguments(&edge).len(), RECORDED_ARGUMENT_LIMIT);
+        for text in [
+            format!("{{\"a\":\"{}\"}}", "z".repeat(4 << 20)),
+            // Cuts that fall inside characters.
+            "é".repeat(40_000),
+            format!("a{}", "€".repeat(30_000)),
+        ] {
+            let full: Arc<str> = Arc::from(text.as_str());
+            let capped = cap_arguments(&full);
+            assert!(capped.len() <= RECORDED_ARGUMENT_BYTES, "{}", capped.len());
+            assert!(capped.contains(&format!("cut of {}]", text.len())));
+            let head: String = text.chars().take(30).collect();
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            assert!(capped.starts_with(&head) && capped.ends_with(&tail));
+            let back = uncap_arguments(&capped).unwrap_or_default();
+            assert_eq!(back.len(), text.len());
+            assert_eq!(cap_arguments(&Arc::from(back)), capped);
+        }
+        assert_eq!(uncap_arguments("{\"a\":\"…[3 bytes cut of 9]…\"}"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -17,6 +17,7 @@ use crate::output::OutputSchema;
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
     CallObserver, CallOptions, ChatRequest, ChatResponse, Message, ModelError, RetrySink, Role,
+    ToolCallRequest,
 };
 use crate::ports::run::{KillReason, RunStatus, Usage};
 use crate::record::Ending;
@@ -201,7 +202,16 @@ impl RunState {
             text: resp.text.clone(),
             tool_calls: resp.tool_calls.len() as u32,
             usage: resp.usage,
-            calls: resp.tool_calls.clone(),
+            // Recorded as sent, but for arguments past what any tool
+            // accepts: those are kept capped (head, tail, full size).
+            calls: resp
+                .tool_calls
+                .iter()
+                .map(|c| ToolCallRequest {
+                    arguments: crate::ports::run::cap_arguments(&c.arguments),
+                    ..c.clone()
+                })
+                .collect(),
             finish_reason: resp.finish_reason.clone(),
         });
         if let Some(spent) = passed {

@@ -48,7 +48,10 @@ impl RunState {
         }
         let seq = self.shared.next_seq();
         self.shared.emit(seq, &ev);
-        self.push_record(seq, AuditEntry::Event(ev));
+        // `audit: summary` leaves the step events to the live stream.
+        if self.shared.records(&ev) {
+            self.push_record(seq, AuditEntry::Event(ev));
+        }
     }
 
     pub(crate) fn audit_entry(&mut self, entry: AuditEntry) {

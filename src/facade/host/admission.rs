@@ -290,6 +290,7 @@ impl Host {
         if durable {
             shared.set_durable();
         }
+        shared.set_audit_detail(agent.spec().audit.unwrap_or(h.config.audit));
         let resumed = resumed.map(|(c, next_seq)| {
             // The resumed run's records follow the ones already on file.
             shared.start_seq_at(next_seq);

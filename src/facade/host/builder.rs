@@ -283,8 +283,11 @@ impl HostBuilder {
             .map(|limit| -> crate::record::Allowances {
                 Arc::new([crate::record::Allowance::new("this host's runs", limit, 0)])
             });
+        let pruning =
+            super::retention::Pruning::start(audit_store.clone(), c.retention, c.retention_every);
         Ok(Host {
             inner: Arc::new(HostInner {
+                pruning,
                 #[cfg(feature = "mcp")]
                 mcp: crate::actors::mcp::hub::McpHub::new(c.mcp.clone(), Some(root.get_cell())),
                 config: c,

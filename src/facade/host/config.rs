@@ -62,6 +62,15 @@ pub struct HostConfig {
     /// leaves its runs to `recover` elsewhere after this long (at once on
     /// the same machine, where a dead process is known to be dead).
     pub lease_ttl: Duration,
+    /// Which finished runs the audit store keeps (`--retain`): the oldest
+    /// beyond it are pruned in the background, a small batch at a time.
+    /// Default: all are kept.
+    pub retention: crate::ports::retention::Retention,
+    /// How often the background pruning looks at the store.
+    pub retention_every: Duration,
+    /// How much of each run the audit log keeps, for manifests that do not
+    /// say (`audit:`). Default: `full`.
+    pub audit: crate::ports::audit::AuditDetail,
 }
 
 impl Default for HostConfig {
@@ -89,6 +98,9 @@ impl Default for HostConfig {
             max_descendants: 64,
             mcp: crate::mcp::McpConfig::default(),
             lease_ttl: Duration::from_secs(30),
+            retention: crate::ports::retention::Retention::default(),
+            retention_every: Duration::from_secs(5),
+            audit: crate::ports::audit::AuditDetail::Full,
         }
     }
 }

@@ -40,6 +40,7 @@ mod builder;
 mod config;
 pub mod palette;
 mod recovery;
+mod retention;
 pub(crate) mod sessions;
 
 #[cfg(feature = "mcp")]
@@ -147,6 +148,9 @@ pub(crate) struct HostInner {
     allowance: Option<Allowances>,
     /// The chat sessions open on this host, and their store.
     sessions: crate::host::sessions::SessionTable,
+    /// The background pruning (`HostConfig::retention`), stopped with the
+    /// host.
+    pruning: Option<retention::Pruning>,
 }
 
 /// What a run is made from: a manifest, or an agent prepared from one.
@@ -578,6 +582,9 @@ impl Host {
     pub async fn shutdown_after(&self, drain: Duration) -> AuditStats {
         let h = &self.inner;
         h.closed.store(true, Ordering::Release);
+        if let Some(p) = &h.pruning {
+            p.stop();
+        }
         if !drain.is_zero() {
             let _ = tokio::time::timeout(drain, self.wait_idle()).await;
         }
@@ -609,6 +616,8 @@ impl Host {
             Ok(CallResult::Success(s)) => s,
             _ => h.audit_store.stats().await.unwrap_or_default(),
         };
+        // Every record is written: the store may fold its journal in.
+        h.audit_store.settle().await;
         // Exactly once: the durable runs this host keeps (cancelled by the
         // shutdown) may be recovered at once, by any host.
         if let Err(e) = h.checkpointer.release(&h.lease.owner).await {

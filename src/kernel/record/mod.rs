@@ -367,6 +367,9 @@ pub(crate) struct RunShared {
     /// Checkpointed: its checkpoint is cleared with its terminal record, and
     /// a host shutdown suspends it (no terminal record, checkpoint kept).
     durable: AtomicBool,
+    /// `audit: summary`: step events are not recorded (see
+    /// [`AuditDetail`](crate::ports::audit::AuditDetail)).
+    summary: AtomicBool,
     host: Arc<HostRuns>,
     /// The token allowances the run spends against besides its caller's
     /// account (the host's, its ancestors', its own); its sub-agents
@@ -421,6 +424,7 @@ impl RunShared {
             fanout: Mutex::new(Vec::new()),
             seq: AtomicU32::new(0),
             durable: AtomicBool::new(false),
+            summary: AtomicBool::new(false),
             host,
             allowances: id.allowances,
         });
@@ -624,6 +628,19 @@ impl RunShared {
     /// Whether the run is durable.
     pub(crate) fn is_durable(&self) -> bool {
         self.durable.load(Ordering::Relaxed)
+    }
+
+    /// Records this run at `detail`.
+    pub(crate) fn set_audit_detail(&self, detail: crate::ports::audit::AuditDetail) {
+        let summary = detail == crate::ports::audit::AuditDetail::Summary;
+        self.summary.store(summary, Ordering::Relaxed);
+    }
+
+    /// Whether the audit log keeps `event` of this run (all of them at
+    /// `full`; see [`AuditDetail::keeps`](crate::ports::audit::AuditDetail::keeps)).
+    pub(crate) fn records(&self, event: &RunEvent) -> bool {
+        !self.summary.load(Ordering::Relaxed)
+            || crate::ports::audit::AuditDetail::Summary.keeps(event)
     }
 
     /// The result, once delivered.

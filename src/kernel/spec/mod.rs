@@ -155,6 +155,11 @@ pub struct AgentSpec {
     /// Checkpoint after every step and resume after a crash (`Host::recover`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub durable: bool,
+    /// How much of each run the audit log keeps (`full` or `summary`; see
+    /// [`AuditDetail`](crate::ports::audit::AuditDetail)); unset: the
+    /// host's setting (`HostConfig::audit`, `--audit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<crate::ports::audit::AuditDetail>,
     /// The model server's API base (`http://127.0.0.1:8080/v1`), over
     /// `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL` and the public endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -320,6 +325,7 @@ impl AgentSpec {
             script: Vec::new(),
             budget: None,
             durable: false,
+            audit: None,
             base_url: None,
             api_key_env: None,
             output_schema: None,

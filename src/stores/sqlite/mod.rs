@@ -13,10 +13,12 @@ mod background;
 mod budget;
 mod checkpoint;
 mod connection;
+mod retention;
 mod session;
 mod writer;
 
 use connection::{BusyLimit, ReadFailure, Readers, Target};
+pub use retention::Footprint;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,10 +47,15 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../../../migrations/0007_sessions.sql")),
     (8, include_str!("../../../migrations/0008_host_leases.sql")),
     (9, include_str!("../../../migrations/0009_run_trees.sql")),
+    (10, include_str!("../../../migrations/0010_retention.sql")),
+    (
+        11,
+        include_str!("../../../migrations/0011_run_templates.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -166,6 +173,8 @@ pub struct SqliteStore {
     records: AtomicU64,
     terminal_records: AtomicU64,
     batches: AtomicU64,
+    /// Texts written lately, to store repeats once (see `audit::encode`).
+    repeats: Mutex<audit::encode::Repeats>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -259,6 +268,14 @@ impl SqliteStore {
                 conn.pragma_update(None, "page_size", PAGE_SIZE)
                     .map_err(|e| open_error(path, &e))?;
                 check_owner(&conn, path)?;
+                // A new file only (setting it writes the header, and takes
+                // effect only before the first table): pruned runs' pages
+                // go back to the file system (`incremental_vacuum`, see
+                // `retention`).
+                if user_tables(&conn).map_err(|e| open_error(path, &e))?.is_empty() {
+                    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                        .map_err(|e| open_error(path, &e))?;
+                }
                 // Switching to WAL writes the file header: only now that
                 // the file is known to be ours (or new).
                 let mode: String = conn
@@ -297,6 +314,7 @@ impl SqliteStore {
             records: AtomicU64::new(0),
             terminal_records: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            repeats: Mutex::new(audit::encode::Repeats::default()),
         }
     }
 
@@ -363,21 +381,27 @@ impl SqliteStore {
         .map_err(|e| e.at(&self.path))
     }
 
-    /// Counts in the whole file (every process that ever wrote to it), as
+    /// Counts in the whole file (every process that ever wrote to it; runs
+    /// pruned by retention included), as
     /// opposed to [`AuditStore::stats`](crate::ports::audit::AuditStore::stats),
     /// which counts what this handle wrote. `batches` is this handle's.
     pub async fn totals(&self) -> Result<AuditStats, AuditStoreError> {
         let (records, runs) = self
             .read(|c| {
-                c.query_row(
-                    "SELECT (SELECT COUNT(*) FROM audit_records) \
-                     + (SELECT COALESCE(SUM(records), 0) FROM audit_segments) \
-                     + (SELECT COALESCE(SUM(tail_records), 0) FROM runs), \
-                     (SELECT COUNT(*) FROM runs)",
-                    [],
-                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-                )
-                .map_err(audit::unavailable)
+                let (records, runs) = c
+                    .query_row(
+                        "SELECT (SELECT COUNT(*) FROM audit_records) \
+                         + (SELECT COALESCE(SUM(records), 0) FROM audit_segments) \
+                         + (SELECT COALESCE(SUM(tail_records), 0) FROM runs), \
+                         (SELECT COUNT(*) FROM runs)",
+                        [],
+                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                    )
+                    .map_err(audit::unavailable)?;
+                // Pruned runs still count (see `retention`).
+                let (pruned_runs, pruned_records) =
+                    Self::pruned_sums(c).map_err(audit::unavailable)?;
+                Ok::<_, AuditStoreError>((records + pruned_records, runs + pruned_runs))
             })
             .await?;
         Ok(AuditStats {

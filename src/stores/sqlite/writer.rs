@@ -105,6 +105,19 @@ pub(super) struct RunRow {
     pub(super) tail: String,
     /// The time the tail's `at_ms` offsets count from.
     pub(super) tail_at_base: i64,
+    /// The template the tail is (see [`TemplateRow`]): written as this id
+    /// instead, unless the file holds another text under it.
+    pub(super) tail_ref: Option<i64>,
+    /// Likewise for the result.
+    pub(super) result_ref: Option<i64>,
+}
+
+/// A text runs repeat (schema version 11), stored once: `refs` rows of
+/// this batch point at it.
+pub(super) struct TemplateRow {
+    pub(super) id: i64,
+    pub(super) body: String,
+    pub(super) refs: i64,
 }
 
 /// One `checkpoints` row, ready to bind.
@@ -131,6 +144,7 @@ enum Job {
     Append {
         records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
+        templates: Vec<TemplateRow>,
         /// Sent while the append before it had not answered: written only
         /// if that one was.
         chained: bool,
@@ -138,6 +152,13 @@ enum Job {
     },
     /// Any other write (budget, limits, checkpoints, leases).
     Write { write: WriteFn, reply: Reply<()> },
+    /// Work outside a transaction (`PRAGMA incremental_vacuum`, `VACUUM`),
+    /// waiting for another process's lock at most `busy`.
+    Raw {
+        work: WriteFn,
+        busy: std::time::Duration,
+        reply: Reply<()>,
+    },
     /// `PRAGMA wal_checkpoint(MODE)`.
     WalCheckpoint {
         mode: &'static str,
@@ -246,12 +267,14 @@ impl Writer {
         &self,
         records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
+        templates: Vec<TemplateRow>,
     ) -> Result<(u64, u64), WriteError> {
         let chained = self.appends_in_flight.fetch_add(1, Ordering::AcqRel) > 0;
         let _in_flight = InFlight(self.appends_in_flight.clone());
         self.ask(|reply| Job::Append {
             records,
             runs,
+            templates,
             chained,
             reply,
         })
@@ -410,6 +433,18 @@ impl Writer {
         .await
     }
 
+    /// Runs `work` on the writer's connection outside a transaction (it
+    /// opens its own, or needs none), waiting for another connection's
+    /// lock (a reader's, for a WAL checkpoint) at most `busy`.
+    pub(super) async fn raw(
+        &self,
+        busy: std::time::Duration,
+        work: impl FnOnce(&mut Connection) -> rusqlite::Result<()> + Send + 'static,
+    ) -> Result<(), WriteError> {
+        let work: WriteFn = Box::new(work);
+        self.ask(|reply| Job::Raw { work, busy, reply }).await
+    }
+
     /// Runs a WAL checkpoint between two writes.
     pub(super) async fn checkpoint(&self, mode: &'static str) -> Result<(), WriteError> {
         self.ask(|reply| Job::WalCheckpoint { mode, reply }).await
@@ -564,6 +599,7 @@ fn run(
             Job::Append {
                 records,
                 runs,
+                templates,
                 chained,
                 reply,
             } => {
@@ -575,7 +611,7 @@ fn run(
                 let res = if chained && st.append_failed {
                     Err(WriteError::AfterFailure)
                 } else {
-                    st.write(|c| append(c, records, runs))
+                    st.write(|c| append(c, records, runs, templates))
                 };
                 st.append_failed = res.is_err();
                 let written = res.is_ok();
@@ -588,6 +624,14 @@ fn run(
             }
             Job::Write { write, reply } => {
                 let _ = reply.send(st.write(write));
+            }
+            Job::Raw { work, busy, reply } => {
+                let limit = st.limit.clone();
+                let done = st.write(|c| {
+                    limit.set(busy);
+                    work(c)
+                });
+                let _ = reply.send(done);
             }
             Job::WalCheckpoint { mode, reply } => {
                 let sql = match mode {
@@ -691,9 +735,35 @@ fn append(
     conn: &mut Connection,
     segments: Vec<SegmentRow>,
     runs: Vec<RunRow>,
+    templates: Vec<TemplateRow>,
 ) -> Result<(u64, u64), rusqlite::Error> {
     // Rolled back when dropped before the commit (an error below).
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Templates first: one the file holds with another text under its id
+    // (a hash collision) is not used, its rows written whole.
+    let mut refused: Vec<i64> = Vec::new();
+    if !templates.is_empty() {
+        let mut find = tx.prepare_cached("SELECT body FROM run_templates WHERE id = ?1")?;
+        let mut add = tx.prepare_cached(
+            "INSERT INTO run_templates (id, refs, body) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (id) DO UPDATE SET refs = run_templates.refs + excluded.refs",
+        )?;
+        for t in &templates {
+            let held: Option<String> =
+                find.query_row([t.id], |r| r.get(0))
+                    .map(Some)
+                    .or_else(|e| match e {
+                        rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                        e => Err(e),
+                    })?;
+            if held.as_deref().is_some_and(|b| b != t.body) {
+                refused.push(t.id);
+                continue;
+            }
+            add.execute(params![t.id, t.refs, t.body])?;
+        }
+    }
+    let kept = |r: Option<i64>| r.filter(|id| !refused.contains(id));
     let mut inserted = 0;
     let mut terminal = 0;
     if !segments.is_empty() {
@@ -727,11 +797,12 @@ fn append(
         let mut insert = tx.prepare_cached(
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
              error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail, \
-             tail_at_base, root_run_id) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+             tail_at_base, root_run_id, tail_ref, result_ref) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
              ON CONFLICT (run_id) DO NOTHING",
         )?;
         for r in &runs {
+            let (tail_ref, result_ref) = (kept(r.tail_ref), kept(r.result_ref));
             let n = insert.execute(params![
                 r.run_id,
                 r.agent,
@@ -742,12 +813,22 @@ fn append(
                 r.error_kind,
                 r.started_at,
                 r.finished_at,
-                r.result,
+                if result_ref.is_some() {
+                    ""
+                } else {
+                    r.result.as_str()
+                },
                 r.tail_first_seq,
                 r.tail_records,
-                r.tail,
+                if tail_ref.is_some() {
+                    None
+                } else {
+                    Some(r.tail.as_str())
+                },
                 r.tail_at_base,
                 r.root_run_id,
+                tail_ref,
+                result_ref,
             ])?;
             if n > 0 {
                 terminal += 1;

@@ -165,6 +165,15 @@ pub(super) fn parse_id(s: &str) -> Result<RunId, AuditStoreError> {
         .map_err(|_| AuditStoreError::Unavailable(format!("bad run id `{s}` in the database")))
 }
 
+/// A `runs` row's result text, from its template when it points at one
+/// (schema version 11).
+const RESULT: &str = "CASE WHEN result_ref IS NULL THEN result ELSE \
+     (SELECT t.body FROM run_templates t WHERE t.id = runs.result_ref) END";
+
+/// A `runs` row's tail text, from its template when it points at one.
+const TAIL: &str =
+    "COALESCE(tail, (SELECT t.body FROM run_templates t WHERE t.id = runs.tail_ref))";
+
 /// The columns of `runs` a [`RunSummary`] is read from, in [`summary`]'s order.
 pub(super) const SUMMARY_COLUMNS: &str =
     "run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, started_at, finished_at, root_run_id";
@@ -199,8 +208,8 @@ pub(super) fn stored_result(
 ) -> Result<Option<RunResult>, AuditStoreError> {
     // The tail is read only when the caller does not have it.
     let sql = match tail {
-        Some(_) => format!("SELECT {SUMMARY_COLUMNS}, result FROM runs WHERE run_id = ?1"),
-        None => format!("SELECT {SUMMARY_COLUMNS}, result, tail FROM runs WHERE run_id = ?1"),
+        Some(_) => format!("SELECT {SUMMARY_COLUMNS}, {RESULT} FROM runs WHERE run_id = ?1"),
+        None => format!("SELECT {SUMMARY_COLUMNS}, {RESULT}, {TAIL} FROM runs WHERE run_id = ?1"),
     };
     let mut stmt = conn.prepare_cached(&sql).map_err(unavailable)?;
     let mut rows = stmt.query([run_id.to_string()]).map_err(unavailable)?;
@@ -253,8 +262,9 @@ pub(super) fn run_records(
                 "SELECT body, at_base FROM (\
                  SELECT body, first_seq, COALESCE(at_base, 0) AS at_base FROM audit_segments \
                  WHERE run_id = ?1 \
-                 UNION ALL SELECT tail, tail_first_seq, COALESCE(tail_at_base, 0) FROM runs \
-                 WHERE run_id = ?1 AND tail IS NOT NULL) ORDER BY first_seq",
+                 UNION ALL SELECT COALESCE(tail, (SELECT t.body FROM run_templates t \
+                 WHERE t.id = runs.tail_ref)), tail_first_seq, COALESCE(tail_at_base, 0) FROM runs \
+                 WHERE run_id = ?1 AND (tail IS NOT NULL OR tail_ref IS NOT NULL)) ORDER BY first_seq",
             )
             .map_err(unavailable)?;
         let rows = stmt

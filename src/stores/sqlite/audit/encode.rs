@@ -18,7 +18,7 @@ use crate::ports::event::RunEvent;
 use crate::ports::limits::Limits;
 use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 use crate::stores::sqlite::to_i64;
-use crate::stores::sqlite::writer::{RunRow, SegmentRow};
+use crate::stores::sqlite::writer::{RunRow, SegmentRow, TemplateRow};
 
 /// Writes a `run.start` payload: the [`RunInfo`]'s JSON with its absent
 /// optional fields left out and its limits reduced to
@@ -335,6 +335,66 @@ pub(super) fn write_result(
     Ok(())
 }
 
+/// The texts (tails, results) recently written, by hash: one written again
+/// is stored once, as a template (schema version 11). Bounded: past
+/// [`Repeats::CAPACITY`] hashes it starts over.
+#[derive(Default)]
+pub(in crate::stores::sqlite) struct Repeats {
+    seen: std::collections::HashSet<u64>,
+}
+
+impl Repeats {
+    /// Hashes remembered, at most.
+    const CAPACITY: usize = 4096;
+    /// Texts shorter than this are not worth a reference.
+    const MIN_BYTES: usize = 48;
+    /// Nor are texts longer than this kept as templates.
+    const MAX_BYTES: usize = 16 * 1024;
+
+    /// The template id of `text` if it was seen before (else remembers it).
+    fn template(&mut self, text: &str) -> Option<i64> {
+        use std::hash::{Hash, Hasher};
+        if text.len() < Self::MIN_BYTES || text.len() > Self::MAX_BYTES {
+            return None;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        let hash = h.finish();
+        if self.seen.contains(&hash) {
+            return Some((hash >> 1) as i64);
+        }
+        if self.seen.len() >= Self::CAPACITY {
+            self.seen.clear();
+        }
+        self.seen.insert(hash);
+        None
+    }
+}
+
+/// Points `row`'s tail and result at templates where [`Repeats`] says
+/// they repeat, counting the references in `templates`.
+fn use_templates(row: &mut RunRow, repeats: &mut Repeats, templates: &mut Vec<TemplateRow>) {
+    let mut point = |text: &str| -> Option<i64> {
+        let id = repeats.template(text)?;
+        match templates.iter_mut().find(|t| t.id == id) {
+            Some(t) if t.body == text => t.refs += 1,
+            Some(_) => return None,
+            None => templates.push(TemplateRow {
+                id,
+                body: text.to_string(),
+                refs: 1,
+            }),
+        }
+        Some(id)
+    };
+    row.tail_ref = point(&row.tail);
+    row.result_ref = point(&row.result);
+}
+
+/// What a batch encodes to: segments, `runs` rows, the templates the rows
+/// point at.
+pub(super) type Encoded = (Vec<SegmentRow>, Vec<RunRow>, Vec<TemplateRow>);
+
 /// Encodes a batch: one segment per run, its records in batch order, as
 /// `[[seq, at_ms, kind, payload], …]`. A run whose terminal record is in
 /// the batch gets a `runs` row, which takes the result JSON (the record's
@@ -342,7 +402,8 @@ pub(super) fn write_result(
 /// the other segments are `audit_segments` rows.
 pub(super) fn encode(
     batch: &[AuditRecord],
-) -> Result<(Vec<SegmentRow>, Vec<RunRow>), AuditStoreError> {
+    repeats: Option<&mut Repeats>,
+) -> Result<Encoded, AuditStoreError> {
     struct Open<'b> {
         run_id: RunId,
         first_seq: i64,
@@ -476,6 +537,8 @@ pub(super) fn encode(
                 tail_records: o.records,
                 tail: text(o.body, true)?,
                 tail_at_base: o.at_base,
+                tail_ref: None,
+                result_ref: None,
             }),
             None => segments.push(SegmentRow {
                 run_id,
@@ -488,5 +551,11 @@ pub(super) fn encode(
             }),
         }
     }
-    Ok((segments, runs))
+    let mut templates = Vec::new();
+    if let Some(repeats) = repeats {
+        for row in &mut runs {
+            use_templates(row, repeats, &mut templates);
+        }
+    }
+    Ok((segments, runs, templates))
 }

@@ -37,7 +37,7 @@
 //!   inserts (one prepared single-row `INSERT` per row).
 
 mod decode;
-mod encode;
+pub(super) mod encode;
 mod json;
 mod steps;
 #[cfg(test)]
@@ -51,6 +51,7 @@ use super::SqliteStore;
 use crate::ports::audit::{
     AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex, RunSummary,
 };
+use crate::ports::retention::{PruneReport, PrunedCount, Retention};
 use crate::ports::run::{RunId, RunResult, RunStatus};
 
 /// The kind of a `run.start` record.
@@ -71,8 +72,15 @@ impl AuditStore for SqliteStore {
             return Ok(());
         }
         // Encode here, on the caller: the writer thread only inserts.
-        let (rows, runs) = encode::encode(batch)?;
-        let (inserted, terminal) = self.writer.append(rows, runs).await.map_err(unavailable)?;
+        let (rows, runs, templates) = {
+            let mut repeats = self.repeats.lock().unwrap_or_else(|p| p.into_inner());
+            encode::encode(batch, Some(&mut repeats))?
+        };
+        let (inserted, terminal) = self
+            .writer
+            .append(rows, runs, templates)
+            .await
+            .map_err(unavailable)?;
         self.records.fetch_add(inserted, Ordering::Relaxed);
         self.terminal_records.fetch_add(terminal, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
@@ -107,6 +115,24 @@ impl AuditStore for SqliteStore {
             })
             .await?;
         ids.iter().map(|s| decode::parse_id(s)).collect()
+    }
+
+    async fn prune(
+        &self,
+        retention: &Retention,
+        now_ms: u64,
+        batch: usize,
+        dry_run: bool,
+    ) -> Result<PruneReport, AuditStoreError> {
+        self.prune_runs(retention, now_ms, batch, dry_run).await
+    }
+
+    async fn settle(&self) {
+        SqliteStore::close(self).await;
+    }
+
+    async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {
+        self.pruned_counts().await
     }
 
     /// What this handle wrote since it was opened: records and terminal
