@@ -1,7 +1,7 @@
 //! Retention: which finished runs a store keeps ([`Retention`], written
 //! `max_age=7d,max_runs=N,max_bytes=SIZE`), what pruning removed
 //! ([`PruneReport`]), and the counts of pruned runs a store keeps so its
-//! totals stay true ([`Pruned`]).
+//! totals stay true ([`PrunedCount`]).
 //!
 //! Never pruned, whatever the policy: a run in flight (it has no terminal
 //! record yet), a run with a checkpoint (a durable run, or one waiting for
