@@ -351,6 +351,28 @@ async fn steer_extend_cancel_reach_a_live_run() {
         )
         .await;
     assert_eq!(code, 202, "{v}");
+    // The run list shows a live run's cost and the critic's latest
+    // decision (the dashboard reads them for runs that began before it
+    // opened). The extension is applied by the run's critic shortly after
+    // the 202: poll the list for it.
+    let mut live = Value::Null;
+    for _ in 0..500 {
+        let (_, list, _) = s.req("GET", "/v1/runs?status=running", None, None).await;
+        live = list["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == id.as_str())
+            .map(|r| r["live"].clone())
+            .unwrap_or(Value::Null);
+        if !live["last_decision"].is_null() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(live["last_decision"]["action"], "extend", "{live}");
+    assert_eq!(live["last_decision"]["reason"], "operator", "{live}");
+    assert!(live["cost_micros"].is_u64(), "{live}");
     let (code, _, _) = s
         .req(
             "POST",

@@ -11,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::handle::{LiveState, PendingApproval};
 use crate::host::LiveRun;
 use crate::ports::audit::RunSummary;
+use crate::ports::run::CriticDecision;
 use crate::RunResult;
 
 /// `POST /v1/runs`: a run of an agent the server knows, by name.
@@ -69,6 +70,13 @@ pub struct LiveView {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Cost so far in micro-dollars (0 for a model without a price).
+    #[serde(default)]
+    pub cost_micros: u64,
+    /// The critic's latest decision (as in a result's `critic`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub last_decision: Option<CriticDecision>,
     /// Tool calls waiting for an operator's approval (`approve` / `deny`):
     /// the run is parked, its deadlines paused, until they are decided.
     #[serde(default)]
@@ -110,6 +118,8 @@ impl From<LiveState> for LiveView {
             elapsed_ms: l.elapsed_ms,
             tokens: l.tokens,
             tool_calls: l.tool_calls,
+            cost_micros: l.cost_micros,
+            last_decision: l.last_decision,
             awaiting_approval: l.awaiting_approval.iter().map(PendingView::from).collect(),
         }
     }
@@ -243,6 +253,8 @@ impl RunItem {
                 elapsed_ms: r.age_ms,
                 tokens: r.tokens,
                 tool_calls: r.tool_calls,
+                cost_micros: r.cost_micros,
+                last_decision: r.last_decision.clone(),
                 awaiting_approval: r.awaiting_approval.iter().map(PendingView::from).collect(),
             }),
         }

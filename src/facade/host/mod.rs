@@ -532,6 +532,8 @@ impl Host {
                     max_iterations: live.max_iterations,
                     tokens: live.tokens,
                     tool_calls: live.tool_calls,
+                    cost_micros: live.cost_micros,
+                    last_decision: live.last_decision,
                     awaiting_approval: live.awaiting_approval,
                 }
             })
@@ -667,6 +669,10 @@ pub struct LiveRun {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Cost so far in micro-dollars.
+    pub cost_micros: u64,
+    /// The critic's latest decision, if it made one.
+    pub last_decision: Option<crate::ports::run::CriticDecision>,
     /// Tool calls waiting for an operator's approval.
     pub awaiting_approval: Vec<crate::handle::PendingApproval>,
 }

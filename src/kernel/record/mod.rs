@@ -679,6 +679,10 @@ impl RunShared {
                 .unwrap_or(0),
             tokens: p.usage.total(),
             tool_calls: (p.steps.len() + p.steps_taken) as u32,
+            cost_micros: p
+                .cost_micros
+                .saturating_add(p.critic_usage.as_ref().map_or(0, |c| c.cost_micros)),
+            last_decision: p.critic.last().cloned(),
             finished: p.finished,
             awaiting_approval: if p.finished {
                 Vec::new()
@@ -863,6 +867,10 @@ pub struct LiveState {
     pub tokens: u64,
     /// Tool calls finished so far.
     pub tool_calls: u32,
+    /// Cost so far in micro-dollars (its judges' included).
+    pub cost_micros: u64,
+    /// The critic's latest decision, if it made one.
+    pub last_decision: Option<CriticDecision>,
     /// Whether the run has ended.
     pub finished: bool,
     /// Tool calls waiting for an operator's approval (the run is parked

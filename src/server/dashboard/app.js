@@ -77,6 +77,8 @@ function fromItem(r) {
     ended_ms: r.finished_at || null,
     step: r.live ? r.live.iteration : (r.step || null),
     tokens: r.live ? r.live.tokens : null,
+    cost_micros: r.live ? (r.live.cost_micros || 0) : null,
+    decision: r.live && r.live.last_decision ? decisionText(r.live.last_decision) : null,
     waiting: r.live ? (r.live.awaiting_approval || []).length : 0,
     detailed: false,
   };
@@ -159,7 +161,13 @@ async function loadRuns() {
 async function refreshLive() {
   const { status, data } = await api("GET", "/v1/runs?status=running&limit=500");
   if (status !== 200) return;
-  for (const r of data.runs) upsert({ step: r.live.iteration, tokens: r.live.tokens, waiting: (r.live.awaiting_approval || []).length, run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, status: "running", started_ms: Date.now() - r.live.elapsed_ms });
+  for (const r of data.runs) {
+    const row = { step: r.live.iteration, tokens: r.live.tokens, cost_micros: r.live.cost_micros || 0, waiting: (r.live.awaiting_approval || []).length, run_id: r.run_id, agent: r.agent, caller_id: r.caller_id, status: "running", started_ms: Date.now() - r.live.elapsed_ms };
+    // The critic's latest decision, for runs that began before the page
+    // opened (later ones come through the feed).
+    if (r.live.last_decision) row.decision = decisionText(r.live.last_decision);
+    upsert(row);
+  }
 }
 
 function connectFeed() {
