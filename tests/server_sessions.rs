@@ -323,6 +323,52 @@ async fn a_session_is_its_creators() {
 }
 
 #[tokio::test]
+async fn a_session_kept_under_its_bare_id_is_still_its_creators() {
+    // Sessions created before ids were per caller are kept under their
+    // bare ids: their owner still finds them, nobody else does.
+    let s = start(true).await;
+    let (code, v, _) = create(&s, Some(ALICE), json!({"agent": "chat", "id": "old-chat"})).await;
+    assert_eq!(code, 201, "{v}");
+    let store = s.host.session_store().clone();
+    let tagged = format!("{}old-chat", caller_tag("alice"));
+    let mut meta = store
+        .get(&tagged)
+        .await
+        .unwrap()
+        .expect("stored under her tag");
+    assert!(store.remove(&tagged).await.unwrap());
+    meta.id = "old-chat".to_string();
+    store.create(&meta).await.unwrap();
+
+    let (code, v, _) = s
+        .req("GET", "/v1/sessions/old-chat", Some(ALICE), None)
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["session_id"], "old-chat");
+    assert_eq!(v["caller_id"], "alice");
+    let (code, events, _) = say(&s, "old-chat", Some(ALICE), "hi").await;
+    assert_eq!(code, 200);
+    assert_eq!(events.last().unwrap()["status"], "ok");
+    // Bob: 404, as for no such session, on every route.
+    for (method, path) in [
+        ("GET", "/v1/sessions/old-chat"),
+        ("POST", "/v1/sessions/old-chat/close"),
+        ("DELETE", "/v1/sessions/old-chat"),
+    ] {
+        let (code, v, _) = s.req(method, path, Some(BOB), None).await;
+        assert_eq!(code, 404, "{method} {path}: {v}");
+    }
+    let (code, _, _) = say(&s, "old-chat", Some(BOB), "hi").await;
+    assert_eq!(code, 404);
+    // Alice's delete removes it.
+    let (code, _, _) = s
+        .req("DELETE", "/v1/sessions/old-chat", Some(ALICE), None)
+        .await;
+    assert_eq!(code, 204);
+    assert!(store.get("old-chat").await.unwrap().is_none());
+}
+
+#[tokio::test]
 async fn bad_requests_name_what_is_wrong() {
     let s = start(false).await;
     let (code, v, _) = create(&s, None, json!({"agent": "nope"})).await;

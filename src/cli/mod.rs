@@ -645,9 +645,16 @@ pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
 }
 
 /// Host settings for the in-memory stores: the defaults, with `--audit`.
-/// (`--retain` bounds a database; the in-memory store keeps what it is
-/// given while the process lives.)
+/// `--retain` bounds a database file; the in-memory audit store is a ring
+/// of its latest records whatever it is told, so the flag is said to do
+/// nothing there rather than silently taken.
 pub(crate) fn memory_config() -> HostConfig {
+    if store_options().keep.retain.is_some() {
+        tracing::warn!(
+            "--retain bounds a database file; with --db :memory: the audit store keeps only its latest {} records (every run is still counted), so --retain has nothing to prune",
+            agentvisor::stores::memory::DEFAULT_CAPACITY
+        );
+    }
     HostConfig {
         audit: store_options().keep.audit.unwrap_or_default(),
         ..HostConfig::default()

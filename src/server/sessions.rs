@@ -138,13 +138,20 @@ async fn owned(
     }
     // Ownership first, from the store: another caller's session is never
     // touched (reopening it could fail in a way that tells it exists).
-    let meta = st
-        .host
-        .session_store()
-        .get(&stored)
-        .await
-        .map_err(ApiError::store)?
-        .ok_or_else(|| not_found(id))?;
+    let store = st.host.session_store();
+    let mut found = store.get(&stored).await.map_err(ApiError::store)?;
+    let mut stored = stored;
+    if found.is_none() && !caller.is_admin() {
+        // A session this caller created before ids were per caller is
+        // kept under its bare id: still its own, found by its owner.
+        if let Some(meta) = store.get(id).await.map_err(ApiError::store)? {
+            if meta.caller_id.as_deref() == Some(&*caller.id) {
+                found = Some(meta);
+                stored = id.to_string();
+            }
+        }
+    }
+    let meta = found.ok_or_else(|| not_found(id))?;
     if !caller.may_see(meta.caller_id.as_deref()) {
         return Err(not_found(id));
     }
