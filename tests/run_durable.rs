@@ -323,6 +323,7 @@ fn checkpoint(run_id: RunId, resumes: u32) -> Checkpoint {
         started_at: 1,
         saved_at: 1,
         parked: None,
+        unchanged: Default::default(),
     }
 }
 

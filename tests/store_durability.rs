@@ -187,6 +187,7 @@ fn durable_checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoin
         started_at: 1,
         saved_at: 2,
         parked: None,
+        unchanged: Default::default(),
     }
 }
 

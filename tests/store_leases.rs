@@ -490,5 +490,6 @@ fn checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoint {
         started_at: 1,
         saved_at: 2,
         parked: None,
+        unchanged: Default::default(),
     }
 }

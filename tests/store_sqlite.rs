@@ -669,6 +669,7 @@ async fn checkpoints_are_replaced_cleared_and_survive_a_reopen() {
         started_at: 10,
         saved_at: 20 + u64::from(iteration),
         parked: None,
+        unchanged: Default::default(),
     };
     let (a, b) = (RunId::new(), RunId::new());
     let lease = agentvisor::ports::checkpoint::Lease {
@@ -758,7 +759,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 8] = [
+const MIGRATIONS: [(i64, &str); 12] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -770,6 +771,13 @@ const MIGRATIONS: [(i64, &str); 8] = [
     (6, include_str!("../migrations/0006_checkpoint_leases.sql")),
     (7, include_str!("../migrations/0007_sessions.sql")),
     (8, include_str!("../migrations/0008_host_leases.sql")),
+    (9, include_str!("../migrations/0009_run_trees.sql")),
+    (10, include_str!("../migrations/0010_retention.sql")),
+    (11, include_str!("../migrations/0011_run_templates.sql")),
+    (
+        12,
+        include_str!("../migrations/0012_checkpoint_entries.sql"),
+    ),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`
@@ -881,6 +889,7 @@ fn insert_old_checkpoint(conn: &rusqlite::Connection, id: RunId) {
         started_at: 1,
         saved_at: 2,
         parked: None,
+        unchanged: Default::default(),
     };
     // The manifest and the invocation were nested as the same objects.
     let mut state = serde_json::to_value(&now).unwrap();

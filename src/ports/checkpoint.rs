@@ -108,6 +108,68 @@ pub struct Checkpoint {
     /// [`ParkedCalls`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked: Option<ParkedCalls>,
+    /// What of this checkpoint the run's previous save holds already, so
+    /// a store may write only what is new (see [`Unchanged`]). Nothing
+    /// (the default, and what [`Checkpointer::load_all`] answers): the
+    /// checkpoint is written whole. Not part of the saved state.
+    #[serde(skip)]
+    pub unchanged: Unchanged,
+}
+
+/// The part of a checkpoint that its run's previous save holds already:
+/// the first `messages` messages of the transcript, the first `steps`
+/// step records and the first `critic` decisions are as that save had
+/// them, and so are the manifest and invocation (a run's are the same at
+/// every save). A run appends to these lists as it goes, so a save after
+/// a step leaves all but its last few entries unchanged; a transcript
+/// rewritten by compaction keeps only its unchanged head.
+///
+/// A store that keeps a run's checkpoint in parts writes only what
+/// follows these counts, and drops what it holds past them; one that
+/// keeps checkpoints whole ignores it. Either way it then holds exactly
+/// the checkpoint saved: a store that holds less of the run than these
+/// counts say (a row written by an older build, say) writes it whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unchanged {
+    /// Transcript messages unchanged since the previous save.
+    pub messages: usize,
+    /// Step records unchanged since the previous save.
+    pub steps: usize,
+    /// Critic decisions unchanged since the previous save.
+    pub critic: usize,
+}
+
+impl Unchanged {
+    /// All of `checkpoint`: what the save after it leaves unchanged, as
+    /// far as it only appends.
+    pub fn all_of(checkpoint: &Checkpoint) -> Self {
+        Unchanged {
+            messages: checkpoint.transcript.len(),
+            steps: checkpoint.steps.len(),
+            critic: checkpoint.critic.len(),
+        }
+    }
+
+    /// Whether nothing is unchanged: the checkpoint is written whole.
+    pub fn is_nothing(&self) -> bool {
+        *self == Unchanged::default()
+    }
+
+    /// What a save leaves unchanged when the save before it (which left
+    /// `self` unchanged) was never written: the least of both, list by
+    /// list. Saves coalesced before a write merge this way.
+    pub fn then(self, later: Unchanged) -> Self {
+        Unchanged {
+            messages: self.messages.min(later.messages),
+            steps: self.steps.min(later.steps),
+            critic: self.critic.min(later.critic),
+        }
+    }
+
+    /// No more than `checkpoint` holds.
+    pub fn within(self, checkpoint: &Checkpoint) -> Self {
+        self.then(Unchanged::all_of(checkpoint))
+    }
 }
 
 /// A durable run parked for approval when it was saved: the model's turn
@@ -253,7 +315,12 @@ pub trait Checkpointer: Send + Sync + 'static {
     /// other save is written only if `lease.owner` holds the run's row.
     /// Answers the runs that were not written: another owner claimed them,
     /// or their row is gone (finished and cleared elsewhere) — the caller
-    /// lost them and must not go on with them (fencing).
+    /// lost them and must not go on with them (fencing). A save refused
+    /// writes nothing of its run.
+    ///
+    /// A checkpoint says what of it the run's previous save holds already
+    /// ([`Checkpoint::unchanged`]): a store may write only the rest, and
+    /// must then hold exactly the checkpoint saved.
     async fn save(
         &self,
         checkpoints: &[Checkpoint],
@@ -289,4 +356,35 @@ pub trait Checkpointer: Send + Sync + 'static {
     /// Gives up every lease `owner` holds, its host lease included (its
     /// runs can be claimed at once).
     async fn release(&self, owner: &str) -> Result<(), CheckpointError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Unchanged;
+
+    #[test]
+    fn saves_coalesced_keep_the_least_each_kept() {
+        let after_step = Unchanged {
+            messages: 8,
+            steps: 3,
+            critic: 1,
+        };
+        // The next save follows a compaction that kept two messages.
+        let compacted = Unchanged {
+            messages: 2,
+            steps: 4,
+            critic: 1,
+        };
+        let merged = after_step.then(compacted);
+        assert_eq!(
+            merged,
+            Unchanged {
+                messages: 2,
+                steps: 3,
+                critic: 1
+            }
+        );
+        assert!(!merged.is_nothing());
+        assert!(merged.then(Unchanged::default()).is_nothing());
+    }
 }

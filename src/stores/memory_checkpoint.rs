@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::ports::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Claim, HostClaim, Lease, Renewal,
+    Checkpoint, CheckpointError, Checkpointer, Claim, HostClaim, Lease, Renewal, Unchanged,
 };
 use crate::ports::run::{unix_ms, RunId};
 
@@ -78,10 +78,14 @@ impl Checkpointer for MemoryCheckpointer {
                 lost.push(c.run_id);
                 continue;
             }
+            // Kept whole (its transcript shared with the run): what the
+            // previous save left unchanged does not matter here.
+            let mut checkpoint = c.clone();
+            checkpoint.unchanged = Unchanged::default();
             g.insert(
                 c.run_id,
                 Held {
-                    checkpoint: c.clone(),
+                    checkpoint,
                     owner: Some(lease.owner.clone()),
                     until_ms: lease.until(now),
                 },

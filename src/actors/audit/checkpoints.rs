@@ -273,12 +273,12 @@ impl Saver {
         match job {
             CheckpointJob::Renew(w) => renew.get_or_insert_with(Vec::new).push(w),
             CheckpointJob::Save(c, ack) => {
-                self.unsaved.insert(c.run_id, c);
+                self.queue(c);
                 self.acks.extend(ack);
             }
             CheckpointJob::SaveStep(c, waiter) => {
                 self.steps.insert(c.run_id, waiter);
-                self.unsaved.insert(c.run_id, c);
+                self.queue(c);
             }
             CheckpointJob::Clear(runs) => {
                 for run in &runs {
@@ -289,6 +289,15 @@ impl Saver {
             }
             CheckpointJob::Flush(tx) => flushes.push(tx),
         }
+    }
+
+    /// Queues a run's latest checkpoint in place of an unsaved one: what
+    /// it leaves unchanged is then counted from the last save written.
+    fn queue(&mut self, mut c: Box<Checkpoint>) {
+        if let Some(earlier) = self.unsaved.get(&c.run_id) {
+            c.unchanged = earlier.unchanged.then(c.unchanged);
+        }
+        self.unsaved.insert(c.run_id, c);
     }
 
     /// Renews the host's leases, and stops the runs it finds it lost.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Inflight, RunAddr, RunMsg, RunState};
 use crate::actors::audit::{AuditMsg, SaveWaiter};
 use crate::actors::watch::Beat;
-use crate::ports::checkpoint::{Checkpoint, EncodedJson};
+use crate::ports::checkpoint::{Checkpoint, EncodedJson, Unchanged};
 use crate::ports::run::{unix_ms, RunStatus};
 use crate::record::{Ending, STORE_UNAVAILABLE};
 
@@ -19,6 +19,24 @@ pub(crate) struct DurableRun {
     pub(crate) invocation: EncodedJson,
     pub(crate) resumes: u32,
     pub(crate) started_at: u64,
+}
+
+/// A durable run's checkpointing, as its state holds it.
+pub(super) struct Durable {
+    pub(super) run: Arc<DurableRun>,
+    /// How much of the transcript, the steps and the critic decisions the
+    /// run's last checkpoint holds: the next one carries only what was
+    /// appended since. A transcript rewritten (compaction) lowers it to
+    /// the head it kept (see `RunState::replace_transcript`).
+    pub(super) saved: Unchanged,
+}
+
+impl Durable {
+    /// A run's, starting from `first` (its first checkpoint, or the one it
+    /// resumes from: either is saved whole before it takes a step).
+    pub(super) fn new(run: Arc<DurableRun>, first: Unchanged) -> Box<Self> {
+        Box::new(Durable { run, saved: first })
+    }
 }
 
 /// A durable run waiting for its step's checkpoint: told through its
@@ -42,14 +60,18 @@ impl SaveWaiter for StepSaved {
 
 impl RunState {
     /// A durable run's progress as a checkpoint (`None` for a run that is
-    /// not durable).
-    pub(super) fn progress(&self) -> Option<Checkpoint> {
-        let d = self.durable.as_ref()?;
+    /// not durable), saying what the last one holds already: from here on
+    /// that is this one.
+    pub(super) fn progress(&mut self) -> Option<Checkpoint> {
+        self.durable.as_ref()?;
+        let parked = self.parked_calls();
+        let durable = self.durable.as_mut()?;
         let (steps, usage, cost, critic) = {
             let p = self.shared.partial();
             (p.steps.clone(), p.usage, p.cost_micros, p.critic.clone())
         };
-        Some(Checkpoint {
+        let d = &durable.run;
+        let mut checkpoint = Checkpoint {
             run_id: self.shared.run_id,
             agent: d.agent.clone(),
             spec: d.spec.clone(),
@@ -65,8 +87,12 @@ impl RunState {
             resumes: if self.parked.is_some() { 0 } else { d.resumes },
             started_at: d.started_at,
             saved_at: unix_ms(),
-            parked: self.parked_calls(),
-        })
+            parked,
+            unchanged: Unchanged::default(),
+        };
+        checkpoint.unchanged = durable.saved.within(&checkpoint);
+        durable.saved = Unchanged::all_of(&checkpoint);
+        Some(checkpoint)
     }
 
     /// Saves a parked durable run's state (its turn and the calls that

@@ -20,7 +20,7 @@ use crate::actors::watch::{Beat, Watched};
 use crate::agent::Agent;
 use crate::compaction::{self, Compaction};
 use crate::ports::audit::{AuditEntry, AuditRecord, RunInfo};
-use crate::ports::checkpoint::{Checkpoint, ParkedCalls};
+use crate::ports::checkpoint::{Checkpoint, ParkedCalls, Unchanged};
 use crate::ports::event::RunEvent;
 use crate::ports::model::{
     ChatRequest, ChatResponse, DeltaSink, Message, ModelError, RetrySink, Role,
@@ -239,7 +239,7 @@ pub struct RunState {
     /// The next step is due: the shard takes it in the same handler (up
     /// to `INLINE_STEPS` of them), not through the mailbox.
     pub(crate) step_due: bool,
-    durable: Option<Arc<DurableRun>>,
+    durable: Option<Box<durable::Durable>>,
     /// The clock read once per handler: the records and heartbeats a
     /// handler makes share it (they are made within microseconds).
     pub(crate) now: Instant,
@@ -306,6 +306,22 @@ impl RunState {
         );
         let compaction = Compaction::new(window).reply_room(args.agent.spec().max_tokens);
         let judging = crate::actors::judging::Judging::of(args.agent.judges());
+        let durable = args.durable.map(|d| {
+            // Its first checkpoint (or the one it resumes from) holds what
+            // it starts with.
+            let (steps, critic) = args
+                .resumed
+                .as_ref()
+                .map_or((0, 0), |c| (c.steps.len(), c.critic.len()));
+            durable::Durable::new(
+                d,
+                Unchanged {
+                    messages: args.transcript.len(),
+                    steps,
+                    critic,
+                },
+            )
+        });
         let mut st = Box::new(RunState {
             addr,
             max_iterations: args.limits.max_iterations,
@@ -339,7 +355,7 @@ impl RunState {
             // call, and a preallocated buffer would wait with it.
             pending_audit: Vec::new(),
             step_due: true,
-            durable: args.durable,
+            durable,
             now: started,
             clock_ms: None,
             retry: None,
@@ -362,7 +378,7 @@ impl RunState {
         }
         if let (Some(c), Some(d)) = (&args.resumed, &st.durable) {
             st.event(RunEvent::Resumed {
-                attempt: d.resumes,
+                attempt: d.run.resumes,
                 iteration: c.iteration,
             });
         }
@@ -509,8 +525,7 @@ impl RunState {
         }
         if !self.steers.is_empty() {
             for text in std::mem::take(&mut self.steers) {
-                self.transcript_mut()
-                    .push(Message::text(Role::User, text.clone()));
+                self.push_message(Message::text(Role::User, text.clone()));
                 self.event(RunEvent::MessageCreate {
                     role: "user".into(),
                     text,
@@ -593,15 +608,33 @@ impl RunState {
         }
     }
 
-    /// The transcript, to add to: copied first if it is shared (a request
+    /// Appends to the transcript: copied first if it is shared (a request
     /// in flight, or the agent's starting transcript), with room to grow.
-    fn transcript_mut(&mut self) -> &mut Vec<Message> {
+    /// A transcript only grows this way, so a durable run's next
+    /// checkpoint carries only the messages appended since its last.
+    fn push_message(&mut self, message: Message) {
         if Arc::get_mut(&mut self.transcript).is_none() {
             let mut own = Vec::with_capacity(self.transcript.len() + 4);
             own.extend(self.transcript.iter().cloned());
             self.transcript = Arc::new(own);
         }
-        Arc::make_mut(&mut self.transcript)
+        Arc::make_mut(&mut self.transcript).push(message);
+    }
+
+    /// Replaces the transcript (compaction): the messages of its head that
+    /// stay as they were are all a durable run's next checkpoint keeps of
+    /// its last one's; it writes the rest anew.
+    fn replace_transcript(&mut self, transcript: Vec<Message>) {
+        if let Some(d) = &mut self.durable {
+            let kept = self
+                .transcript
+                .iter()
+                .zip(&transcript)
+                .take_while(|(was, is)| was == is)
+                .count();
+            d.saved.messages = d.saved.messages.min(kept);
+        }
+        self.transcript = Arc::new(transcript);
     }
 }
 

@@ -225,8 +225,7 @@ impl RunState {
             return self.finish(e);
         }
         if resp.tool_calls.is_empty() {
-            self.transcript_mut()
-                .push(Message::text(Role::Assistant, resp.text.clone()));
+            self.push_message(Message::text(Role::Assistant, resp.text.clone()));
             self.event(RunEvent::MessageCreate {
                 role: "assistant".into(),
                 text: resp.text.clone(),
@@ -256,7 +255,7 @@ impl RunState {
         // The calls start (each polled once in place) before the assistant
         // message takes them into the transcript: no copy of the list.
         let ready = self.dispatch_tools(&resp.tool_calls, &[]);
-        self.transcript_mut().push(Message {
+        self.push_message(Message {
             role: Role::Assistant,
             content: resp.text,
             tool_calls: resp.tool_calls,

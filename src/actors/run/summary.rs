@@ -59,7 +59,7 @@ impl RunState {
                 transcript,
                 tokens_after,
             } => {
-                self.transcript = Arc::new(transcript);
+                self.replace_transcript(transcript);
                 let resp = summary.unwrap_or_default();
                 self.event(RunEvent::TranscriptCompacted {
                     iteration: self.iteration + 1,
@@ -77,7 +77,7 @@ impl RunState {
                 tokens_after,
                 why,
             } => {
-                self.transcript = Arc::new(transcript);
+                self.replace_transcript(transcript);
                 self.event(RunEvent::Warning {
                     kind: "transcript_trimmed".into(),
                     message: format!(

@@ -308,7 +308,7 @@ impl RunState {
                 result: summary,
                 duration_ms: o.duration_ms,
             });
-            self.transcript_mut().push(Message {
+            self.push_message(Message {
                 role: Role::Tool,
                 content,
                 tool_calls: Vec::new(),

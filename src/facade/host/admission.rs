@@ -21,7 +21,7 @@ use crate::actors::run::{DurableRun, RunArgs};
 use crate::agent::Agent;
 use crate::handle::{RunEvents, RunHandle};
 use crate::ports::audit::RunInfo;
-use crate::ports::checkpoint::{Checkpoint, EncodedJson};
+use crate::ports::checkpoint::{Checkpoint, EncodedJson, Unchanged};
 use crate::ports::model::{Message, Role};
 use crate::ports::run::{cap_text, unix_ms, RunId, RunStatus};
 use crate::record::{
@@ -425,8 +425,13 @@ impl Host {
                 resumes: resumed.as_ref().map_or(0, |c| c.resumes),
                 started_at: resumed.as_ref().map_or_else(unix_ms, |c| c.started_at),
             });
+            // Saved whole: a resumed run's store may hold more of it than
+            // its checkpoint (saves after the one `recover` read).
             first_checkpoint = Some(Box::new(match &resumed {
-                Some(c) => Checkpoint::clone(c),
+                Some(c) => Checkpoint {
+                    unchanged: Unchanged::default(),
+                    ..Checkpoint::clone(c)
+                },
                 None => Checkpoint {
                     run_id,
                     agent: d.agent.clone(),
@@ -442,6 +447,7 @@ impl Host {
                     started_at: d.started_at,
                     saved_at: unix_ms(),
                     parked: None,
+                    unchanged: Unchanged::default(),
                 },
             }));
             Some(d)

@@ -1,25 +1,393 @@
-//! Durable runs' checkpoints on SQLite: one row per run in `checkpoints`,
-//! the whole [`Checkpoint`] as JSON in `state` (its manifest and invocation
-//! as they were encoded once for the run, so rows of every version read
-//! the same), with the agent, iteration and resume count beside it for
-//! `SELECT`s by hand, and its lease (`owner`, `lease_until`, schema
-//! version 6). A run's first save creates its row; later saves update it
-//! only while the saver holds it (fencing: see the port). A claim is one
-//! conditional `UPDATE` on the writer thread (and under SQLite's write
-//! lock against other processes), so one claimer at most wins; so is a
-//! host take-over (`host_leases`, schema version 8).
+//! Durable runs' checkpoints on SQLite, by delta (schema version 12): one
+//! row per run in `checkpoints` holds what does not grow with the run
+//! (its header as JSON in `state`, with the agent, iteration and resume
+//! count beside it for `SELECT`s by hand) and its lease (`owner`,
+//! `lease_until`, schema version 6); `checkpoint_entries` holds what
+//! grows, one row per entry: the manifest and invocation (list 0, written
+//! with the run's first save), the transcript's messages (list 1), the
+//! step records (list 2) and the critic decisions (list 3). A save writes
+//! the header and only the entries past what it keeps of the run's last
+//! save ([`Unchanged`]), dropping the run's entries past those, so a run's
+//! checkpoints write bytes in proportion to its steps. A row written
+//! before version 12 (`layout` 0: its whole checkpoint in `state`) still
+//! loads; its next save writes it whole.
+//!
+//! A run's first save creates its row; later saves update it only while
+//! the saver holds it (fencing: see the port), and write entries only
+//! then. A claim is one conditional `UPDATE` on the writer thread (and
+//! under SQLite's write lock against other processes), so one claimer at
+//! most wins; so is a host take-over (`host_leases`, schema version 8).
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use rusqlite::{params, Connection, Transaction};
+use serde::{Deserialize, Serialize};
 
-use super::writer::CheckpointRow;
 use super::{to_i64, SqliteStore};
 use crate::ports::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Claim, HostClaim, Lease, Renewal,
+    Checkpoint, CheckpointError, Checkpointer, Claim, EncodedJson, HostClaim, Lease, ParkedCalls,
+    Renewal, Unchanged,
 };
-use crate::ports::run::{unix_ms, RunId};
+use crate::ports::run::{unix_ms, RunId, Usage};
 
 fn unavailable(e: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Unavailable(e.to_string())
+}
+
+/// The lists of `checkpoint_entries`.
+const START: i64 = 0;
+const MESSAGES: i64 = 1;
+const STEPS: i64 = 2;
+const DECISIONS: i64 = 3;
+
+/// A checkpoint's header, as `state` holds it (layout 1): all of it but
+/// the manifest, the invocation and the lists.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    run_id: RunId,
+    agent: Arc<str>,
+    iteration: u32,
+    usage: Usage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cost_micros: Option<u64>,
+    resumes: u32,
+    started_at: u64,
+    saved_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parked: Option<ParkedCalls>,
+}
+
+/// One save, ready to bind: its `checkpoints` row and its entries.
+struct Row {
+    run_id: String,
+    agent: String,
+    iteration: i64,
+    attempts: i64,
+    /// The [`Header`], as JSON.
+    state: String,
+    updated_at: i64,
+    /// The run's first checkpoint: it may create the row (see
+    /// [`Checkpointer::save`]).
+    first: bool,
+    /// Set for a save written whole: the manifest and the invocation
+    /// (list 0). A save without them keeps the run's entries before each
+    /// list's `from`.
+    start: Option<[String; 2]>,
+    /// The transcript, the steps and the critic decisions (lists 1 to 3).
+    lists: [Entries; 3],
+}
+
+/// What a save writes of one list.
+struct Entries {
+    /// The entries before it are kept (0 in a save written whole).
+    from: i64,
+    /// The entries from `from` on, encoded.
+    entries: Vec<String>,
+}
+
+impl Entries {
+    /// `list` from `from` on, encoded.
+    fn of<T: Serialize>(list: &[T], from: usize) -> Result<Self, serde_json::Error> {
+        let from = from.min(list.len());
+        let entries = list[from..]
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<_, _>>()?;
+        Ok(Entries {
+            from: from as i64,
+            entries,
+        })
+    }
+
+    /// How many entries the list has after the save.
+    fn len(&self) -> i64 {
+        self.from + self.entries.len() as i64
+    }
+}
+
+impl Row {
+    /// `c`, keeping what `keep` says of the run's last save: written whole
+    /// when that is nothing (and always for a run's first save).
+    fn of(c: &Checkpoint, keep: Unchanged) -> Result<Self, serde_json::Error> {
+        let keep = if c.is_first() {
+            Unchanged::default()
+        } else {
+            keep.within(c)
+        };
+        let header = Header {
+            run_id: c.run_id,
+            agent: c.agent.clone(),
+            iteration: c.iteration,
+            usage: c.usage,
+            cost_micros: c.cost_micros,
+            resumes: c.resumes,
+            started_at: c.started_at,
+            saved_at: c.saved_at,
+            parked: c.parked.clone(),
+        };
+        Ok(Row {
+            run_id: c.run_id.to_string(),
+            agent: c.agent.to_string(),
+            iteration: i64::from(c.iteration),
+            attempts: i64::from(c.resumes),
+            state: serde_json::to_string(&header)?,
+            updated_at: to_i64(c.saved_at),
+            first: c.is_first(),
+            start: keep
+                .is_nothing()
+                .then(|| [c.spec.text().to_string(), c.invocation.text().to_string()]),
+            lists: [
+                Entries::of(&c.transcript, keep.messages)?,
+                Entries::of(&c.steps, keep.steps)?,
+                Entries::of(&c.critic, keep.critic)?,
+            ],
+        })
+    }
+}
+
+/// What a save found.
+#[derive(Default)]
+struct Saved {
+    /// The positions of the rows not written: their runs are another
+    /// owner's, or gone.
+    lost: Vec<usize>,
+    /// The positions of the rows not written because the store holds less
+    /// of their runs than they keep (a row written before schema version
+    /// 12): to be saved again whole.
+    behind: Vec<usize>,
+}
+
+/// Saves `save` under a lease (`owner` until `until`) and clears `clear`,
+/// in one transaction. A run's first checkpoint creates its row, or takes
+/// one nobody holds at `now`; a later one only updates a row `owner`
+/// holds, and only if the row has what it keeps (else it is `behind`). A
+/// row written has its entries past each list's `from` replaced by the
+/// save's (all of them, for a save written whole).
+fn write(
+    tx: &Transaction<'_>,
+    save: &[Row],
+    clear: &[String],
+    owner: &str,
+    until: i64,
+    now: i64,
+) -> rusqlite::Result<Saved> {
+    let mut out = Saved::default();
+    let mut written = Vec::with_capacity(save.len());
+    if save.iter().any(|c| !c.first) {
+        let mut update = tx.prepare_cached(
+            "UPDATE checkpoints SET agent = ?2, iteration = ?3, attempts = ?4, state = ?5, \
+             updated_at = ?6, lease_until = ?8, layout = 1, messages = ?9, steps = ?10, \
+             decisions = ?11 \
+             WHERE run_id = ?1 AND owner = ?7 AND (?12 OR (layout = 1 AND messages >= ?13 \
+             AND steps >= ?14 AND decisions >= ?15))",
+        )?;
+        let mut held =
+            tx.prepare_cached("SELECT 1 FROM checkpoints WHERE run_id = ?1 AND owner = ?2")?;
+        for (i, c) in save.iter().enumerate().filter(|(_, c)| !c.first) {
+            let [m, s, d] = &c.lists;
+            let n = update.execute(params![
+                c.run_id,
+                c.agent,
+                c.iteration,
+                c.attempts,
+                c.state,
+                c.updated_at,
+                owner,
+                until,
+                m.len(),
+                s.len(),
+                d.len(),
+                c.start.is_some(),
+                m.from,
+                s.from,
+                d.from
+            ])?;
+            if n == 1 {
+                written.push(i);
+            } else if held.exists(params![c.run_id, owner])? {
+                out.behind.push(i);
+            } else {
+                out.lost.push(i);
+            }
+        }
+    }
+    if save.iter().any(|c| c.first) {
+        let mut upsert = tx.prepare_cached(
+            "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at, \
+             owner, lease_until, layout, messages, steps, decisions) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?10, ?11, ?12) \
+             ON CONFLICT (run_id) DO UPDATE SET agent = excluded.agent, \
+             iteration = excluded.iteration, attempts = excluded.attempts, \
+             state = excluded.state, updated_at = excluded.updated_at, \
+             owner = excluded.owner, lease_until = excluded.lease_until, layout = 1, \
+             messages = excluded.messages, steps = excluded.steps, \
+             decisions = excluded.decisions \
+             WHERE checkpoints.owner IS NULL OR checkpoints.owner = excluded.owner \
+             OR checkpoints.lease_until <= ?9",
+        )?;
+        for (i, c) in save.iter().enumerate().filter(|(_, c)| c.first) {
+            let [m, s, d] = &c.lists;
+            let n = upsert.execute(params![
+                c.run_id,
+                c.agent,
+                c.iteration,
+                c.attempts,
+                c.state,
+                c.updated_at,
+                owner,
+                until,
+                now,
+                m.len(),
+                s.len(),
+                d.len()
+            ])?;
+            if n == 0 {
+                out.lost.push(i);
+            } else {
+                written.push(i);
+            }
+        }
+    }
+    if !written.is_empty() {
+        write_entries(tx, save, &written)?;
+    }
+    if !clear.is_empty() {
+        let mut row = tx.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1")?;
+        let mut entries = tx.prepare_cached("DELETE FROM checkpoint_entries WHERE run_id = ?1")?;
+        for run_id in clear {
+            row.execute([run_id])?;
+            entries.execute([run_id])?;
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the entries of the saves at `written` (their rows are written):
+/// a save written whole replaces all of its run's; any other replaces
+/// those past each list's `from` (none, after a step: it appends).
+fn write_entries(tx: &Transaction<'_>, save: &[Row], written: &[usize]) -> rusqlite::Result<()> {
+    let mut delete_all = tx.prepare_cached("DELETE FROM checkpoint_entries WHERE run_id = ?1")?;
+    let mut delete_from = tx.prepare_cached(
+        "DELETE FROM checkpoint_entries WHERE run_id = ?1 AND list = ?2 AND seq >= ?3",
+    )?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO checkpoint_entries (run_id, list, seq, body) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for c in written.iter().filter_map(|&i| save.get(i)) {
+        if let Some(start) = &c.start {
+            delete_all.execute([&c.run_id])?;
+            for (seq, body) in (0i64..).zip(start) {
+                insert.execute(params![c.run_id, START, seq, body])?;
+            }
+        }
+        for (list, l) in [MESSAGES, STEPS, DECISIONS].into_iter().zip(&c.lists) {
+            if c.start.is_none() {
+                delete_from.execute(params![c.run_id, list, l.from])?;
+            }
+            for (seq, body) in (l.from..).zip(&l.entries) {
+                insert.execute(params![c.run_id, list, seq, body])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `checkpoints` row as read.
+struct Stored {
+    run_id: String,
+    state: String,
+    layout: i64,
+    /// The entries of lists 1 to 3 its checkpoint has.
+    counts: [i64; 3],
+}
+
+/// A run's entries as read, list by list (0 to 3), in order.
+type Lists = [Vec<String>; 4];
+
+/// Reads every checkpoint row and every entry, in one read transaction
+/// (so a save between the two reads is seen by both or neither).
+fn read_all(c: &Connection) -> rusqlite::Result<(Vec<Stored>, HashMap<String, Lists>)> {
+    let tx = c.unchecked_transaction()?;
+    let rows = {
+        let mut stmt = tx.prepare(
+            "SELECT run_id, state, layout, messages, steps, decisions FROM checkpoints \
+             ORDER BY updated_at, run_id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(Stored {
+                run_id: r.get(0)?,
+                state: r.get(1)?,
+                layout: r.get(2)?,
+                counts: [r.get(3)?, r.get(4)?, r.get(5)?],
+            })
+        })?;
+        rows.collect::<Result<Vec<_>, _>>()?
+    };
+    let mut entries: HashMap<String, Lists> = HashMap::new();
+    {
+        let mut stmt = tx.prepare(
+            "SELECT run_id, list, seq, body FROM checkpoint_entries ORDER BY run_id, list, seq",
+        )?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let (run_id, list, seq, body): (String, i64, i64, String) =
+                (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+            let lists = entries.entry(run_id).or_default();
+            // Out of place (an unknown list, a gap): the checkpoint is
+            // found incomplete below.
+            if let Some(l) = usize::try_from(list).ok().and_then(|i| lists.get_mut(i)) {
+                if seq == l.len() as i64 {
+                    l.push(body);
+                }
+            }
+        }
+    }
+    tx.commit()?;
+    Ok((rows, entries))
+}
+
+/// A checkpoint from its row and entries.
+fn assemble(row: Stored, entries: Option<Lists>) -> Result<Checkpoint, String> {
+    if row.layout == 0 {
+        return serde_json::from_str::<Checkpoint>(&row.state).map_err(|e| e.to_string());
+    }
+    let [start, messages, steps, decisions] = entries.unwrap_or_default();
+    let counts = [messages.len(), steps.len(), decisions.len()].map(|n| n as i64);
+    if start.len() != 2 || counts != row.counts {
+        return Err(format!(
+            "its entries are incomplete: {} of 2 start entries, {counts:?} of {:?} messages, steps and decisions",
+            start.len(),
+            row.counts
+        ));
+    }
+    let header: Header = serde_json::from_str(&row.state).map_err(|e| e.to_string())?;
+    let mut start = start.into_iter();
+    let mut encoded = || EncodedJson::from_text(start.next().unwrap_or_default());
+    let (spec, invocation) = (encoded(), encoded());
+    fn decode<T: serde::de::DeserializeOwned>(list: Vec<String>) -> Result<Vec<T>, String> {
+        list.iter()
+            .map(|e| serde_json::from_str(e).map_err(|e| e.to_string()))
+            .collect()
+    }
+    Ok(Checkpoint {
+        run_id: header.run_id,
+        agent: header.agent,
+        spec: spec.map_err(|e| e.to_string())?,
+        invocation: invocation.map_err(|e| e.to_string())?,
+        transcript: Arc::new(decode(messages)?),
+        iteration: header.iteration,
+        steps: decode(steps)?,
+        usage: header.usage,
+        cost_micros: header.cost_micros,
+        critic: decode(decisions)?,
+        resumes: header.resumes,
+        started_at: header.started_at,
+        saved_at: header.saved_at,
+        parked: header.parked,
+        unchanged: Unchanged::default(),
+    })
 }
 
 #[async_trait]
@@ -32,68 +400,64 @@ impl Checkpointer for SqliteStore {
         if checkpoints.is_empty() {
             return Ok(Vec::new());
         }
-        let mut rows = Vec::with_capacity(checkpoints.len());
-        for c in checkpoints {
-            rows.push(CheckpointRow {
-                run_id: c.run_id.to_string(),
-                agent: c.agent.to_string(),
-                iteration: i64::from(c.iteration),
-                attempts: i64::from(c.resumes),
-                state: serde_json::to_string(c).map_err(unavailable)?,
-                updated_at: to_i64(c.saved_at),
-                first: c.is_first(),
-            });
-        }
-        let now = unix_ms();
-        let lost = self
-            .writer
-            .checkpoints(
-                rows,
-                Vec::new(),
-                lease.owner.clone(),
-                to_i64(lease.until(now)),
-                to_i64(now),
-            )
-            .await
+        let rows = checkpoints
+            .iter()
+            .map(|c| Row::of(c, c.unchanged))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(unavailable)?;
-        Ok(lost
+        let mut lost = self.save_rows(rows, lease).await?;
+        // Rows the store holds less of than their saves keep (written
+        // before schema version 12): written whole, once more.
+        let behind = std::mem::take(&mut lost.behind);
+        let mut lost: Vec<RunId> = lost
+            .lost
             .into_iter()
             .filter_map(|i| checkpoints.get(i).map(|c| c.run_id))
-            .collect())
+            .collect();
+        if !behind.is_empty() {
+            let again: Vec<&Checkpoint> =
+                behind.iter().filter_map(|&i| checkpoints.get(i)).collect();
+            let rows = again
+                .iter()
+                .map(|c| Row::of(c, Unchanged::default()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(unavailable)?;
+            let saved = self.save_rows(rows, lease).await?;
+            lost.extend(
+                saved
+                    .lost
+                    .into_iter()
+                    .chain(saved.behind)
+                    .filter_map(|i| again.get(i).map(|c| c.run_id)),
+            );
+        }
+        Ok(lost)
     }
 
     async fn clear(&self, runs: &[RunId]) -> Result<(), CheckpointError> {
         if runs.is_empty() {
             return Ok(());
         }
-        let ids = runs.iter().map(RunId::to_string).collect();
+        let ids: Vec<String> = runs.iter().map(RunId::to_string).collect();
         self.writer
-            .checkpoints(Vec::new(), ids, String::new(), 0, 0)
+            .write(move |tx| write(tx, &[], &ids, "", 0, 0))
             .await
             .map(drop)
             .map_err(unavailable)
     }
 
     async fn load_all(&self) -> Result<Vec<Checkpoint>, CheckpointError> {
-        let rows: Vec<(String, String)> = self
-            .read(|c| {
-                let mut stmt = c
-                    .prepare("SELECT run_id, state FROM checkpoints ORDER BY updated_at, run_id")
-                    .map_err(unavailable)?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .map_err(unavailable)?;
-                rows.collect::<Result<_, _>>().map_err(unavailable)
-            })
-            .await?;
+        let (rows, mut entries) = self.read(|c| read_all(c).map_err(unavailable)).await?;
         let mut out = Vec::with_capacity(rows.len());
-        for (run_id, state) in rows {
-            match serde_json::from_str::<Checkpoint>(&state) {
+        for row in rows {
+            let run_id = row.run_id.clone();
+            let parts = entries.remove(&run_id);
+            match assemble(row, parts) {
                 Ok(c) => out.push(c),
-                // One unreadable row must not keep every other run from
-                // resuming: it is reported and left in place.
-                Err(e) => {
-                    tracing::error!(%run_id, error = %e, "a checkpoint does not parse; skipped")
+                // One unreadable checkpoint must not keep every other run
+                // from resuming: it is reported and left in place.
+                Err(error) => {
+                    tracing::error!(%run_id, %error, "a checkpoint does not load; skipped")
                 }
             }
         }
@@ -228,6 +592,18 @@ impl Checkpointer for SqliteStore {
                 tx.execute("DELETE FROM host_leases WHERE owner = ?1", [&owner])
                     .map(drop)
             })
+            .await
+            .map_err(unavailable)
+    }
+}
+
+impl SqliteStore {
+    /// Writes `rows` under `lease`, on the writer thread.
+    async fn save_rows(&self, rows: Vec<Row>, lease: &Lease) -> Result<Saved, CheckpointError> {
+        let now = unix_ms();
+        let (owner, until) = (lease.owner.clone(), to_i64(lease.until(now)));
+        self.writer
+            .write(move |tx| write(tx, &rows, &[], &owner, until, to_i64(now)))
             .await
             .map_err(unavailable)
     }

@@ -120,19 +120,6 @@ pub(super) struct TemplateRow {
     pub(super) refs: i64,
 }
 
-/// One `checkpoints` row, ready to bind.
-pub(super) struct CheckpointRow {
-    pub(super) run_id: String,
-    pub(super) agent: String,
-    pub(super) iteration: i64,
-    pub(super) attempts: i64,
-    pub(super) state: String,
-    pub(super) updated_at: i64,
-    /// The run's first checkpoint: it may create the row (see
-    /// [`Checkpointer::save`](crate::ports::checkpoint::Checkpointer::save)).
-    pub(super) first: bool,
-}
-
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
 /// A write to run on the writer's connection, in one transaction.
@@ -353,82 +340,6 @@ impl Writer {
                 params![caller, limits],
             )
             .map(drop)
-        })
-        .await
-    }
-
-    /// Saves checkpoints under a lease (`owner` until `until`) and clears
-    /// others', in one transaction. A run's first checkpoint creates its
-    /// row, or takes one nobody holds at `now`; a later one only updates a
-    /// row `owner` holds. Answers the positions in `save` of the rows not
-    /// written (the runs `owner` lost).
-    pub(super) async fn checkpoints(
-        &self,
-        save: Vec<CheckpointRow>,
-        clear: Vec<String>,
-        owner: String,
-        until: i64,
-        now: i64,
-    ) -> Result<Vec<usize>, WriteError> {
-        self.write(move |tx| {
-            let mut lost = Vec::new();
-            if save.iter().any(|c| !c.first) {
-                let mut update = tx.prepare_cached(
-                    "UPDATE checkpoints SET agent = ?2, iteration = ?3, attempts = ?4, \
-                     state = ?5, updated_at = ?6, lease_until = ?8 \
-                     WHERE run_id = ?1 AND owner = ?7",
-                )?;
-                for (i, c) in save.iter().enumerate().filter(|(_, c)| !c.first) {
-                    let n = update.execute(params![
-                        c.run_id,
-                        c.agent,
-                        c.iteration,
-                        c.attempts,
-                        c.state,
-                        c.updated_at,
-                        owner,
-                        until
-                    ])?;
-                    if n == 0 {
-                        lost.push(i);
-                    }
-                }
-            }
-            if save.iter().any(|c| c.first) {
-                let mut upsert = tx.prepare_cached(
-                    "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at, \
-                     owner, lease_until) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-                     ON CONFLICT (run_id) DO UPDATE SET agent = excluded.agent, \
-                     iteration = excluded.iteration, attempts = excluded.attempts, \
-                     state = excluded.state, updated_at = excluded.updated_at, \
-                     owner = excluded.owner, lease_until = excluded.lease_until \
-                     WHERE checkpoints.owner IS NULL OR checkpoints.owner = excluded.owner \
-                     OR checkpoints.lease_until <= ?9",
-                )?;
-                for (i, c) in save.iter().enumerate().filter(|(_, c)| c.first) {
-                    let n = upsert.execute(params![
-                        c.run_id,
-                        c.agent,
-                        c.iteration,
-                        c.attempts,
-                        c.state,
-                        c.updated_at,
-                        owner,
-                        until,
-                        now
-                    ])?;
-                    if n == 0 {
-                        lost.push(i);
-                    }
-                }
-            }
-            if !clear.is_empty() {
-                let mut delete = tx.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1")?;
-                for run_id in &clear {
-                    delete.execute([run_id])?;
-                }
-            }
-            Ok(lost)
         })
         .await
     }
