@@ -4,7 +4,9 @@
 //! record, every status is explained by an injected fault), says a soak
 //! this short is too short for an RSS verdict, and draws an SVG plot; a
 //! soak without chaos sees only `ok`, on the in-memory stores and on
-//! SQLite; a chaos rate outside 0..=1 is refused with exit 2.
+//! SQLite; on SQLite each sample reads the database, WAL and spool, and
+//! the report judges and plots them; a chaos rate outside 0..=1 is
+//! refused with exit 2.
 //!
 //! These run the real binary on the wall clock, so they assert nothing
 //! that depends on how many runs fit in the time: counts that must add up,
@@ -149,9 +151,17 @@ fn a_chaos_soak_reports_consistent_figures_and_a_plot() {
             && v["terminal"]["pass"].as_bool().unwrap()
     );
 
+    // Nothing on disk in memory: no disk figures, no disk verdict.
+    assert!(m["disk"].is_null(), "{}", m["disk"]);
+    assert!(v["disk"].is_null(), "{}", v["disk"]);
+    assert!(series.iter().all(|x| u(&x["disk_bytes"]) == 0));
+    // Each sample carries the faults injected so far, up to the total.
+    assert_eq!(&series.last().unwrap()["chaos"], c);
+
     let svg = std::fs::read_to_string(report_dir.join("soak.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("RSS (MiB)") && svg.contains("<polyline"));
+    assert!(svg.contains("log scale") && svg.contains("hang injected"));
 }
 
 /// A soak without chaos: only `ok`, one terminal record per run.
@@ -181,6 +191,79 @@ fn assert_clean_soak(db: &str) {
     assert_eq!(r["verdict"]["statuses"]["pass"], true);
     assert_eq!(r["verdict"]["terminal"]["pass"], true);
     assert_eq!(u(&m["audit"]["terminal_records"]), submitted);
+    // Without `--retain` a database keeps every run: its growth is stated,
+    // not judged.
+    if db == ":memory:" {
+        assert!(r["verdict"]["disk"].is_null());
+    } else {
+        assert_eq!(
+            r["verdict"]["disk"]["outcome"], "unbounded",
+            "{}",
+            r["verdict"]
+        );
+        assert!(r["verdict"]["disk"]["retention"].is_null());
+    }
+}
+
+/// On SQLite, each sample reads the database, its WAL and the spool; the
+/// report sums them up, judges them against `--retain` (a one-second soak
+/// never reaches its bound: too short to judge, no failure) and plots
+/// them.
+#[test]
+fn a_soak_on_sqlite_samples_and_plots_its_disk_use() {
+    let dir = Scratch::new("disk");
+    let db = dir.0.join("soak.db");
+    let report_dir = dir.0.join("report");
+    let out = agentvisor(&[
+        "soak",
+        "examples/agents/soak.yaml",
+        "--duration",
+        "1s",
+        "--concurrency",
+        "10",
+        "--retain",
+        "max_bytes=1GiB",
+        "--report",
+        report_dir.to_str().unwrap(),
+        "--db",
+        db.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(report_dir.join("report.json"))
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", stderr(&out)));
+    let r: Value = serde_json::from_str(&text).unwrap();
+    exit_matches_verdict(&out, &r);
+    let series = r["series"].as_array().unwrap();
+    for x in series {
+        assert_eq!(
+            u(&x["disk_bytes"]),
+            u(&x["db_bytes"]) + u(&x["wal_bytes"]) + u(&x["spool_bytes"])
+        );
+    }
+    assert!(series.iter().any(|x| u(&x["db_bytes"]) > 0), "{series:?}");
+    let d = &r["summary"]["disk"];
+    assert_eq!(d["db"], db.to_str().unwrap());
+    assert!(
+        d["spool"].as_str().unwrap().ends_with("soak.db.spool"),
+        "{d}"
+    );
+    // After the shutdown the file holds every record: what the file
+    // system says, byte for byte.
+    let on_disk = std::fs::metadata(&db).unwrap().len();
+    assert_eq!(u(&d["end"]["db_bytes"]), on_disk);
+    assert!(u(&d["peak_bytes"]) >= u(&d["peak_db_wal_bytes"]));
+    assert!(u(&d["peak_db_wal_bytes"]) > 0);
+    let v = &r["verdict"]["disk"];
+    assert_eq!(v["outcome"], "too_short", "{v}");
+    assert_eq!(v["pass"], true);
+    assert_eq!(u(&v["retention"]["max_bytes"]), 1 << 30);
+    assert!(
+        v["reason"].as_str().unwrap().contains("was not reached"),
+        "{v}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("disk:"));
+
+    let svg = std::fs::read_to_string(report_dir.join("soak.svg")).unwrap();
+    assert!(svg.contains("disk (MiB): peak") && svg.contains("max_bytes 1024.0 MiB"));
 }
 
 #[test]

@@ -34,6 +34,7 @@ fn settings(host: &Host, agent: &Agent, duration: Duration, concurrency: u64) ->
         stall_timeout_ms: agent.limits().stall_timeout.as_millis() as u64,
         db: ":memory:".into(),
         critic_shards: host.config().critic_shards,
+        retain: None,
     }
 }
 

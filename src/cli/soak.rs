@@ -22,10 +22,19 @@
 //! ignored, never counted); the in-memory store counts every terminal
 //! record appended (a duplicate would show as one too many).
 //!
+//! # Disk
+//! With a database file, each sample reads what the records take on disk:
+//! the file, its WAL and the audit spool (`--spool`, or `PATH.spool`).
+//! Under `--retain` the disk must be flat once the bound is reached and
+//! the warm-up is over; without it the growth is stated, not judged.
+//!
 //! # Report
 //! `--report DIR` writes `DIR/report.json` (settings, the series, the
-//! summary, the verdict) and `DIR/soak.svg` (the series over time, one
-//! panel each). `--json` prints the report without the series.
+//! summary, the verdict) and `DIR/soak.svg` (the series over time, a
+//! panel each, titled with the verdict: see `docs/soak.md`). `--json`
+//! prints the report without the series.
+
+mod plot;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -37,7 +46,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use agentvisor::providers::chaos::{ChaosConfig, ChaosModel};
 use agentvisor::providers::ScriptedModel;
-use agentvisor::soak::{Report, RssOutcome, Sample, Settings, Soak, SoakPlan, VerdictOutcome};
+use agentvisor::soak::{
+    DiskOutcome, Report, RssOutcome, Sample, Settings, Soak, SoakPlan, VerdictOutcome,
+};
 use agentvisor::LimitsSpec;
 
 /// Flags of `agentvisor soak`.
@@ -61,7 +72,7 @@ pub(crate) struct SoakArgs {
     /// The seed of the chaos draws.
     #[arg(long, value_name = "N", default_value_t = 1, allow_hyphen_values = true, value_parser = super::flags::whole(0, u64::MAX))]
     seed: u64,
-    /// Write `report.json` and `soak.svg` into this directory.
+    /// Write `report.json` and `soak.svg` (the plot) into this directory.
     #[arg(long, value_name = "DIR")]
     report: Option<PathBuf>,
     /// Print the report (without the series) as one JSON object.
@@ -143,13 +154,20 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
             super::Db::File(p) => p.display().to_string(),
         },
         critic_shards: host.config().critic_shards,
+        retain: match db {
+            super::Db::Memory => None,
+            super::Db::File(_) => a.keep.retain.filter(|r| r.is_set()),
+        },
     };
 
-    let soak = Soak::start(
-        &host,
-        &agent,
-        SoakPlan::new(&agent, a.duration, a.concurrency),
-    );
+    let mut plan = SoakPlan::new(&agent, a.duration, a.concurrency);
+    if let super::Db::File(path) = db {
+        plan = plan.database(path);
+    }
+    let mut soak = Soak::start(&host, &agent, plan);
+    if let Some(model) = &chaos {
+        soak = soak.watch_chaos(model.clone());
+    }
     let stopper = soak.stopper();
     let ctrl_c = tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -225,12 +243,13 @@ fn progress_bar(duration: Duration) -> ProgressBar {
 fn show_progress(bar: &ProgressBar, s: &Sample, duration_s: f64) {
     bar.set_position(s.t_s.min(duration_s) as u64);
     bar.set_message(format!(
-        "{}{:.0} runs/s  p99 {:.0} ms  {} live  RSS {:.0} MiB  {} fds",
+        "{}{:.0} runs/s  p99 {:.0} ms  {} live  RSS {:.0} MiB  disk {:.0} MiB  {} fds",
         if s.phase == "run" { "" } else { "draining: " },
         s.runs_per_sec,
         s.p99_ms,
         s.live_runs,
         s.rss_mib,
+        s.disk_mib,
         s.open_fds
     ));
 }
@@ -300,6 +319,30 @@ fn print_report(r: &Report) {
     if v.rss.outcome != RssOutcome::Pass {
         outln!("               {}", v.rss.reason);
     }
+    if let (Some(d), Some(disk)) = (&v.disk, &m.disk) {
+        let disk_mark = match d.outcome {
+            DiskOutcome::Pass => "pass",
+            DiskOutcome::Fail => "FAIL",
+            DiskOutcome::Inconclusive => "inconclusive",
+            DiskOutcome::TooShort => "too short to judge",
+            DiskOutcome::Unbounded => "no retention: not judged",
+        };
+        outln!(
+            "disk:          peak {:.1} MiB (database + WAL {:.1} MiB), {:.1} MiB at the end; slope {:+.3} %/min ({:+.2} MiB/min, 95 % in [{:+.3}, {:+.3}]) over {} samples after {:.1} s [{disk_mark}]",
+            disk.peak_mib,
+            disk.peak_db_wal_mib,
+            disk.end_mib,
+            d.slope_pct_per_min,
+            d.slope_mib_per_min,
+            d.slope_low_pct_per_min,
+            d.slope_high_pct_per_min,
+            d.samples,
+            d.warmup_s,
+        );
+        if !matches!(d.outcome, DiskOutcome::Pass | DiskOutcome::Unbounded) {
+            outln!("               {}", d.reason);
+        }
+    }
     if v.statuses.unexplained.is_empty() {
         outln!(
             "statuses:      every status explained [{}]",
@@ -339,114 +382,8 @@ fn print_report(r: &Report) {
 fn write_report(dir: &Path, report: &Report) -> Result<(), String> {
     let json = serde_json::to_vec_pretty(report).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string())?;
-    let series = report.series.as_deref().unwrap_or_default();
-    let svg = plot(series, &report.settings, report.verdict.rss.warmup_s)?;
+    let svg = plot::plot(report)?;
     std::fs::write(dir.join("soak.svg"), svg).map_err(|e| e.to_string())
-}
-
-/// One panel of the plot: a title and its lines.
-struct Panel {
-    title: &'static str,
-    lines: Vec<(&'static str, Vec<(f64, f64)>)>,
-}
-
-/// The series as an SVG: one panel per measure, time on the x axis, the
-/// end of warm-up and the end of the duration marked.
-fn plot(series: &[Sample], settings: &Settings, warmup_s: f64) -> Result<String, String> {
-    use plotters::prelude::*;
-
-    let line = |f: fn(&Sample) -> f64| series.iter().map(|s| (s.t_s, f(s))).collect::<Vec<_>>();
-    let panels = [
-        Panel {
-            title: "runs completed per second",
-            lines: vec![("runs/s", line(|s| s.runs_per_sec))],
-        },
-        Panel {
-            title: "latency (ms)",
-            lines: vec![("p50", line(|s| s.p50_ms)), ("p99", line(|s| s.p99_ms))],
-        },
-        Panel {
-            title: "RSS (MiB)",
-            lines: vec![("RSS", line(|s| s.rss_mib))],
-        },
-        Panel {
-            title: "open file descriptors",
-            lines: vec![("fds", line(|s| s.open_fds as f64))],
-        },
-        Panel {
-            title: "runs alive",
-            lines: vec![("live runs", line(|s| s.live_runs as f64))],
-        },
-    ];
-    let colors = [BLUE, RED];
-    let x_max = series
-        .iter()
-        .map(|s| s.t_s)
-        .fold(settings.duration_s, f64::max)
-        .max(1.0);
-    let err = |e: &dyn std::fmt::Display| e.to_string();
-    let mut svg = String::new();
-    {
-        let height = 40 + 220 * panels.len() as u32;
-        let root = SVGBackend::with_string(&mut svg, (1000, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let title = format!(
-            "agentvisor soak: {}, concurrency {}{}",
-            settings.agent,
-            settings.concurrency,
-            settings
-                .chaos_rate
-                .map(|r| format!(", chaos {r}"))
-                .unwrap_or_default()
-        );
-        let root = root
-            .titled(&title, ("sans-serif", 20))
-            .map_err(|e| err(&e))?;
-        for (area, panel) in root.split_evenly((panels.len(), 1)).iter().zip(&panels) {
-            let y_max = panel
-                .lines
-                .iter()
-                .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
-                .fold(0.0, f64::max)
-                * 1.1;
-            let y_max = if y_max > 0.0 { y_max } else { 1.0 };
-            let mut chart = ChartBuilder::on(area)
-                .caption(panel.title, ("sans-serif", 15))
-                .margin(8)
-                .x_label_area_size(36)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-                .map_err(|e| err(&e))?;
-            chart
-                .configure_mesh()
-                .x_desc("seconds")
-                .light_line_style(WHITE)
-                .draw()
-                .map_err(|e| err(&e))?;
-            let marks = [(warmup_s, "warm-up"), (settings.duration_s, "end")];
-            for (x, _) in marks.iter().filter(|(x, _)| *x > 0.0) {
-                chart
-                    .draw_series(LineSeries::new([(*x, 0.0), (*x, y_max)], BLACK.mix(0.25)))
-                    .map_err(|e| err(&e))?;
-            }
-            for ((name, pts), color) in panel.lines.iter().zip(colors.iter().cycle()) {
-                let color = *color;
-                chart
-                    .draw_series(LineSeries::new(pts.iter().copied(), color))
-                    .map_err(|e| err(&e))?
-                    .label(*name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            }
-            chart
-                .configure_series_labels()
-                .border_style(BLACK.mix(0.3))
-                .background_style(WHITE.mix(0.8))
-                .draw()
-                .map_err(|e| err(&e))?;
-        }
-        root.present().map_err(|e| err(&e))?;
-    }
-    Ok(svg)
 }
 
 #[cfg(test)]
@@ -464,44 +401,155 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_plot_is_an_svg_with_every_panel() -> Result<(), String> {
-        let series: Vec<Sample> = (1..=5)
-            .map(|t| Sample {
-                t_s: t as f64,
-                phase: "run",
-                completed: 10,
-                runs_per_sec: 10.0,
-                p50_ms: 1.0,
-                p99_ms: 2.0,
-                rss_bytes: 10 << 20,
-                rss_mib: 10.0,
-                open_fds: 12,
-                live_runs: 4,
-                live_actors: 9,
-                cpu_pct: 50.0,
-                statuses: BTreeMap::new(),
+    /// A made-up five-minute chaos soak on a database under `max_bytes =
+    /// 50 MiB`: the file fills in 50 s and stays; RSS is flat; hangs end
+    /// runs `killed/stalled`, 429s `error/rate_limited`.
+    pub(super) fn made_up_report() -> Report {
+        use agentvisor::ports::audit::AuditStats;
+        use agentvisor::providers::chaos::ChaosCounts;
+        use agentvisor::soak::{DiskPaths, DiskUse, Soaked};
+
+        let chaos_at = |t: u64| ChaosCounts {
+            calls: 3000 * t,
+            slow: 40 * t,
+            hang: 2 * t,
+            rate_limited: 3 * t,
+            malformed: 5 * t,
+        };
+        let series: Vec<Sample> = (1..=300u64)
+            .map(|t| {
+                let db = (t.min(50) << 20) + (t % 7) * 100_000;
+                let wal = (t % 5) << 20;
+                let statuses = BTreeMap::from([
+                    ("ok".to_string(), 1000 * t),
+                    ("killed/stalled".to_string(), 2 * t.saturating_sub(2)),
+                    ("error/rate_limited".to_string(), 3 * t),
+                ]);
+                Sample {
+                    t_s: t as f64,
+                    phase: "run",
+                    completed: 1005,
+                    runs_per_sec: 1005.0,
+                    p50_ms: 31.0 + (t % 3) as f64,
+                    p99_ms: if t % 4 == 0 { 2000.0 } else { 400.0 },
+                    rss_bytes: (80 + t % 3) << 20,
+                    rss_mib: (80 + t % 3) as f64,
+                    open_fds: 12,
+                    live_runs: 200,
+                    live_actors: 205,
+                    cpu_pct: 150.0,
+                    statuses,
+                    disk_bytes: db + wal,
+                    disk_mib: ((db + wal) >> 20) as f64,
+                    db_bytes: db,
+                    wal_bytes: wal,
+                    spool_bytes: 0,
+                    chaos: Some(chaos_at(t)),
+                }
             })
             .collect();
+        let last = series.last().cloned().unwrap_or_else(|| unreachable!());
+        let finished: u64 = series.iter().map(|s| s.completed).sum();
+        let soaked = Soaked {
+            latency_counts: vec![0; agentvisor::soak::histogram::BUCKETS],
+            max_latency_us: 2_000_000,
+            end_of_starts_s: 300.0,
+            ended_s: 300.0,
+            drain_timed_out: false,
+            runs_submitted: finished,
+            runs_finished: finished,
+            submit_errors: 0,
+            by_status: last.statuses.clone(),
+            peak_rss_bytes: 82 << 20,
+            audit: AuditStats {
+                terminal_records: finished,
+                ..AuditStats::default()
+            },
+            disk_paths: DiskPaths {
+                db: Some("soak.db".into()),
+                spool: Some("soak.db.spool".into()),
+            },
+            disk_end: DiskUse {
+                db_bytes: last.db_bytes,
+                wal_bytes: 0,
+                spool_bytes: 0,
+            },
+            series,
+        };
         let settings = Settings {
-            file: "soak.yaml".into(),
+            file: "examples/agents/soak.yaml".into(),
             agent: "soak".into(),
             model: "scripted".into(),
-            duration_s: 5.0,
-            concurrency: 4,
-            chaos_rate: None,
+            duration_s: 300.0,
+            concurrency: 200,
+            chaos_rate: Some(0.05),
             seed: 1,
-            slow_ms: None,
+            slow_ms: Some(400),
             stall_timeout_ms: 2000,
-            db: ":memory:".into(),
+            db: "soak.db".into(),
             critic_shards: 2,
+            retain: "max_bytes=50MiB".parse().ok(),
         };
-        let svg = plot(&series, &settings, 1.0)?;
-        assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
-        for title in ["runs completed per second", "latency (ms)", "RSS (MiB)"] {
-            assert!(svg.contains(title), "{title}");
+        Report::new(settings, soaked, Some(chaos_at(300)), 5)
+    }
+
+    #[test]
+    fn the_report_holds_the_disk_series_and_verdict_and_the_plot_is_written() {
+        let report = made_up_report();
+        let disk = report
+            .verdict
+            .disk
+            .as_ref()
+            .unwrap_or_else(|| unreachable!());
+        assert_eq!(disk.outcome, DiskOutcome::Pass, "{disk:?}");
+        assert_eq!(disk.bound_reached_s, Some(45.0));
+
+        let dir =
+            std::env::temp_dir().join(format!("agentvisor-soak-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        write_report(&dir, &report).unwrap_or_else(|e| panic!("{e}"));
+        let json: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join("report.json")).unwrap_or_else(|e| panic!("{e}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let svg = std::fs::read_to_string(dir.join("soak.svg")).unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let series = json["series"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        assert_eq!(series.len(), 300);
+        assert_eq!(series[99]["db_bytes"], (50u64 << 20) + 100_000 * (100 % 7));
+        assert_eq!(series[99]["wal_bytes"], 0);
+        assert_eq!(
+            series[101]["disk_bytes"],
+            (50u64 << 20) + 400_000 + (2 << 20)
+        );
+        assert_eq!(series[0]["chaos"]["hang"], 2);
+        let summary_disk = &json["summary"]["disk"];
+        assert_eq!(summary_disk["db"], "soak.db");
+        assert_eq!(summary_disk["end"]["db_bytes"], (50u64 << 20) + 600_000);
+        assert!(summary_disk["peak_db_wal_bytes"].as_u64() > Some(50 << 20));
+        assert_eq!(json["verdict"]["disk"]["outcome"], "pass");
+        assert_eq!(json["settings"]["retain"]["max_bytes"], 50u64 << 20);
+
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        for text in [
+            "runs completed per second",
+            "latency of the runs ended each second (ms, log scale)",
+            "RSS (MiB): peak 82.0; slope",
+            "disk (MiB): peak",
+            "[pass]",
+            "hang injected: 600",
+            "killed/stalled: 596 (≤ 600)",
+            "error/rate_limited: 900 (≤ 900)",
+            "slow injected: 12000 (runs end ok)",
+            "max_bytes 50.0 MiB",
+            "every status explained [pass]",
+            "verdict PASS",
+        ] {
+            assert!(svg.contains(text), "the plot lacks {text:?}");
         }
-        assert!(svg.contains("<polyline"));
-        Ok(())
     }
 }

@@ -5,6 +5,11 @@
 //! host's shutdown, which drains the audit actor, so the store's counts are
 //! final when [`Soak::finish`] returns.
 //!
+//! Each sample also reads what the host's records take on disk (the
+//! database file and WAL of [`SoakPlan::disk`], the host's audit spool:
+//! [`disk_use`]) and, with [`Soak::watch_chaos`], the faults a chaos model
+//! has injected so far.
+//!
 //! Time is tokio's: on a paused clock (`start_paused` tests) a soak of any
 //! duration runs in no wall time and starts a number of runs that depends
 //! only on the runs' own (scripted) latencies.
@@ -27,11 +32,14 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::ports::audit::AuditStats;
+use crate::providers::chaos::{ChaosCounts, ChaosModel};
 use crate::{Agent, Host, Invocation, Limits, RunResult, RunStatus};
 
 use super::figures::{mib, round3};
 use super::histogram::{percentile_us, LatencyHistogram, BUCKETS};
-use super::sampler::{cpu_seconds, open_fds, peak_rss_bytes, rss_bytes};
+use super::sampler::{
+    cpu_seconds, disk_use, open_fds, peak_rss_bytes, rss_bytes, DiskPaths, DiskUse,
+};
 
 /// Actors a host runs besides its runs and critic shards: the root, audit
 /// and budget.
@@ -66,6 +74,18 @@ pub struct Sample {
     pub cpu_pct: f64,
     /// Statuses so far (cumulative).
     pub statuses: BTreeMap<String, u64>,
+    /// Database + WAL + spool, in bytes (0 with nothing on disk).
+    pub disk_bytes: u64,
+    /// The same in MiB.
+    pub disk_mib: f64,
+    /// The database file.
+    pub db_bytes: u64,
+    /// Its WAL (`-wal` and `-shm`).
+    pub wal_bytes: u64,
+    /// The audit spool.
+    pub spool_bytes: u64,
+    /// Faults injected so far (cumulative), with a watched chaos model.
+    pub chaos: Option<ChaosCounts>,
 }
 
 /// What to soak.
@@ -80,6 +100,9 @@ pub struct SoakPlan {
     /// How long after `duration` the drain may take before the sampler
     /// gives up (the host's shutdown then cancels what still runs).
     pub drain_limit: Duration,
+    /// Where the host's records are on disk, sampled with the rest (none
+    /// by default; the host's audit spool is added when it has one).
+    pub disk: DiskPaths,
 }
 
 impl SoakPlan {
@@ -92,7 +115,14 @@ impl SoakPlan {
             concurrency,
             caller: "soak".to_string(),
             drain_limit: drain_limit(agent.limits()),
+            disk: DiskPaths::default(),
         }
+    }
+
+    /// Samples the disk use of this database file (its WAL beside it).
+    pub fn database(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.disk.db = Some(path.into());
+        self
     }
 }
 
@@ -131,6 +161,11 @@ pub struct Soaked {
     pub peak_rss_bytes: u64,
     /// What the audit store wrote (after the drain).
     pub audit: AuditStats,
+    /// The files whose disk use was sampled.
+    pub disk_paths: DiskPaths,
+    /// Their disk use after the host's shutdown (the last records
+    /// written, the spool replayed).
+    pub disk_end: DiskUse,
 }
 
 /// Counts the workers share with the sampler.
@@ -220,6 +255,7 @@ pub struct Soak {
     plan: SoakPlan,
     critic_shards: usize,
     started: Instant,
+    chaos: Option<Arc<ChaosModel>>,
 }
 
 impl std::fmt::Debug for Soak {
@@ -233,7 +269,10 @@ impl std::fmt::Debug for Soak {
 
 impl Soak {
     /// Starts the plan's workers on `host` (see the module doc).
-    pub fn start(host: &Host, agent: &Agent, plan: SoakPlan) -> Soak {
+    pub fn start(host: &Host, agent: &Agent, mut plan: SoakPlan) -> Soak {
+        if plan.disk.spool.is_none() {
+            plan.disk.spool = host.config().audit_spool.clone();
+        }
         let tally = Arc::new(Tally::default());
         let concurrency = plan.concurrency.max(1);
         tally
@@ -275,7 +314,15 @@ impl Soak {
             critic_shards: host.config().critic_shards,
             plan,
             started,
+            chaos: None,
         }
+    }
+
+    /// Samples what `model` has injected every second (each sample's
+    /// `chaos`), so the report can show each fault next to its outcome.
+    pub fn watch_chaos(mut self, model: Arc<ChaosModel>) -> Self {
+        self.chaos = Some(model);
+        self
     }
 
     /// Stops the soak from starting runs, from anywhere (Ctrl-C).
@@ -322,6 +369,7 @@ impl Soak {
             }
             let live = host.live_runs();
             let rss = rss_bytes();
+            let disk = disk_use(&self.plan.disk);
             let sample = Sample {
                 t_s: round3(elapsed),
                 phase: if running || elapsed <= duration_s + 0.05 {
@@ -340,6 +388,12 @@ impl Soak {
                 live_actors: live + fixed_actors,
                 cpu_pct: round3((cpu - last_cpu) / dt * 100.0),
                 statuses: t.statuses(),
+                disk_bytes: disk.total(),
+                disk_mib: round3(mib(disk.total())),
+                db_bytes: disk.db_bytes,
+                wal_bytes: disk.wal_bytes,
+                spool_bytes: disk.spool_bytes,
+                chaos: self.chaos.as_ref().map(|c| c.counts()),
             };
             on_sample(&sample);
             series.push(sample);
@@ -372,6 +426,8 @@ impl Soak {
             by_status: t.statuses(),
             peak_rss_bytes: peak_rss_bytes(),
             audit,
+            disk_end: disk_use(&self.plan.disk),
+            disk_paths: self.plan.disk,
         }
     }
 }

@@ -26,7 +26,9 @@ pub mod verdict;
 pub use driver::{drain_limit, status_key, Sample, Soak, SoakPlan, Soaked, Stopper};
 pub use figures::{mib, round3};
 pub use histogram::{nearest_rank, percentile_us, LatencyHistogram};
-pub use report::{Report, Settings, Summary};
+pub use report::{DiskSummary, Report, Settings, Summary};
+pub use sampler::{disk_use, DiskPaths, DiskUse};
 pub use verdict::{
-    RssOutcome, RssVerdict, StatusVerdict, TerminalVerdict, Verdict, VerdictOutcome,
+    DiskOutcome, DiskVerdict, RssOutcome, RssVerdict, StatusVerdict, TerminalVerdict, Verdict,
+    VerdictOutcome,
 };

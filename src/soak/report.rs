@@ -9,12 +9,16 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::ports::audit::AuditStats;
+use crate::ports::retention::Retention;
 use crate::providers::chaos::ChaosCounts;
 
 use super::driver::{Sample, Soaked};
 use super::figures::{mib, round3};
 use super::histogram::percentile_us;
-use super::verdict::{explain_statuses, rss_verdict, TerminalVerdict, Verdict};
+use super::sampler::DiskUse;
+use super::verdict::{
+    disk_verdict, explain_statuses, rss_verdict, DiskPoint, DiskVerdict, TerminalVerdict, Verdict,
+};
 
 /// What the soak was asked to do.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -41,6 +45,8 @@ pub struct Settings {
     pub db: String,
     /// The host's critic shards.
     pub critic_shards: usize,
+    /// The retention the database was kept under (`null`: none).
+    pub retain: Option<Retention>,
 }
 
 /// The whole soak, summed up.
@@ -76,6 +82,29 @@ pub struct Summary {
     pub chaos: Option<ChaosCounts>,
     /// What the audit store wrote.
     pub audit: AuditStats,
+    /// What the records took on disk (`null` with nothing on disk).
+    pub disk: Option<DiskSummary>,
+}
+
+/// What a soak's records took on disk: database + WAL + spool.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiskSummary {
+    /// The database file (`null`: none).
+    pub db: Option<String>,
+    /// The audit spool (`null`: none).
+    pub spool: Option<String>,
+    /// The most at any sample: database + WAL + spool.
+    pub peak_bytes: u64,
+    /// The same in MiB.
+    pub peak_mib: f64,
+    /// The most the database and its WAL held together at any sample.
+    pub peak_db_wal_bytes: u64,
+    /// The same in MiB.
+    pub peak_db_wal_mib: f64,
+    /// By file, after the host's shutdown.
+    pub end: DiskUse,
+    /// The same, all together, in MiB.
+    pub end_mib: f64,
 }
 
 /// The report: settings, the series, the summary, the verdict.
@@ -107,6 +136,10 @@ impl Report {
         let peak = soaked
             .peak_rss_bytes
             .max(soaked.series.iter().map(|s| s.rss_bytes).max().unwrap_or(0));
+        let (disk_summary, disk) = match disk_part(&soaked, &settings) {
+            Some((summary, verdict)) => (Some(summary), Some(verdict)),
+            None => (None, None),
+        };
         let summary = Summary {
             runs_submitted: soaked.runs_submitted,
             runs_finished: soaked.runs_finished,
@@ -123,6 +156,7 @@ impl Report {
             by_status: soaked.by_status,
             chaos,
             audit: soaked.audit,
+            disk: disk_summary,
         };
         let points: Vec<(f64, u64)> = soaked.series.iter().map(|s| (s.t_s, s.rss_bytes)).collect();
         let rss = rss_verdict(&points, settings.duration_s);
@@ -132,7 +166,7 @@ impl Report {
             summary.runs_finished,
             summary.audit.terminal_records,
         );
-        let verdict = Verdict::of(rss, statuses, terminal, summary.submit_errors);
+        let verdict = Verdict::of(rss, disk, statuses, terminal, summary.submit_errors);
         Report {
             settings,
             series: Some(soaked.series),
@@ -140,4 +174,43 @@ impl Report {
             verdict,
         }
     }
+}
+
+/// The disk figures and verdict of a soak that had anything on disk.
+fn disk_part(soaked: &Soaked, settings: &Settings) -> Option<(DiskSummary, DiskVerdict)> {
+    let paths = &soaked.disk_paths;
+    if paths.db.is_none() && paths.spool.is_none() {
+        return None;
+    }
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    let peak = |f: fn(&Sample) -> u64| soaked.series.iter().map(f).max().unwrap_or(0);
+    let peak_all = peak(|s| s.disk_bytes);
+    let peak_db_wal = peak(|s| s.db_bytes + s.wal_bytes);
+    let end = soaked.disk_end;
+    let summary = DiskSummary {
+        db: path(&paths.db),
+        spool: path(&paths.spool),
+        peak_bytes: peak_all,
+        peak_mib: round3(mib(peak_all)),
+        peak_db_wal_bytes: peak_db_wal,
+        peak_db_wal_mib: round3(mib(peak_db_wal)),
+        end,
+        end_mib: round3(mib(end.total())),
+    };
+    let mut finished = 0;
+    let points: Vec<DiskPoint> = soaked
+        .series
+        .iter()
+        .map(|s| {
+            finished += s.completed;
+            DiskPoint {
+                t_s: s.t_s,
+                total_bytes: s.disk_bytes,
+                db_bytes: s.db_bytes,
+                runs_finished: finished,
+            }
+        })
+        .collect();
+    let verdict = disk_verdict(&points, settings.duration_s, settings.retain);
+    Some((summary, verdict))
 }

@@ -19,6 +19,14 @@
 //!   Samples a second apart are not independent (RSS moves in steps), so
 //!   the interval is narrower than a true one: it tells noise from growth
 //!   for the large, not the fine.
+//! - **Disk** (database + WAL + spool; not judged with `--db :memory:`):
+//!   under a retention that bounds anything, the same slope, limit and
+//!   outcomes as RSS, over the samples after warm-up *and* after the
+//!   bound was first reached (the file at 90 % of `max_bytes`, `max_runs`
+//!   runs finished, `max_age` passed): a file filling up to its bound is
+//!   not growth. A soak that never reached its bound is `too_short`.
+//!   Without retention the database keeps every run and grows by design:
+//!   the slope is stated as `unbounded`, not judged, and no failure.
 //! - **Statuses**: every status must be explained by the chaos injected:
 //!   `ok` always; `killed/stalled` by hangs (a hung call ends its run that
 //!   way: at most one per hang); `error/rate_limited` by 429s (at most one
@@ -33,8 +41,8 @@
 //!
 //! The whole verdict's [`outcome`](Verdict::outcome) is `fail` when a part
 //! failed (or a submit did), else `inconclusive` when a part could not be
-//! judged (the RSS slope `too_short` or `inconclusive`: the soak did not
-//! show the process keeps its memory), else `pass`. An inconclusive
+//! judged (the RSS or disk slope `too_short` or `inconclusive`: the soak
+//! did not show the process keeps its memory, or its disk), else `pass`. An inconclusive
 //! verdict is no failure (`pass` stays true, and `agentvisor soak` exits 0
 //! with a warning) unless the caller requires a conclusive one
 //! ([`Verdict::require_conclusive`], `soak --require`).
@@ -43,6 +51,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::ports::retention::Retention;
 use crate::providers::chaos::ChaosCounts;
 
 use super::figures::{mib, round3};
@@ -163,37 +172,53 @@ pub fn theil_sen(points: &[(f64, f64)], z: f64) -> Option<Slope> {
     })
 }
 
-/// Judges RSS after warm-up (see the module doc). `samples` are `(seconds
-/// since start, RSS bytes)`; `duration_s` is how long runs were started.
-pub fn rss_verdict(samples: &[(f64, u64)], duration_s: f64) -> RssVerdict {
-    let warmup_s = (0.2 * duration_s).min(30.0);
+/// A series' slope judged against a limit over a window (see the module
+/// doc): what [`rss_verdict`] and [`disk_verdict`] share.
+struct Judged {
+    /// Samples in the window.
+    n: usize,
+    /// Seconds from its first sample to its last.
+    window_s: f64,
+    /// Their mean.
+    mean: f64,
+    /// Theil–Sen, in units a second.
+    slope: Slope,
+    /// The slope and its interval's ends, in % of the mean a minute.
+    pct: (f64, f64, f64),
+    /// What was found.
+    outcome: RssOutcome,
+    /// Why, in a sentence.
+    reason: String,
+}
+
+/// Judges the slope of `samples` (seconds, value) from `from_s` to the end
+/// of the duration (a sample up to 0.5 s late still counts), against
+/// `limit` % of the mean a minute.
+fn judge_slope(samples: &[(f64, f64)], from_s: f64, duration_s: f64, limit: f64) -> Judged {
     let judged: Vec<(f64, f64)> = samples
         .iter()
-        .filter(|(t, _)| *t >= warmup_s && *t <= duration_s + 0.5)
-        .map(|&(t, r)| (t, r as f64))
+        .filter(|(t, _)| *t >= from_s && *t <= duration_s + 0.5)
+        .copied()
         .collect();
     let n = judged.len();
-    let mean_r = judged.iter().map(|p| p.1).sum::<f64>() / (n.max(1) as f64);
+    let mean = judged.iter().map(|p| p.1).sum::<f64>() / (n.max(1) as f64);
     let window_s = match (judged.first(), judged.last()) {
         (Some(a), Some(b)) => b.0 - a.0,
         _ => 0.0,
     };
-    // Bytes per second.
     let slope = theil_sen(&judged, Z_95).unwrap_or(Slope {
         slope: 0.0,
         low: 0.0,
         high: 0.0,
     });
-    let pct = |bytes_per_s: f64| {
-        if mean_r > 0.0 {
-            bytes_per_s * 60.0 / mean_r * 100.0
+    let pct = |per_s: f64| {
+        if mean > 0.0 {
+            per_s * 60.0 / mean * 100.0
         } else {
             0.0
         }
     };
-    let round4 = |x: f64| (x * 1e4).round() / 1e4;
     let (point, low, high) = (pct(slope.slope), pct(slope.low), pct(slope.high));
-    let limit = RSS_SLOPE_LIMIT_PCT_PER_MIN;
     let (outcome, reason) = if window_s < RSS_MIN_WINDOW_S || n < RSS_MIN_SAMPLES {
         (
             RssOutcome::TooShort,
@@ -224,19 +249,230 @@ pub fn rss_verdict(samples: &[(f64, u64)], duration_s: f64) -> RssVerdict {
             ),
         )
     };
+    Judged {
+        n,
+        window_s,
+        mean,
+        slope,
+        pct: (point, low, high),
+        outcome,
+        reason,
+    }
+}
+
+/// Four decimals: the slopes in % a minute.
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// Bytes a second in MiB a minute.
+fn mib_per_min(bytes_per_s: f64) -> f64 {
+    round3(bytes_per_s * 60.0 / (1024.0 * 1024.0))
+}
+
+/// The warm-up of a soak of `duration_s`: its first 20 %, at most 30 s.
+pub fn warmup_s(duration_s: f64) -> f64 {
+    (0.2 * duration_s).min(30.0)
+}
+
+/// Judges RSS after warm-up (see the module doc). `samples` are `(seconds
+/// since start, RSS bytes)`; `duration_s` is how long runs were started.
+pub fn rss_verdict(samples: &[(f64, u64)], duration_s: f64) -> RssVerdict {
+    let warmup_s = warmup_s(duration_s);
+    let points: Vec<(f64, f64)> = samples.iter().map(|&(t, r)| (t, r as f64)).collect();
+    let j = judge_slope(&points, warmup_s, duration_s, RSS_SLOPE_LIMIT_PCT_PER_MIN);
     RssVerdict {
         warmup_s: round3(warmup_s),
-        samples: n,
-        window_s: round3(window_s),
-        mean_rss_mib: round3(mib(mean_r as u64)),
-        slope_mib_per_min: round3(slope.slope * 60.0 / (1024.0 * 1024.0)),
-        slope_pct_per_min: round4(point),
-        slope_low_pct_per_min: round4(low),
-        slope_high_pct_per_min: round4(high),
+        samples: j.n,
+        window_s: round3(j.window_s),
+        mean_rss_mib: round3(mib(j.mean as u64)),
+        slope_mib_per_min: mib_per_min(j.slope.slope),
+        slope_pct_per_min: round4(j.pct.0),
+        slope_low_pct_per_min: round4(j.pct.1),
+        slope_high_pct_per_min: round4(j.pct.2),
         confidence: RSS_CONFIDENCE,
         method: "theil_sen",
-        limit_pct_per_min: limit,
-        pass: outcome != RssOutcome::Fail,
+        limit_pct_per_min: RSS_SLOPE_LIMIT_PCT_PER_MIN,
+        pass: j.outcome != RssOutcome::Fail,
+        outcome: j.outcome,
+        reason: j.reason,
+    }
+}
+
+/// The disk use a soak under retention may grow by after warm-up, in % per
+/// minute: the same bar as RSS.
+pub const DISK_SLOPE_LIMIT_PCT_PER_MIN: f64 = 1.0;
+
+/// The share of `max_bytes` the database file must reach for the bound to
+/// count as reached (pruning keeps the pages in use at the bound, and a
+/// sample a second may miss the top of each cycle).
+pub const DISK_BOUND_REACHED: f64 = 0.9;
+
+/// One disk sample: what [`disk_verdict`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DiskPoint {
+    /// Seconds since the start.
+    pub t_s: f64,
+    /// Database + WAL + spool, in bytes.
+    pub total_bytes: u64,
+    /// The database file alone.
+    pub db_bytes: u64,
+    /// Runs finished so far (against `max_runs`).
+    pub runs_finished: u64,
+}
+
+/// What the disk part of the verdict found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskOutcome {
+    /// The slope after the bound was reached is under the limit.
+    Pass,
+    /// The slope's whole interval is at or over the limit.
+    Fail,
+    /// The slope is over the limit, its interval reaches below it.
+    Inconclusive,
+    /// Too little time after warm-up (or the retention bound was never
+    /// reached) to judge.
+    TooShort,
+    /// No retention was asked: the database keeps every run and grows by
+    /// design. The slope is stated, not judged.
+    Unbounded,
+}
+
+/// The disk part of the verdict: database + WAL + spool over time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiskVerdict {
+    /// The retention the soak ran under (`null`: none).
+    pub retention: Option<Retention>,
+    /// When the retention bound was first reached (the database at
+    /// [`DISK_BOUND_REACHED`] of `max_bytes`, `max_runs` runs finished,
+    /// `max_age` passed), in seconds; `null` if it never was.
+    pub bound_reached_s: Option<f64>,
+    /// Seconds not judged at the start: the warm-up, or until the bound
+    /// was reached if that was later.
+    pub warmup_s: f64,
+    /// Samples judged.
+    pub samples: usize,
+    /// Seconds from the first judged sample to the last.
+    pub window_s: f64,
+    /// Their mean disk use.
+    pub mean_mib: f64,
+    /// The most disk used at any sample (database + WAL + spool).
+    pub peak_mib: f64,
+    /// The slope (Theil–Sen), in MiB per minute.
+    pub slope_mib_per_min: f64,
+    /// The slope in % of the mean disk use per minute.
+    pub slope_pct_per_min: f64,
+    /// The low end of the slope's interval, in % per minute.
+    pub slope_low_pct_per_min: f64,
+    /// The high end of the slope's interval, in % per minute.
+    pub slope_high_pct_per_min: f64,
+    /// The interval's confidence (0.95).
+    pub confidence: f64,
+    /// How the slope is taken: `theil_sen`.
+    pub method: &'static str,
+    /// The limit, in % per minute.
+    pub limit_pct_per_min: f64,
+    /// What was found.
+    pub outcome: DiskOutcome,
+    /// The outcome, said in a sentence.
+    pub reason: String,
+    /// No failure: every outcome but `fail`.
+    pub pass: bool,
+}
+
+/// When `retention` first bounds what `samples` show (see
+/// [`DiskVerdict::bound_reached_s`]): the earliest of its bounds.
+fn bound_reached(samples: &[DiskPoint], retention: &Retention) -> Option<f64> {
+    let by_bytes = retention.max_bytes.and_then(|max| {
+        samples
+            .iter()
+            .find(|p| p.db_bytes as f64 >= DISK_BOUND_REACHED * max as f64)
+            .map(|p| p.t_s)
+    });
+    let by_runs = retention.max_runs.and_then(|max| {
+        samples
+            .iter()
+            .find(|p| p.runs_finished >= max)
+            .map(|p| p.t_s)
+    });
+    let by_age = retention.max_age.and_then(|age| {
+        samples
+            .iter()
+            .find(|p| p.t_s >= age.as_secs_f64())
+            .map(|p| p.t_s)
+    });
+    [by_bytes, by_runs, by_age]
+        .into_iter()
+        .flatten()
+        .min_by(f64::total_cmp)
+}
+
+/// Judges disk use (database + WAL + spool) over a soak of `duration_s`
+/// under `retention`. With a retention that bounds anything, the disk must
+/// be flat once the bound is reached and the warm-up is over: its slope is
+/// judged as RSS's is (`too_short` when the bound was never reached or too
+/// little time is left after it). Without one, the database keeps every
+/// run: the slope over the same window as RSS's is stated, as
+/// `unbounded`, and not judged.
+pub fn disk_verdict(
+    samples: &[DiskPoint],
+    duration_s: f64,
+    retention: Option<Retention>,
+) -> DiskVerdict {
+    let retention = retention.filter(Retention::is_set);
+    let warmup = warmup_s(duration_s);
+    let reached = retention.as_ref().and_then(|r| bound_reached(samples, r));
+    let from_s = reached.map_or(warmup, |t| t.max(warmup));
+    let points: Vec<(f64, f64)> = samples
+        .iter()
+        .map(|p| (p.t_s, p.total_bytes as f64))
+        .collect();
+    let j = judge_slope(&points, from_s, duration_s, DISK_SLOPE_LIMIT_PCT_PER_MIN);
+    let peak = samples.iter().map(|p| p.total_bytes).max().unwrap_or(0);
+    let per_min = mib_per_min(j.slope.slope);
+    let (outcome, reason) = match (&retention, reached) {
+        (None, _) => (
+            DiskOutcome::Unbounded,
+            format!(
+                "no retention: the database keeps every run ({per_min:+.2} MiB/min \
+                 after warm-up); not judged"
+            ),
+        ),
+        (Some(r), None) => (
+            DiskOutcome::TooShort,
+            format!(
+                "too short to judge: the retention bound ({r}) was not reached \
+                 (peak {:.1} MiB)",
+                mib(peak)
+            ),
+        ),
+        (Some(_), Some(_)) => (
+            match j.outcome {
+                RssOutcome::Pass => DiskOutcome::Pass,
+                RssOutcome::Fail => DiskOutcome::Fail,
+                RssOutcome::Inconclusive => DiskOutcome::Inconclusive,
+                RssOutcome::TooShort => DiskOutcome::TooShort,
+            },
+            j.reason,
+        ),
+    };
+    DiskVerdict {
+        retention,
+        bound_reached_s: reached.map(round3),
+        warmup_s: round3(from_s),
+        samples: j.n,
+        window_s: round3(j.window_s),
+        mean_mib: round3(mib(j.mean as u64)),
+        peak_mib: round3(mib(peak)),
+        slope_mib_per_min: per_min,
+        slope_pct_per_min: round4(j.pct.0),
+        slope_low_pct_per_min: round4(j.pct.1),
+        slope_high_pct_per_min: round4(j.pct.2),
+        confidence: RSS_CONFIDENCE,
+        method: "theil_sen",
+        limit_pct_per_min: DISK_SLOPE_LIMIT_PCT_PER_MIN,
+        pass: outcome != DiskOutcome::Fail,
         outcome,
         reason,
     }
@@ -365,6 +601,9 @@ pub struct Verdict {
     pub require_conclusive: bool,
     /// RSS over time.
     pub rss: RssVerdict,
+    /// Disk use over time (`null` when nothing is on disk: `--db
+    /// :memory:`).
+    pub disk: Option<DiskVerdict>,
     /// Statuses against the faults injected.
     pub statuses: StatusVerdict,
     /// Terminal records against runs.
@@ -376,14 +615,22 @@ impl Verdict {
     /// host refused (any fails the verdict).
     pub fn of(
         rss: RssVerdict,
+        disk: Option<DiskVerdict>,
         statuses: StatusVerdict,
         terminal: TerminalVerdict,
         submit_errors: u64,
     ) -> Self {
-        let failed = !(rss.pass && statuses.pass && terminal.pass && submit_errors == 0);
+        let disk_pass = disk.as_ref().is_none_or(|d| d.pass);
+        let failed =
+            !(rss.pass && disk_pass && statuses.pass && terminal.pass && submit_errors == 0);
         let mut unjudged = Vec::new();
         if matches!(rss.outcome, RssOutcome::TooShort | RssOutcome::Inconclusive) {
             unjudged.push(format!("rss: {}", rss.reason));
+        }
+        if let Some(d) = &disk {
+            if matches!(d.outcome, DiskOutcome::TooShort | DiskOutcome::Inconclusive) {
+                unjudged.push(format!("disk: {}", d.reason));
+            }
         }
         let outcome = if failed {
             VerdictOutcome::Fail
@@ -398,6 +645,7 @@ impl Verdict {
             unjudged,
             require_conclusive: false,
             rss,
+            disk,
             statuses,
             terminal,
         }
@@ -457,7 +705,7 @@ mod tests {
         let terminal = TerminalVerdict::of(10, 10, 10);
         // 10 s: too short for the RSS slope.
         let short = rss_verdict(&line(0.0, 10), 10.0);
-        let v = Verdict::of(short.clone(), statuses.clone(), terminal.clone(), 0);
+        let v = Verdict::of(short.clone(), None, statuses.clone(), terminal.clone(), 0);
         assert_eq!(v.outcome, VerdictOutcome::Inconclusive);
         assert!(v.pass, "inconclusive is no failure");
         assert_eq!(v.unjudged.len(), 1);
@@ -472,12 +720,12 @@ mod tests {
         assert_eq!(required.outcome, VerdictOutcome::Inconclusive);
         // Judged and flat: a pass, which requiring leaves a pass.
         let long = rss_verdict(&line(0.0, 600), 600.0);
-        let mut v = Verdict::of(long, statuses.clone(), terminal.clone(), 0);
+        let mut v = Verdict::of(long, None, statuses.clone(), terminal.clone(), 0);
         v.require_conclusive();
         assert_eq!((v.outcome, v.pass), (VerdictOutcome::Pass, true));
         assert!(v.unjudged.is_empty());
         // A failed part wins over an unjudged one.
-        let v = Verdict::of(short, statuses, TerminalVerdict::of(10, 9, 9), 0);
+        let v = Verdict::of(short, None, statuses, TerminalVerdict::of(10, 9, 9), 0);
         assert_eq!((v.outcome, v.pass), (VerdictOutcome::Fail, false));
     }
 
@@ -619,6 +867,148 @@ mod tests {
                 ("cancelled/operator", 2),
             ])
         );
+    }
+
+    /// Disk samples every second for `secs`: `total(t)` bytes, the
+    /// database the same, 100 runs finished a second.
+    fn disk(secs: u64, total: impl Fn(f64) -> f64) -> Vec<DiskPoint> {
+        (1..=secs)
+            .map(|t| {
+                let b = total(t as f64) as u64;
+                DiskPoint {
+                    t_s: t as f64,
+                    total_bytes: b,
+                    db_bytes: b,
+                    runs_finished: 100 * t,
+                }
+            })
+            .collect()
+    }
+
+    fn retain(s: &str) -> Option<Retention> {
+        Some(s.parse().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn a_disk_that_keeps_growing_under_retention_fails() {
+        // 50 MiB bound reached at 20 s, then 5 MiB a minute more (≈ 9 %/min
+        // of ≈ 55 MiB) to the end of 5 minutes: pruning does not keep up.
+        let samples = disk(300, |t| {
+            if t < 20.0 {
+                t * 2.5 * MIB
+            } else {
+                50.0 * MIB + (t - 20.0) * 5.0 * MIB / 60.0
+            }
+        });
+        let v = disk_verdict(&samples, 300.0, retain("max_bytes=50MiB"));
+        assert_eq!(v.bound_reached_s, Some(18.0), "{v:?}");
+        assert_eq!(v.warmup_s, 30.0, "the warm-up is the later of the two");
+        assert!((v.slope_mib_per_min - 5.0).abs() < 1e-3, "{v:?}");
+        assert_eq!((v.outcome, v.pass), (DiskOutcome::Fail, false), "{v:?}");
+        let statuses = explain_statuses(&BTreeMap::new(), None, 3);
+        let flat_rss = rss_verdict(&line(0.0, 300), 300.0);
+        let verdict = Verdict::of(flat_rss, Some(v), statuses, TerminalVerdict::of(1, 1, 1), 0);
+        assert_eq!(
+            (verdict.outcome, verdict.pass),
+            (VerdictOutcome::Fail, false)
+        );
+    }
+
+    #[test]
+    fn a_disk_flat_at_its_bound_passes_and_the_fill_is_not_judged() {
+        // Fills at 1 MiB/s up to 50 MiB (at 50 s, after the 30 s warm-up),
+        // then saw-tooths around the bound as pruning and checkpoints run.
+        let samples = disk(300, |t| {
+            if t < 50.0 {
+                t * MIB
+            } else {
+                50.0 * MIB
+                    + if (t as u64).is_multiple_of(7) {
+                        4.0 * MIB
+                    } else {
+                        0.0
+                    }
+            }
+        });
+        let v = disk_verdict(&samples, 300.0, retain("max_bytes=50MiB"));
+        assert_eq!(v.bound_reached_s, Some(45.0));
+        assert_eq!(v.warmup_s, 45.0);
+        assert_eq!(v.slope_pct_per_min, 0.0, "{v:?}");
+        assert_eq!((v.outcome, v.pass), (DiskOutcome::Pass, true), "{v:?}");
+        assert_eq!(v.peak_mib, 54.0);
+        // A slow fill (to 50 MiB at 150 s): judged from the end of warm-up
+        // it would read as growth; from when the bound was reached, flat.
+        let slow = disk(300, |t| (t / 3.0).min(50.0) * MIB);
+        let v = disk_verdict(&slow, 300.0, retain("max_bytes=50MiB"));
+        assert_eq!(v.bound_reached_s, Some(135.0));
+        assert_eq!(
+            (v.outcome, v.slope_pct_per_min),
+            (DiskOutcome::Pass, 0.0),
+            "{v:?}"
+        );
+        let points: Vec<(f64, f64)> = slow.iter().map(|p| (p.t_s, p.total_bytes as f64)).collect();
+        let from_warmup = judge_slope(&points, 30.0, 300.0, DISK_SLOPE_LIMIT_PCT_PER_MIN);
+        assert_eq!(from_warmup.outcome, RssOutcome::Fail);
+        // A count bound is reached when that many runs have finished.
+        let v = disk_verdict(&samples, 300.0, retain("max_runs=6000"));
+        assert_eq!(v.bound_reached_s, Some(60.0));
+        // An age bound once that much time has passed.
+        let v = disk_verdict(&samples, 300.0, retain("max_age=2m,max_runs=100000"));
+        assert_eq!(v.bound_reached_s, Some(120.0));
+    }
+
+    #[test]
+    fn a_disk_that_never_reached_its_bound_is_too_short_and_without_retention_unbounded() {
+        let growing = disk(300, |t| t * MIB);
+        let v = disk_verdict(&growing, 300.0, retain("max_bytes=2GiB"));
+        assert_eq!((v.outcome, v.pass), (DiskOutcome::TooShort, true), "{v:?}");
+        assert!(v.reason.contains("was not reached"), "{}", v.reason);
+        assert_eq!(v.bound_reached_s, None);
+        let statuses = explain_statuses(&BTreeMap::new(), None, 3);
+        let flat_rss = rss_verdict(&line(0.0, 300), 300.0);
+        let terminal = TerminalVerdict::of(1, 1, 1);
+        let mut verdict = Verdict::of(
+            flat_rss.clone(),
+            Some(v),
+            statuses.clone(),
+            terminal.clone(),
+            0,
+        );
+        assert_eq!(verdict.outcome, VerdictOutcome::Inconclusive);
+        assert!(verdict.pass);
+        assert!(
+            verdict.unjudged[0].starts_with("disk: too short"),
+            "{:?}",
+            verdict.unjudged
+        );
+        verdict.require_conclusive();
+        assert!(!verdict.pass);
+
+        // No retention: the same growth is stated, not judged.
+        for none in [None, Some(Retention::default())] {
+            let v = disk_verdict(&growing, 300.0, none);
+            assert_eq!((v.outcome, v.pass), (DiskOutcome::Unbounded, true), "{v:?}");
+            assert_eq!(v.retention, None);
+            assert!((v.slope_mib_per_min - 60.0).abs() < 1e-3, "{v:?}");
+            let verdict = Verdict::of(
+                flat_rss.clone(),
+                Some(v),
+                statuses.clone(),
+                terminal.clone(),
+                0,
+            );
+            assert_eq!(verdict.outcome, VerdictOutcome::Pass, "{verdict:?}");
+        }
+    }
+
+    #[test]
+    fn a_short_soak_under_a_reached_bound_is_too_short_to_judge_disk() {
+        // 40 s: warm-up 8 s, bound reached at 10 s, 30 s left (under 60 s).
+        let samples = disk(40, |t| (t.min(10.0)) * MIB);
+        let v = disk_verdict(&samples, 40.0, retain("max_bytes=10MiB"));
+        assert_eq!(v.bound_reached_s, Some(9.0));
+        assert_eq!((v.outcome, v.pass), (DiskOutcome::TooShort, true), "{v:?}");
+        assert!(v.reason.starts_with("too short to judge"), "{}", v.reason);
     }
 
     #[test]
