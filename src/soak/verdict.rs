@@ -33,7 +33,9 @@
 //!   per 429; fewer when a retry layer absorbs them); `error/tool_errors` by
 //!   malformed tool calls (`max_tool_errors` in a row each);
 //!   `error/max_iterations` by malformed tool calls (each adds a model
-//!   call). Without chaos, only `ok`. Anything else, or more of a status
+//!   call); `killed/runaway` by malformed tool calls too (the same tool
+//!   error again and again is the `same_error` loop: one per threshold's
+//!   worth of them). Without chaos, only `ok`. Anything else, or more of a status
 //!   than its cause allows, is unexplained.
 //! - **Terminal records**: after the host's shutdown has drained the audit
 //!   actor, the store's count of terminal records equals the runs
@@ -503,6 +505,10 @@ pub struct Explained {
     pub allowed: u64,
 }
 
+/// The default threshold of the `same_error` loop detector (a manifest
+/// may set its own; the soak's workload keeps the default).
+const SAME_ERROR_DEFAULT: u16 = crate::ports::critic::LOOPS_DEFAULT.same_error;
+
 /// Judges the statuses against the faults injected (see the module doc).
 pub fn explain_statuses(
     by_status: &BTreeMap<String, u64>,
@@ -522,6 +528,13 @@ pub fn explain_statuses(
                 c.malformed / u64::from(max_tool_errors.max(1)),
             )),
             "error/max_iterations" => Some(("malformed", c.malformed)),
+            // Malformed calls in a row end in the same tool error each
+            // time: the critic's `same_error` loop detector takes that for
+            // a runaway loop (rightly) once it repeats its threshold.
+            "killed/runaway" => Some((
+                "malformed (the same error repeated)",
+                c.malformed / u64::from(SAME_ERROR_DEFAULT.max(1)),
+            )),
             _ => None,
         };
         match cause {
@@ -848,6 +861,13 @@ mod tests {
         let v = explain_statuses(&ok, Some(injected), 3);
         assert!(v.pass, "{v:?}");
         assert_eq!(v.explained.len(), 3);
+
+        // Runaway kills: one per `same_error` threshold of malformed calls.
+        let per = u64::from(SAME_ERROR_DEFAULT);
+        let runaway = |n: u64| statuses(&[("ok", 900), ("killed/runaway", n)]);
+        assert!(explain_statuses(&runaway(9 / per), Some(injected), 3).pass);
+        let v = explain_statuses(&runaway(9 / per + 1), Some(injected), 3);
+        assert_eq!(v.unexplained, statuses(&[("killed/runaway", 1)]));
 
         let too_many = statuses(&[
             ("ok", 900),
