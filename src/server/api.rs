@@ -345,6 +345,12 @@ pub struct AgentView {
     pub model: String,
     /// The tools it may call.
     pub tools: Vec<String>,
+    /// Each tool's effect class (`read`, `write`, `egress`, `unknown`),
+    /// by tool name: what the tool declares, or the manifest's
+    /// `tools_effects` where it names it. An agent whose MCP servers have
+    /// not started yet lists its other tools only.
+    #[serde(default)]
+    pub tool_effects: std::collections::BTreeMap<String, String>,
 }
 
 /// `GET /v1/agents`.

@@ -334,6 +334,13 @@ impl ToolSet {
         self.inner.entries.contains_key(name)
     }
 
+    /// The effect class tool `name` declares ([`Tool::effect`]); `None`
+    /// for a tool not in the set. A manifest's `tools_effects` is applied
+    /// by the agent ([`Agent::tool_effect`](crate::Agent::tool_effect)).
+    pub fn effect(&self, name: &str) -> Option<crate::ports::tool::ToolEffect> {
+        self.inner.entries.get(name).map(|e| e.tool.effect())
+    }
+
     /// Resolves and validates a model's tool call, in order: the name is in
     /// the set ([`ToolError::UnknownTool`]), then the argument text's size,
     /// strict JSON, an object, and the tool's schema
