@@ -225,6 +225,32 @@ impl Agent {
             .collect()
     }
 
+    /// The same agent on another model and tool set (a fork's: the
+    /// recording in front of the live model and tools). Everything else —
+    /// manifest, limits, guards, judges — is the agent's.
+    pub(crate) fn rewired(&self, model: Arc<dyn ChatModel>, tools: ToolSet) -> Agent {
+        let i = &self.inner;
+        Agent {
+            inner: Arc::new(AgentInner {
+                spec: i.spec.clone(),
+                name: i.name.clone(),
+                model_name: Arc::from(model.name()),
+                tool_names: i.tool_names.clone(),
+                default_transcript: std::sync::OnceLock::new(),
+                encoded_spec: std::sync::OnceLock::new(),
+                price: i.price,
+                output: i.output.clone(),
+                guards: i.guards.clone(),
+                options: i.options.clone(),
+                model,
+                tools,
+                limits: i.limits,
+                unusable: i.unusable.clone(),
+                judges: i.judges.clone(),
+            }),
+        }
+    }
+
     /// Its limits (manifest over host defaults).
     pub fn limits(&self) -> &Limits {
         &self.inner.limits

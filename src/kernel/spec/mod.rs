@@ -513,6 +513,18 @@ impl AgentSpec {
     }
 }
 
+impl AgentSpec {
+    /// Checks a manifest changed after it was parsed (a fork's overrides:
+    /// another system prompt, critic section or model) as parsing checks
+    /// one; the message names the key, without a line.
+    pub fn check_changed(&self) -> Result<(), SpecError> {
+        self.check("").map_err(|message| SpecError::Invalid {
+            path: None,
+            message,
+        })
+    }
+}
+
 /// " at line N" for the first line that mentions `needle`, or "".
 pub fn line_of(source: &str, needle: &str) -> String {
     source

@@ -266,6 +266,7 @@ pub(super) fn write_result(
         critic,
         started_at: _,
         finished_at: _,
+        forked_from,
     } = res;
     out.extend_from_slice(b"{\"iterations\":");
     push_int(out, *iterations);
@@ -330,6 +331,10 @@ pub(super) fn write_result(
     if let Some(kind) = loop_kind {
         out.extend_from_slice(b",\"loop\":");
         push_str(out, kind.as_str());
+    }
+    if let Some(origin) = forked_from {
+        out.extend_from_slice(b",\"forked_from\":");
+        serde_json::to_writer(&mut *out, origin)?;
     }
     out.push(b'}');
     Ok(())
