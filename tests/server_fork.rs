@@ -21,6 +21,14 @@ async fn a_caller_forks_and_diffs_its_own_runs_and_no_one_elses() {
         .await;
     assert_eq!(code, 201, "{v}");
     let id = v["run_id"].as_str().unwrap().to_string();
+    // The catalog shows each tool's effect class.
+    let (code, agents, _) = s.req("GET", "/v1/agents", Some(ALICE), None).await;
+    assert_eq!(code, 200);
+    assert_eq!(agents["agents"][0]["tool_effects"], json!({"add": "read"}));
+    assert_eq!(
+        agents["agents"][1]["tool_effects"],
+        json!({"sleep": "read"})
+    );
 
     let (code, f, h) = s
         .req(
