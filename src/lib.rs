@@ -26,7 +26,7 @@
 //! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
 //!   │
 //! orchestration session, pipeline, replay,     drive runs through the host
-//!               fork, diff
+//!               fork, diff, eval
 //!   │
 //! facade        host/ (with its session table and the palettes), handle
 //!   │
@@ -88,7 +88,8 @@
 //!   fed forward; [`replay`]: re-run a recorded run against its recording,
 //!   compare traces; [`fork`]: a new run that takes a recorded run's first
 //!   steps and goes on live under other settings; [`diff`]: two recorded
-//!   runs aligned step by step.
+//!   runs aligned step by step; [`eval`]: a cohort forked under one
+//!   budget, and what changed.
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
 //! - `actors` (private): host, critic, run, watch, judging, budget, audit,
@@ -163,7 +164,7 @@ pub(crate) use kernel::{dispatch, record};
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
-pub use orchestration::{diff, fork, pipeline, replay, session};
+pub use orchestration::{diff, eval, fork, pipeline, replay, session};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

@@ -119,3 +119,59 @@ fn a_step_past_the_recording_or_an_unknown_run_exits_2() {
     let out = agentvisor(&["diff", &source, unknown, "--db", &db]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn eval_sweeps_a_cohort_writes_its_report_and_stops_at_its_budget() {
+    let dir = Scratch::new("eval");
+    let db = dir.arg("a.db");
+    let swarm = agentvisor(&[
+        "swarm",
+        "examples/agents/hello.yaml",
+        "--runs",
+        "6",
+        "--db",
+        &db,
+    ]);
+    assert_eq!(swarm.status.code(), Some(0), "{}", stderr(&swarm));
+    let report = dir.arg("report");
+    let eval = |budget: &str, report: Option<&str>| {
+        let mut args = vec![
+            "eval",
+            "--agent",
+            "hello",
+            "--manifest",
+            "examples/agents/hello_forked.yaml",
+            "--at-step",
+            "1",
+            "--repeats",
+            "2",
+            "--budget-tokens",
+            budget,
+            "--db",
+            &db,
+            "--json",
+        ];
+        if let Some(r) = report {
+            args.extend(["--report", r]);
+        }
+        agentvisor(&args)
+    };
+    let out = eval("1000000", Some(&report));
+    let v = ok_json(&out);
+    assert_eq!(v["totals"]["runs"], 6, "{v:#}");
+    assert_eq!(v["totals"]["forked"], 12, "{v:#}");
+    assert_eq!(v["totals"]["divergence_histogram"]["2"], 12, "{v:#}");
+    assert_eq!(v["totals"]["status_changes"]["ok→ok"], 12, "{v:#}");
+    let json = std::fs::read_to_string(dir.path("report").join("eval.json")).unwrap();
+    assert!(json.contains("\"totals\""));
+    let html = std::fs::read_to_string(dir.path("report").join("index.html")).unwrap();
+    assert!(html.contains("<svg id=\"histogram\""));
+    // The forks of that sweep are not the next sweep's cohort; a budget
+    // of 300 tokens stops this one early (exit 1), saying so.
+    let out = eval("300", None);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["totals"]["runs"], 6, "{v:#}");
+    assert_eq!(v["totals"]["stopped_by_budget"], true, "{v:#}");
+    assert!(v["totals"]["not_run"].as_u64().unwrap() > 0, "{v:#}");
+}

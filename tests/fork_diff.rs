@@ -401,3 +401,76 @@ async fn diff_of_identical_runs_finds_no_divergence_and_of_runs_parting_at_3_fin
     b.host.shutdown().await;
     b2.host.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn eval_of_50_runs_twice_each_stops_when_its_budget_is_spent_and_reports_what_it_did() {
+    use agentvisor::eval::{cohort, eval, html, EvalOptions};
+    let (recorder, store) = support::host().await;
+    let recorded = "name: cohort\nmodel: scripted\ntools: [add]\nscript:\n  - { tool: add, args: { a: 1, b: 2 }, usage: { input: 10, output: 5 } }\n  - { text: \"three\", usage: { input: 10, output: 5 } }\n";
+    for _ in 0..50 {
+        let r = recorder
+            .submit(support::spec(recorded), Invocation::prompt("go"))
+            .await
+            .unwrap()
+            .await;
+        assert_eq!(r.status, RunStatus::Ok);
+    }
+    // Another agent's run is not in the cohort.
+    recorder
+        .submit(
+            support::spec("name: other\nmodel: scripted\nscript: [{ text: x }]\n"),
+            Invocation::prompt("go"),
+        )
+        .await
+        .unwrap()
+        .await;
+    recorder.shutdown().await;
+
+    // The sweep's host: one budget of 5 000 tokens for 100 forks of 100.
+    let host = support::builder()
+        .audit_store(store.clone())
+        .allowance_tokens(Some(5_000))
+        .build()
+        .await
+        .unwrap();
+    let options = EvalOptions {
+        agent: "cohort".into(),
+        at_step: 1,
+        repeats: 2,
+        concurrency: 1,
+        ..Default::default()
+    };
+    let runs = cohort(&*store, &options).await.unwrap();
+    assert_eq!(runs.len(), 50);
+    let forked = "name: cohort\nmodel: scripted\ntools: [add]\nscript:\n  - { text: unused }\n  - { text: \"3\", usage: { input: 90, output: 10 } }\n";
+    let report = eval(&host, &runs, support::spec(forked), &options).await;
+    host.shutdown().await;
+    let t = &report.totals;
+    assert_eq!(t.planned, 100);
+    assert!(t.stopped_by_budget, "{t:#?}");
+    assert_eq!(t.forked + t.not_run, 100);
+    assert!((45..=55).contains(&t.forked), "about half ran: {t:#?}");
+    assert!(t.tokens_after <= 5_000 + 100, "{t:#?}");
+    // Every fork that ran changed the ending's output, not its status,
+    // until the budget ran out; the rest say why they did not run.
+    assert!(t.status_changes["ok→ok"] >= 44, "{t:#?}");
+    assert!(
+        t.status_changes.contains_key("ok→budget_exceeded"),
+        "{t:#?}"
+    );
+    assert!(t.divergence_histogram["2"] >= 44, "{t:#?}");
+    let skipped = report.rows.iter().filter(|r| r.after.is_none()).count();
+    assert_eq!(skipped, t.not_run);
+    assert!(report.rows.iter().filter(|r| r.after.is_none()).all(|r| r
+        .note
+        .as_deref()
+        .unwrap_or("")
+        .starts_with("not_run")));
+    // A fork's ending changed: its run is listed.
+    assert!(!t.changed.is_empty());
+    let page = html(&report);
+    assert!(page.contains("<svg id=\"histogram\"") && page.contains("<table id=\"forks\""));
+    // The forks are runs of the agent too, but not of the next cohort.
+    let again = cohort(&*store, &options).await.unwrap();
+    assert_eq!(again.len(), 50);
+}

@@ -96,6 +96,11 @@ fn fork_spec(a: &ForkArgs, recording: &Recording) -> Result<AgentSpec, ExitCode>
             spec
         }
     };
+    if let Some(m) = &a.model {
+        // `--model` replaces the manifest's model (and its script, unless
+        // it names the scripted model): checked as such.
+        spec.model = m.clone();
+    }
     if let Some(text) = &a.system {
         spec.system = text.clone();
     }
@@ -205,6 +210,7 @@ pub(crate) async fn fork(a: ForkArgs, db: &Db) -> ExitCode {
             outln!("forked from run {} at step {}", f.run_id, f.step);
         }
         match &outcome.divergence {
+            None if a.at_step == 0 => {}
             None => outln!("replayed steps 1 to {}: as recorded", a.at_step),
             Some(d) => outln!(
                 "replayed step {} differs from the recording: recorded {}, forked {}",

@@ -39,6 +39,7 @@ mod budget;
 mod chat;
 mod client;
 mod diff;
+mod eval;
 mod flags;
 mod fork;
 mod keep;
@@ -172,6 +173,9 @@ enum Command {
     /// Align two recorded runs step by step and print where they first
     /// differ (exit 0 iff they agree).
     Diff(diff::DiffArgs),
+    /// Fork every recorded run of a cohort with the same overrides under
+    /// one token budget and report what changed.
+    Eval(eval::EvalArgs),
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
@@ -257,6 +261,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Replay(a) => replay::replay_run(a, &db).await,
         Command::Fork(a) => fork::fork(a, &db).await,
         Command::Diff(a) => diff::diff(a, &db).await,
+        Command::Eval(a) => eval::eval(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
         Command::Mcp(a) => mcp::mcp(a).await,
         Command::Budget(a) => budget::budget(a, &db).await,
