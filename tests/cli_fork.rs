@@ -58,6 +58,13 @@ fn a_recorded_run_forks_onto_another_script_and_diffs_at_step_2() {
     ]));
     let text = shown.to_string();
     assert!(text.contains("forked_from"), "{shown:#}");
+    // And `runs list` says which run is a fork of which.
+    let listed = ok_json(&agentvisor(&["runs", "list", "--db", &db, "--json"]));
+    let rows = listed.as_array().unwrap();
+    let row = |id: &str| rows.iter().find(|r| r["run_id"] == id).unwrap().clone();
+    assert_eq!(row(&fork_id)["forked_from"]["run_id"], source.as_str());
+    assert_eq!(row(&fork_id)["forked_from"]["step"], 1);
+    assert!(row(&source).get("forked_from").is_none());
 
     let out = agentvisor(&["diff", &source, &fork_id, "--db", &db, "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

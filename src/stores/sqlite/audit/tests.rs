@@ -210,6 +210,7 @@ fn common_events_are_written_as_serde_writes_them() {
                     "error_kind",
                     "started_at",
                     "finished_at",
+                    "forked_from",
                 ]
                 .contains(&k.as_str());
                 let default = v.is_null()
