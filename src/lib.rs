@@ -128,7 +128,7 @@
 //! # kernel, batteries, observability and base name no actor.
 //! # (The first prints two lines: the test that lists every wrapper of the
 //! # model port, the session's and the fork's among them.)
-//! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|server|soak)\b' \
+//! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|fork|diff|eval|server|soak)\b' \
 //!     src/actors src/kernel src/providers src/stores src/tools src/mcp \
 //!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
 //! grep -rnE 'crate::actors\b' src/kernel src/providers src/stores src/tools \

@@ -125,6 +125,27 @@ fn a_step_past_the_recording_or_an_unknown_run_exits_2() {
     assert!(stderr(&out).contains("--manifest"), "{}", stderr(&out));
     let out = agentvisor(&["diff", &source, unknown, "--db", &db]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // Overrides are checked before anything runs.
+    for (flag, value, says) in [
+        ("--critic-policy", "{ colour: red }", "--critic-policy"),
+        ("--system-file", "no/such/file", "--system-file"),
+        ("--live-tools", "write,sideways", "unknown effect"),
+    ] {
+        let out = agentvisor(&[
+            "fork",
+            &source,
+            "--at-step",
+            "1",
+            "--manifest",
+            manifest,
+            flag,
+            value,
+            "--db",
+            &db,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{flag}: {}", stderr(&out));
+    }
 }
 
 #[test]
