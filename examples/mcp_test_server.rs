@@ -19,6 +19,7 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
     PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -42,11 +43,14 @@ fn tools(extra: bool) -> Vec<Tool> {
         schema(json!({"type": "object", "properties": props, "required": req}))
     };
     let mut t = vec![
+        // Annotated read-only (its effect class is `read`); the others
+        // say nothing (`unknown`) but `env`, which reads the outside world.
         Tool::new(
             "echo",
             "Returns its text.",
             obj(json!({"text": {"type": "string"}}), &["text"]),
-        ),
+        )
+        .annotate(ToolAnnotations::new().read_only(true)),
         Tool::new(
             "add",
             "Adds two numbers.",
@@ -103,7 +107,8 @@ fn tools(extra: bool) -> Vec<Tool> {
             "env",
             "Returns an environment variable or <unset>.",
             obj(json!({"name": {"type": "string"}}), &["name"]),
-        ),
+        )
+        .annotate(ToolAnnotations::new().open_world(true)),
         Tool::new(
             "add_tool",
             "Adds the tool `extra` and says the list changed.",

@@ -25,7 +25,8 @@
 //! ```text
 //! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
 //!   │
-//! orchestration session, pipeline, replay      drive runs through the host
+//! orchestration session, pipeline, replay,     drive runs through the host
+//!               fork, diff, eval
 //!   │
 //! facade        host/ (with its session table and the palettes), handle
 //!   │
@@ -85,7 +86,10 @@
 //! - orchestration: [`session`]: chat sessions: prompts that share a stored
 //!   history; [`pipeline`]: multi-phase pipelines: ordered phases, outputs
 //!   fed forward; [`replay`]: re-run a recorded run against its recording,
-//!   compare traces.
+//!   compare traces; [`fork`]: a new run that takes a recorded run's first
+//!   steps and goes on live under other settings; [`diff`]: two recorded
+//!   runs aligned step by step; [`eval`]: a cohort forked under one
+//!   budget, and what changed.
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
 //! - `actors` (private): host, critic, run, watch, judging, budget, audit,
@@ -122,9 +126,9 @@
 //! grep -rnE 'crate::[a-z_]+' src/ports | grep -v '//' | grep -v 'crate::ports'
 //! # below the facade, nothing names the facade, orchestration or faces;
 //! # kernel, batteries, observability and base name no actor.
-//! # (The first prints one line: the test that lists every wrapper of the
-//! # model port, the session's among them.)
-//! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|server|soak)\b' \
+//! # (The first prints two lines: the test that lists every wrapper of the
+//! # model port, the session's and the fork's among them.)
+//! grep -rnE 'crate::(facade|orchestration|host|handle|session|pipeline|replay|fork|diff|eval|server|soak)\b' \
 //!     src/actors src/kernel src/providers src/stores src/tools src/mcp \
 //!     src/observability src/base | grep -vE ':[0-9]+:\s*//'
 //! grep -rnE 'crate::actors\b' src/kernel src/providers src/stores src/tools \
@@ -160,7 +164,7 @@ pub(crate) use kernel::{dispatch, record};
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
-pub use orchestration::{pipeline, replay, session};
+pub use orchestration::{diff, eval, fork, pipeline, replay, session};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

@@ -660,6 +660,11 @@ async fn list_tools_shows_what_the_model_sees_and_stops_the_servers() {
     let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["t__echo", "t__pid"]);
     assert_eq!(listed[0].parameters["required"][0], "text");
+    // Effect classes from the server's annotations: `echo` says it is
+    // read-only, `pid` says nothing.
+    use agentvisor::ports::tool::ToolEffect;
+    assert_eq!(listed[0].effects, ToolEffect::Read);
+    assert_eq!(listed[1].effects, ToolEffect::Unknown);
     let bad = manifest("--fail-start", "", "  - { text: done }\n", "");
     let servers = spec(&bad).mcp.expect("mcp").servers;
     let err = agentvisor::host::list_mcp_tools(&servers, McpConfig::default()).await;

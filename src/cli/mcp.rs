@@ -3,7 +3,12 @@
 //! `<server>__<tool>` name, description and argument schema), and stops
 //! them. For people writing manifests.
 //!
-//! `--json` prints one array of `{server, name, description, parameters}`.
+//! Each tool's effect class is shown (`effects`: `read`, `write`,
+//! `egress`, `unknown`): from the server's annotations, or the manifest's
+//! `tools_effects` where it names the tool.
+//!
+//! `--json` prints one array of `{server, name, description, parameters,
+//! effects}`.
 //!
 //! Exit codes: 0 on success; 1 when a server does not start or list its
 //! tools (the message names its `mcp_*` kind and its stderr tail); 2 when
@@ -51,9 +56,16 @@ async fn tools(a: ToolsArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return super::refuse(e),
     };
-    let servers = spec.mcp.map(|m| m.servers).unwrap_or_default();
+    let servers = spec.mcp.clone().map(|m| m.servers).unwrap_or_default();
     let listed = match agentvisor::host::list_mcp_tools(&servers, McpConfig::default()).await {
-        Ok(l) => l,
+        Ok(mut l) => {
+            for t in &mut l {
+                if let Some(e) = spec.tools_effects.get(&t.name) {
+                    t.effects = *e;
+                }
+            }
+            l
+        }
         Err(e) => {
             errln!("error: {} ({e})", e.kind());
             return ExitCode::from(1);
@@ -79,6 +91,7 @@ async fn tools(a: ToolsArgs) -> ExitCode {
                 outln!("    {line}");
             }
         }
+        outln!("    effects: {}", t.effects);
         outln!("    schema: {}", t.parameters);
     }
     ExitCode::SUCCESS

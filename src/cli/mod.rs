@@ -38,7 +38,10 @@ mod approvals;
 mod budget;
 mod chat;
 mod client;
+mod diff;
+mod eval;
 mod flags;
+mod fork;
 mod keep;
 mod logs;
 mod mcp;
@@ -163,6 +166,16 @@ enum Command {
     /// Re-run a recorded run against its recorded model responses and tool
     /// results; exit 0 iff the trace is the same.
     Replay(replay::ReplayArgs),
+    /// A new run that takes a recorded run's first K steps from its
+    /// recording and goes on live under other settings (exit 0 iff it
+    /// ends `ok`).
+    Fork(fork::ForkArgs),
+    /// Align two recorded runs step by step and print where they first
+    /// differ (exit 0 iff they agree).
+    Diff(diff::DiffArgs),
+    /// Fork every recorded run of a cohort with the same overrides under
+    /// one token budget and report what changed.
+    Eval(eval::EvalArgs),
     /// Resume the durable runs an earlier process left unfinished (from
     /// their checkpoints) and end the rest on record; prints what it did.
     Recover(recover::RecoverArgs),
@@ -246,6 +259,9 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Soak(a) => logs::once_per_warning(soak::soak(a, &db)).await,
         Command::Runs(a) => runs::runs(a, &db).await,
         Command::Replay(a) => replay::replay_run(a, &db).await,
+        Command::Fork(a) => fork::fork(a, &db).await,
+        Command::Diff(a) => diff::diff(a, &db).await,
+        Command::Eval(a) => eval::eval(a, &db).await,
         Command::Recover(a) => recover::recover(a, &db).await,
         Command::Mcp(a) => mcp::mcp(a).await,
         Command::Budget(a) => budget::budget(a, &db).await,
@@ -439,7 +455,7 @@ pub(crate) async fn prepare(
 
 /// Refuses a `--model` value that names no model (exit 2), naming the
 /// flag and the value, not the manifest.
-fn check_model_flag(flag: &str, config: &ProviderConfig) -> Result<(), ExitCode> {
+pub(crate) fn check_model_flag(flag: &str, config: &ProviderConfig) -> Result<(), ExitCode> {
     let resolver = ModelResolver::new(config.clone());
     let known = || resolver.known().join(", ");
     match resolver.follow_tiers(flag) {
@@ -466,21 +482,11 @@ pub(crate) async fn prepare_with(
 ) -> Result<(Host, Agent), ExitCode> {
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
     let base = customize(&spec, host_builder())?;
-    let builder = match db {
-        Db::Memory => base
-            .config(memory_config())
-            .budget_ledger(Arc::new(MemoryBudgetLedger::new())),
-        Db::File(path) => {
-            let store = Arc::new(open_db(path).await?);
-            base.config(sqlite_config(path))
-                .audit_store(store.clone())
-                .checkpointer(store.clone())
-                .session_store(store.clone())
-                .budget_ledger(store)
-        }
+    let store = match db {
+        Db::Memory => None,
+        Db::File(path) => Some(Arc::new(open_db(path).await?)),
     };
-    let builder = builder.allowance_tokens(budget_tokens);
-    let host = builder.build().await.map_err(refuse)?;
+    let host = host_on(base, db, store, budget_tokens).await?;
     let agent = host.prepare(spec).await.map_err(|e| {
         if let SubmitError::NoModel(_) | SubmitError::Tier(_) = e {
             return refuse(format!("{}: {e}", file.display()));
@@ -498,10 +504,36 @@ pub(crate) async fn prepare_with(
     Ok((host, agent))
 }
 
+/// A host from `base` on the stores of `db` (`store`: the database of a
+/// `Db::File`, opened), with a token budget for the command's runs.
+pub(crate) async fn host_on(
+    base: HostBuilder,
+    db: &Db,
+    store: Option<Arc<SqliteStore>>,
+    budget_tokens: Option<u64>,
+) -> Result<Host, ExitCode> {
+    let builder = match (db, store) {
+        (Db::File(path), Some(store)) => base
+            .config(sqlite_config(path))
+            .audit_store(store.clone())
+            .checkpointer(store.clone())
+            .session_store(store.clone())
+            .budget_ledger(store),
+        _ => base
+            .config(memory_config())
+            .budget_ledger(Arc::new(MemoryBudgetLedger::new())),
+    };
+    builder
+        .allowance_tokens(budget_tokens)
+        .build()
+        .await
+        .map_err(refuse)
+}
+
 /// The host the commands that run a manifest build. With
 /// `AGENTVISOR_TEST_TOOLS` set (a test hook) it also offers the tools that
 /// fail on purpose, `fail` and `panic`.
-fn host_builder() -> HostBuilder {
+pub(crate) fn host_builder() -> HostBuilder {
     let builder = Host::builder();
     match std::env::var_os("AGENTVISOR_TEST_TOOLS") {
         Some(_) => builder.test_tools(),

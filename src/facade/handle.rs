@@ -346,6 +346,7 @@ fn lost_result(run_id: RunId) -> RunResult {
         critic: Vec::new(),
         started_at: now,
         finished_at: now,
+        forked_from: None,
     }
 }
 

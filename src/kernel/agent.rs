@@ -9,6 +9,7 @@ use crate::dispatch::ToolSet;
 use crate::output::OutputSchema;
 use crate::ports::checkpoint::EncodedJson;
 use crate::ports::model::{CallOptions, ChatModel};
+use crate::ports::tool::ToolEffect;
 use crate::pricing::Price;
 use crate::spec::{AgentSpec, Guards, Limits};
 
@@ -34,10 +35,10 @@ struct AgentInner {
     /// nothing or that the price table does not know.
     price: Option<Price>,
     /// The manifest's `output_schema`, compiled once.
-    output: Option<OutputSchema>,
+    output: Option<Arc<OutputSchema>>,
     /// The manifest's `guard:` and `output_guard:`, compiled once; `None`
     /// when it has neither (its runs check nothing).
-    guards: Option<Guards>,
+    guards: Option<Arc<Guards>>,
     /// The manifest's model call options (sampling, `tool_choice`), built
     /// once; `None` when it sets none.
     options: Option<Arc<CallOptions>>,
@@ -64,8 +65,11 @@ impl Agent {
                 encoded_spec: std::sync::OnceLock::new(),
                 tool_names: Arc::from(spec.tools.clone()),
                 price: model.price_id().and_then(crate::pricing::lookup),
-                output: spec.output_schema.clone().map(OutputSchema::new),
-                guards: Guards::of(&spec),
+                output: spec
+                    .output_schema
+                    .clone()
+                    .map(|s| Arc::new(OutputSchema::new(s))),
+                guards: Guards::of(&spec).map(Arc::new),
                 options: spec.call_options().map(Arc::new),
                 spec,
                 model,
@@ -163,12 +167,12 @@ impl Agent {
 
     /// The schema the final answer must follow, if the manifest gives one.
     pub(crate) fn output(&self) -> Option<&OutputSchema> {
-        self.inner.output.as_ref()
+        self.inner.output.as_deref()
     }
 
     /// The guards its runs' calls and answers pass, if the manifest has any.
     pub(crate) fn guards(&self) -> Option<&Guards> {
-        self.inner.guards.as_ref()
+        self.inner.guards.as_deref()
     }
 
     /// The model call options every call of its runs carries.
@@ -193,6 +197,58 @@ impl Agent {
     /// The tools its runs may call.
     pub fn tools(&self) -> &ToolSet {
         &self.inner.tools
+    }
+
+    /// The effect class of tool `name` for this agent: the manifest's
+    /// `tools_effects` entry when it has one, else what the tool declares;
+    /// `None` for a tool the agent does not have.
+    pub fn tool_effect(&self, name: &str) -> Option<ToolEffect> {
+        let declared = self.inner.tools.effect(name)?;
+        Some(
+            self.inner
+                .spec
+                .tools_effects
+                .get(name)
+                .copied()
+                .unwrap_or(declared),
+        )
+    }
+
+    /// Every tool of the agent with its effect class (see
+    /// [`tool_effect`](Self::tool_effect)), in the order the model sees them.
+    pub fn tool_effects(&self) -> Vec<(String, ToolEffect)> {
+        self.inner
+            .tools
+            .specs()
+            .iter()
+            .filter_map(|t| Some((t.name.clone(), self.tool_effect(&t.name)?)))
+            .collect()
+    }
+
+    /// The same agent on another model and tool set (a fork's: the
+    /// recording in front of the live model and tools). Everything else —
+    /// manifest, limits, guards, judges — is the agent's.
+    pub(crate) fn rewired(&self, model: Arc<dyn ChatModel>, tools: ToolSet) -> Agent {
+        let i = &self.inner;
+        Agent {
+            inner: Arc::new(AgentInner {
+                spec: i.spec.clone(),
+                name: i.name.clone(),
+                model_name: Arc::from(model.name()),
+                tool_names: i.tool_names.clone(),
+                default_transcript: std::sync::OnceLock::new(),
+                encoded_spec: std::sync::OnceLock::new(),
+                price: i.price,
+                output: i.output.clone(),
+                guards: i.guards.clone(),
+                options: i.options.clone(),
+                model,
+                tools,
+                limits: i.limits,
+                unusable: i.unusable.clone(),
+                judges: i.judges.clone(),
+            }),
+        }
     }
 
     /// Its limits (manifest over host defaults).

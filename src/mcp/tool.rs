@@ -26,7 +26,7 @@ use super::{result, McpConfig, McpError};
 use crate::dispatch::CompiledTool;
 use crate::ports::event::RunEvent;
 use crate::ports::model::ToolSpec;
-use crate::ports::tool::{Tool, ToolContext, ToolError};
+use crate::ports::tool::{Tool, ToolContext, ToolEffect, ToolError};
 use crate::spec::mcp::McpServerSpec;
 
 /// One tool of a server: its own name there, and the tool a run calls.
@@ -129,6 +129,7 @@ pub(crate) fn build_tools(
         }
         let tool = McpTool {
             server: shared.clone(),
+            effect: effect_of(t.annotations.as_ref()),
             remote: Arc::from(t.name.as_ref()),
             spec: ToolSpec {
                 name: model_name,
@@ -150,9 +151,33 @@ pub(crate) fn build_tools(
     Ok(out.into())
 }
 
+/// A tool's effect class from the annotations its server lists: only
+/// what a hint says outright counts (the protocol's defaults assume the
+/// worst, which `unknown` already is). `readOnlyHint: true` is `read`;
+/// else `openWorldHint: true` is `egress` (it reaches outside: the
+/// stricter of the two when a tool is both); else `destructiveHint: true`,
+/// or `readOnlyHint: false` (it changes its environment), is `write`;
+/// nothing said is `unknown`.
+pub(crate) fn effect_of(annotations: Option<&rmcp::model::ToolAnnotations>) -> ToolEffect {
+    let Some(a) = annotations else {
+        return ToolEffect::Unknown;
+    };
+    if a.read_only_hint == Some(true) {
+        ToolEffect::Read
+    } else if a.open_world_hint == Some(true) {
+        ToolEffect::Egress
+    } else if a.destructive_hint == Some(true) || a.read_only_hint == Some(false) {
+        ToolEffect::Write
+    } else {
+        ToolEffect::Unknown
+    }
+}
+
 /// One tool of an MCP server.
 pub(crate) struct McpTool {
     server: Arc<ServerShared>,
+    /// Its effect class, from its annotations ([`effect_of`]).
+    effect: ToolEffect,
     /// The server's own name for it.
     remote: Arc<str>,
     spec: ToolSpec,
@@ -162,6 +187,10 @@ pub(crate) struct McpTool {
 impl Tool for McpTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn effect(&self) -> ToolEffect {
+        self.effect
     }
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {
@@ -400,5 +429,28 @@ impl Drop for CallGuard {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::ToolAnnotations;
+
+    #[test]
+    fn annotations_give_the_effect_class_and_silence_is_unknown() {
+        let a = |r: Option<bool>, d: Option<bool>, o: Option<bool>| {
+            effect_of(Some(&ToolAnnotations::from_raw(None, r, d, None, o)))
+        };
+        assert_eq!(effect_of(None), ToolEffect::Unknown);
+        assert_eq!(a(None, None, None), ToolEffect::Unknown);
+        assert_eq!(a(Some(true), None, None), ToolEffect::Read);
+        // Read-only wins over the other hints (they mean nothing then).
+        assert_eq!(a(Some(true), Some(true), Some(true)), ToolEffect::Read);
+        assert_eq!(a(None, Some(true), None), ToolEffect::Write);
+        assert_eq!(a(Some(false), None, None), ToolEffect::Write);
+        assert_eq!(a(None, None, Some(true)), ToolEffect::Egress);
+        assert_eq!(a(Some(false), Some(true), Some(true)), ToolEffect::Egress);
+        assert_eq!(a(None, Some(false), Some(false)), ToolEffect::Unknown);
     }
 }

@@ -1,7 +1,11 @@
 //! Orchestration over the facade: chat sessions (`session`), multi-phase
-//! pipelines (`pipeline`) and replays of recorded runs (`replay`). Each
-//! drives runs through the host like any caller.
+//! pipelines (`pipeline`), replays of recorded runs (`replay`), forks of
+//! recorded runs (`fork`), sweeps of forks over a cohort (`eval`) and
+//! diffs of two recorded runs (`diff`, which drives nothing). Each drives runs through the host like any caller.
 
+pub mod diff;
+pub mod eval;
+pub mod fork;
 pub mod pipeline;
 pub mod replay;
 pub mod session;

@@ -219,6 +219,17 @@ fn tool_error(kind: &str, message: &str) -> ToolError {
     }
 }
 
+/// A tool's answer rebuilt from its `tool.result` record: the result, or
+/// the error the model saw (`error: KIND: MESSAGE`).
+pub(crate) fn recorded_answer(ok: bool, result: &str) -> Result<String, ToolError> {
+    if ok {
+        return Ok(result.to_string());
+    }
+    let mut parts = result.splitn(3, ": ");
+    let (_, kind) = (parts.next(), parts.next().unwrap_or(""));
+    Err(tool_error(kind, parts.next().unwrap_or(result)))
+}
+
 /// The answers a run's output schema refused: each final-looking answer
 /// followed by a repair turn, and the last answer of an `invalid_output`
 /// run. `None` when no answer was refused (no schema needs replaying).
@@ -444,14 +455,7 @@ pub async fn replay(
                     result,
                     ..
                 } => {
-                    // What the model saw for an error is "error: <kind>: <message>".
-                    let answer = if *ok {
-                        Ok(result.clone())
-                    } else {
-                        let mut parts = result.splitn(3, ": ");
-                        let (_, kind) = (parts.next(), parts.next().unwrap_or(""));
-                        Err(tool_error(kind, parts.next().unwrap_or(result)))
-                    };
+                    let answer = recorded_answer(*ok, result);
                     results
                         .entry(tool.clone())
                         .or_default()

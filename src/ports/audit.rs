@@ -451,6 +451,10 @@ pub struct RunSummary {
     pub started_at: u64,
     /// Unix ms when it ended.
     pub finished_at: u64,
+    /// The recorded run and step it was forked from, for a fork; left out
+    /// of JSON otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<super::run::ForkOrigin>,
 }
 
 impl RunSummary {
@@ -467,6 +471,7 @@ impl RunSummary {
             error_kind: result.error_kind.clone(),
             started_at: result.started_at,
             finished_at: result.finished_at,
+            forked_from: result.forked_from,
         }
     }
 

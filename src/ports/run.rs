@@ -488,6 +488,17 @@ pub struct CriticDecision {
     pub loop_kind: Option<LoopKind>,
 }
 
+/// Where a fork came from (`agentvisor fork`, `crate::fork`): the recorded
+/// run and the step (model call) up to which its transcript was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    /// The recorded run.
+    pub run_id: RunId,
+    /// Steps 1 to `step` were taken from its recording; the fork went on
+    /// live from step `step + 1`.
+    pub step: u32,
+}
+
 /// The terminal record of a run. Partial output, steps and usage are kept
 /// on every failure.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -540,6 +551,10 @@ pub struct RunResult {
     pub started_at: u64,
     /// Unix milliseconds when it ended.
     pub finished_at: u64,
+    /// The recorded run and step this run was forked from; left out of
+    /// JSON for a run that is no fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkOrigin>,
 }
 
 impl RunResult {

@@ -19,6 +19,80 @@ use super::run::{RunId, RunResult};
 /// the run for calls that run in a task.
 pub type ToolEvents = Arc<dyn Fn(RunEvent) + Send + Sync>;
 
+/// What calling a tool does to the world outside the run: the class a
+/// fork's effect policy reads (see `crate::fork`). Declared by each tool
+/// ([`Tool::effect`]); a manifest may override it per tool
+/// (`tools_effects: { NAME: read }`).
+///
+/// The wire names (`read`, `write`, `egress`, `unknown`) are a contract:
+/// the manifest's key, `agentvisor mcp tools` and the API's tool catalog
+/// show them.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolEffect {
+    /// Reads only: calling it again changes nothing anywhere (a lookup, a
+    /// computation).
+    Read,
+    /// Changes state the run's host or its services keep (a file, a
+    /// database row).
+    Write,
+    /// Reaches the world outside (sends an e-mail, posts to a web API).
+    Egress,
+    /// Not said: taken as the most dangerous.
+    #[default]
+    Unknown,
+}
+
+impl ToolEffect {
+    /// Every class, in a fixed order.
+    pub const ALL: [ToolEffect; 4] = [
+        ToolEffect::Read,
+        ToolEffect::Write,
+        ToolEffect::Egress,
+        ToolEffect::Unknown,
+    ];
+
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolEffect::Read => "read",
+            ToolEffect::Write => "write",
+            ToolEffect::Egress => "egress",
+            ToolEffect::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ToolEffect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ToolEffect {
+    type Err = String;
+
+    /// The class whose [`as_str`](ToolEffect::as_str) is `s`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| format!("unknown effect `{s}` (read, write, egress, unknown)"))
+    }
+}
+
 /// What a tool knows about the call it serves.
 #[derive(Clone)]
 pub struct ToolContext {
@@ -228,6 +302,13 @@ pub trait Tool: Send + Sync + 'static {
 
     /// Runs the tool on arguments that already passed validation.
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError>;
+
+    /// What calling it does outside the run ([`ToolEffect`]). Default
+    /// `unknown`: a tool that does not say is taken as the most
+    /// dangerous (a fork answers its calls from the recording).
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Unknown
+    }
 
     /// Whether `call`'s first poll returns at once without blocking (pure
     /// computation on small input, or registering a timer): such a call is

@@ -837,8 +837,9 @@ mod tests {
             ),
             (
                 "session",
-                Arc::new(crate::host::sessions::SessionModel::new(inner, 0)),
+                Arc::new(crate::host::sessions::SessionModel::new(inner.clone(), 0)),
             ),
+            ("fork", crate::fork::fork_model(Vec::new(), inner)),
         ]
     }
 

@@ -357,6 +357,12 @@ pub struct AgentView {
     pub model: String,
     /// The tools it may call.
     pub tools: Vec<String>,
+    /// Each tool's effect class (`read`, `write`, `egress`, `unknown`),
+    /// by tool name: what the tool declares, or the manifest's
+    /// `tools_effects` where it names it. An agent whose MCP servers have
+    /// not started yet lists its other tools only.
+    #[serde(default)]
+    pub tool_effects: std::collections::BTreeMap<String, String>,
 }
 
 /// `GET /v1/agents`.
@@ -488,4 +494,48 @@ pub struct SessionView {
     /// The history: every answered message and its answer, in order (a
     /// message whose run did not end `ok` is not kept).
     pub messages: Vec<SessionMessageView>,
+}
+
+/// `POST /v1/runs/{id}/fork`: the options of `agentvisor fork`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// Steps (model calls) 1 to `at_step` are taken from the recording.
+    pub at_step: u32,
+    /// The agent (of `GET /v1/agents`) to go on with; default: the
+    /// recorded run's agent, by name.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// The model to go on with (a model spec or a tier).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The system prompt to go on with.
+    #[serde(default)]
+    pub system: Option<String>,
+    /// The prompt (default: the recorded run's).
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// The `critic:` section to go on with (an object, or YAML text;
+    /// `"rules"`: the default section).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub critic_policy: Option<serde_json::Value>,
+    /// Effect classes whose calls run live besides `read` (`write`,
+    /// `egress`, `unknown`).
+    #[serde(default)]
+    pub live_tools: Vec<String>,
+    /// The fork's own token budget.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub budget_tokens: Option<u64>,
+}
+
+/// `GET /v1/diff?a=ID&b=ID`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DiffQuery {
+    /// Run A's id.
+    pub a: String,
+    /// Run B's id.
+    pub b: String,
 }

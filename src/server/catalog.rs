@@ -186,21 +186,31 @@ impl Catalog {
         self.agents
             .iter()
             .map(|(name, entry)| {
-                let (spec, model) = match entry {
-                    Entry::Ready(a) => (a.spec(), a.model().name().to_string()),
+                let (spec, model, prepared) = match entry {
+                    Entry::Ready(a) => (a.spec(), a.model().name().to_string(), Some(a)),
                     Entry::OnFirstUse(lazy) => (
                         &*lazy.spec,
                         lazy.view.as_ref().map_or_else(
                             || crate::providers::effective_model(&lazy.spec).to_string(),
                             |a| a.model().name().to_string(),
                         ),
+                        lazy.view.as_ref(),
                     ),
                 };
+                let tool_effects = prepared
+                    .map(|a| {
+                        a.tool_effects()
+                            .into_iter()
+                            .map(|(name, e)| (name, e.as_str().to_string()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 super::api::AgentView {
                     name: name.clone(),
                     description: spec.description.clone(),
                     model,
                     tools: spec.tools.clone(),
+                    tool_effects,
                 }
             })
             .collect()

@@ -396,6 +396,7 @@ mod tests {
             error_kind: None,
             started_at: 0,
             finished_at,
+            forked_from: None,
         }
     }
 

@@ -48,6 +48,7 @@ pub mod catalog;
 mod control;
 mod dashboard;
 pub mod error;
+mod forks;
 mod limits;
 mod listing;
 pub mod metrics;
@@ -252,6 +253,8 @@ impl Server {
             .route("/v1/runs/{id}/cancel", post(control::cancel))
             .route("/v1/runs/{id}/approve", post(control::approve))
             .route("/v1/runs/{id}/deny", post(control::deny))
+            .route("/v1/runs/{id}/fork", post(forks::fork_run))
+            .route("/v1/diff", get(forks::diff_runs))
             .route("/v1/sessions", post(sessions::create))
             .route(
                 "/v1/sessions/{id}",

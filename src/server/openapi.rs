@@ -27,6 +27,8 @@ use super::error;
         super::control::cancel,
         super::control::approve,
         super::control::deny,
+        super::forks::fork_run,
+        super::forks::diff_runs,
         super::sessions::create,
         super::sessions::get_session,
         super::sessions::send_message,
@@ -39,7 +41,7 @@ use super::error;
     components(schemas(
         api::SubmitRun, api::RunView, api::LiveView, api::RunList, api::RunItem,
         api::SteerBody, api::ExtendBody, api::KillBody, api::ApprovalBody, api::Accepted,
-        api::ApprovalDecision, api::PendingView,
+        api::ApprovalDecision, api::PendingView, api::ForkBody,
         api::AgentView, api::AgentList, catalog::FailedManifest, api::Health, error::ErrorBody, error::ErrorDetail,
         api::CreateSession, api::MessageBody, api::BusyMode, api::SessionStatus,
         api::SessionView, api::SessionMessageView,

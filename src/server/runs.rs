@@ -93,7 +93,7 @@ async fn lookup(st: &AppState, run_id: RunId) -> Result<Option<Found>, ApiError>
 }
 
 /// The view of `found`, waiting up to `wait` for a live run to end.
-async fn view(found: Found, wait: Duration) -> RunView {
+pub(crate) async fn view(found: Found, wait: Duration) -> RunView {
     match found {
         Found::Ended(r) => RunView::ended(r),
         Found::Live(run) => {
@@ -107,7 +107,7 @@ async fn view(found: Found, wait: Duration) -> RunView {
     }
 }
 
-fn wait_of(q: &WaitQuery) -> Result<Duration, ApiError> {
+pub(crate) fn wait_of(q: &WaitQuery) -> Result<Duration, ApiError> {
     match q.wait {
         None => Ok(Duration::ZERO),
         // Clamped before the conversion (a huge number would overflow it).
@@ -291,7 +291,7 @@ async fn start(
 }
 
 /// The error answer for a run refused at admission, if it was.
-fn refusal(r: &RunResult) -> Option<ApiError> {
+pub(crate) fn refusal(r: &RunResult) -> Option<ApiError> {
     let kind = r.error_kind.as_deref().unwrap_or("");
     let message = r.error.clone().unwrap_or_default();
     let mut e = match (r.status, kind) {

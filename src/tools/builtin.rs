@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::{json, Number, Value};
 
 use crate::ports::model::ToolSpec;
-use crate::ports::tool::{Tool, ToolContext, ToolError};
+use crate::ports::tool::{Tool, ToolContext, ToolEffect, ToolError};
 
 /// Every built-in tool, ready to register.
 pub fn builtins() -> Vec<Arc<dyn Tool>> {
@@ -117,6 +117,11 @@ fn sum_text(a: &Number, b: &Number) -> Option<String> {
 #[async_trait]
 impl Tool for AddTool {
     /// Pure (or a timer): its first poll answers at once.
+    /// Computes (or sleeps, or fails) and touches nothing: `read`.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
+    }
+
     fn answers_at_once(&self) -> bool {
         true
     }
@@ -169,6 +174,11 @@ impl Default for UpperTool {
 #[async_trait]
 impl Tool for UpperTool {
     /// Pure (or a timer): its first poll answers at once.
+    /// Computes (or sleeps, or fails) and touches nothing: `read`.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
+    }
+
     fn answers_at_once(&self) -> bool {
         true
     }
@@ -212,6 +222,11 @@ impl Default for EchoTool {
 #[async_trait]
 impl Tool for EchoTool {
     /// Pure (or a timer): its first poll answers at once.
+    /// Computes (or sleeps, or fails) and touches nothing: `read`.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
+    }
+
     fn answers_at_once(&self) -> bool {
         true
     }
@@ -272,6 +287,11 @@ fn whole_ms(n: &Number) -> Option<u64> {
 #[async_trait]
 impl Tool for SleepTool {
     /// Pure (or a timer): its first poll answers at once.
+    /// Computes (or sleeps, or fails) and touches nothing: `read`.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
+    }
+
     fn answers_at_once(&self) -> bool {
         true
     }
@@ -324,6 +344,11 @@ impl Default for FailTool {
 #[async_trait]
 impl Tool for FailTool {
     /// Pure (or a timer): its first poll answers at once.
+    /// Computes (or sleeps, or fails) and touches nothing: `read`.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
+    }
+
     fn answers_at_once(&self) -> bool {
         true
     }
@@ -375,6 +400,11 @@ impl Default for PanicTool {
 #[async_trait]
 impl Tool for PanicTool {
     /// Pure (or a timer): its first poll answers at once.
+    /// Computes (or sleeps, or fails) and touches nothing: `read`.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
+    }
+
     fn answers_at_once(&self) -> bool {
         true
     }

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use crate::ports::duration::{format_duration, parse_duration};
 use crate::ports::model::ToolSpec;
 use crate::ports::run::RunId;
-use crate::ports::tool::{RunAccess, Tool, ToolContext, ToolError};
+use crate::ports::tool::{RunAccess, Tool, ToolContext, ToolEffect, ToolError};
 
 /// The tool's name.
 pub const WAIT_TOOL: &str = "wait";
@@ -411,6 +411,12 @@ impl Tool for WaitTool {
 
     fn uses_run(&self) -> bool {
         true
+    }
+
+    /// `read`: waiting touches nothing, and the call it makes goes through
+    /// the run's own tools, where that tool's class applies.
+    fn effect(&self) -> ToolEffect {
+        ToolEffect::Read
     }
 
     fn call_through_run<'a>(&self, args: &'a Value) -> Option<(&'a str, Option<&'a Value>)> {

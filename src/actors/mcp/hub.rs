@@ -188,6 +188,10 @@ pub struct ListedTool {
     pub description: String,
     /// Its argument schema.
     pub parameters: Value,
+    /// Its effect class, from the server's annotations (`read`, `write`,
+    /// `egress`, `unknown`; a manifest's `tools_effects` is applied by
+    /// whoever lists them for it).
+    pub effects: crate::ports::tool::ToolEffect,
 }
 
 /// Starts `servers`, lists their tools as a model would see them, and
@@ -206,6 +210,7 @@ pub async fn list_mcp_tools(
                 name: t.tool.spec().name.clone(),
                 description: t.tool.spec().description.clone(),
                 parameters: t.tool.spec().parameters.clone(),
+                effects: t.tool.tool().effect(),
             })),
             Err(e) => {
                 result = Err(e);

@@ -267,6 +267,7 @@ impl Host {
                 depth: parent.as_ref().map_or(0, |p| p.depth + 1),
                 max_iterations: limits.max_iterations,
                 allowances,
+                forked_from: inv.forked_from,
             },
             shard.mailbox,
             key,

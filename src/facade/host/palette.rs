@@ -45,7 +45,7 @@ use crate::handle::RunRef;
 use crate::mcp::ServedTool;
 use crate::ports::model::ToolSpec;
 use crate::ports::run::{KillReason, RunStatus};
-use crate::ports::tool::{Tool, ToolContext, ToolError};
+use crate::ports::tool::{Tool, ToolContext, ToolEffect, ToolError};
 use crate::spec::{AgentSpec, Invocation, SubAgent};
 
 /// The prefix of a palette tool's name.
@@ -142,6 +142,21 @@ impl Drop for KillOnDrop {
 impl Tool for PaletteTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    /// `read` when every tool the sub-agent may call is `read` (its
+    /// manifest's `tools_effects` applied); otherwise `unknown`: the child
+    /// may do anything its tools do.
+    fn effect(&self) -> ToolEffect {
+        let tools = self.child.tools().specs();
+        let all_read = tools
+            .iter()
+            .all(|t| self.child.tool_effect(&t.name) == Some(ToolEffect::Read));
+        if all_read {
+            ToolEffect::Read
+        } else {
+            ToolEffect::Unknown
+        }
     }
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<String, ToolError> {

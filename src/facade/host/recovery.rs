@@ -304,6 +304,7 @@ impl Host {
                 critic: Vec::new(),
                 started_at: first.at_ms,
                 finished_at: now.max(first.at_ms),
+                forked_from: None,
             };
             let seq = records
                 .last()
@@ -378,6 +379,7 @@ impl Host {
             critic: c.critic.clone(),
             started_at: c.started_at,
             finished_at: now.max(c.started_at),
+            forked_from: None,
         });
         let deliver = Delivery::none();
         let _ = self.inner.audit.cast(AuditMsg::Terminal {

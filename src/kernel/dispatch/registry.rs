@@ -334,6 +334,41 @@ impl ToolSet {
         self.inner.entries.contains_key(name)
     }
 
+    /// The effect class tool `name` declares ([`Tool::effect`]); `None`
+    /// for a tool not in the set. A manifest's `tools_effects` is applied
+    /// by the agent ([`Agent::tool_effect`](crate::Agent::tool_effect)).
+    pub fn effect(&self, name: &str) -> Option<crate::ports::tool::ToolEffect> {
+        self.inner.entries.get(name).map(|e| e.tool.effect())
+    }
+
+    /// The same tools, each replaced by what `wrap` makes of it (a
+    /// decorator that keeps its spec): the compiled validators are kept,
+    /// so arguments are checked as before and the wrapper sees only calls
+    /// that passed.
+    pub(crate) fn wrapped(&self, wrap: impl Fn(&Arc<dyn Tool>) -> Arc<dyn Tool>) -> ToolSet {
+        let entries = self
+            .inner
+            .entries
+            .iter()
+            .map(|(name, e)| {
+                (
+                    name.clone(),
+                    Entry {
+                        tool: wrap(&e.tool),
+                        validator: e.validator.clone(),
+                        builtin: e.builtin,
+                    },
+                )
+            })
+            .collect();
+        ToolSet {
+            inner: Arc::new(ToolSetInner {
+                entries,
+                specs: self.inner.specs.clone(),
+            }),
+        }
+    }
+
     /// Resolves and validates a model's tool call, in order: the name is in
     /// the set ([`ToolError::UnknownTool`]), then the argument text's size,
     /// strict JSON, an object, and the tool's schema

@@ -375,6 +375,9 @@ pub(crate) struct RunShared {
     /// account (the host's, its ancestors', its own); its sub-agents
     /// spend against them too.
     pub(crate) allowances: Option<Allowances>,
+    /// The recorded run and step a fork was made from (boxed: a run that
+    /// is no fork carries a pointer).
+    pub(crate) forked_from: Option<Box<crate::ports::run::ForkOrigin>>,
 }
 
 /// What a new run's record is made with.
@@ -388,6 +391,8 @@ pub(crate) struct RunIdentity {
     pub(crate) depth: u32,
     pub(crate) max_iterations: u32,
     pub(crate) allowances: Option<Allowances>,
+    /// The run a fork was made from.
+    pub(crate) forked_from: Option<crate::ports::run::ForkOrigin>,
 }
 
 impl RunShared {
@@ -427,6 +432,7 @@ impl RunShared {
             summary: AtomicBool::new(false),
             host,
             allowances: id.allowances,
+            forked_from: id.forked_from.map(Box::new),
         });
         shared.host.enter(&shared);
         (shared, result_rx)
@@ -751,6 +757,7 @@ impl RunShared {
                 critic: std::mem::take(&mut p.critic),
                 started_at,
                 finished_at: now.max(started_at),
+                forked_from: self.forked_from.as_deref().copied(),
             })
         };
         self.host.ended(&result);

@@ -56,6 +56,11 @@ pub struct Invocation {
     /// In-process only (not serialized).
     #[serde(skip)]
     pub deadline: Option<tokio::time::Instant>,
+    /// The recorded run and step this run is a fork of (set by
+    /// `crate::fork`): recorded in its result as
+    /// [`RunResult::forked_from`](crate::RunResult::forked_from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::ports::run::ForkOrigin>,
 }
 
 impl Invocation {

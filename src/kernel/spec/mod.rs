@@ -127,6 +127,12 @@ pub struct AgentSpec {
     /// Tools the agent may call, by name.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Effect classes that override what tools declare, by tool name
+    /// (`tools_effects: { send_mail: egress, lookup: read }`; see
+    /// [`ToolEffect`](crate::ports::tool::ToolEffect)): what a fork's
+    /// effect policy reads. Each name must be a tool the agent can call.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools_effects: BTreeMap<String, crate::ports::tool::ToolEffect>,
     /// Tools whose calls wait for an operator's approval (`*`: all; see
     /// `approval_timeout` in `limits`): a list, or `{ tools, judge }` with
     /// a model that approves or escalates each call first.
@@ -317,6 +323,7 @@ impl AgentSpec {
             system: String::new(),
             prompt: None,
             tools: Vec::new(),
+            tools_effects: BTreeMap::new(),
             approval: ApprovalSpec::default(),
             guard: Vec::new(),
             output_guard: None,
@@ -428,6 +435,14 @@ impl AgentSpec {
                 return Err(format!("tool `{t}` is listed twice{}", line_of(source, t)));
             }
         }
+        for name in self.tools_effects.keys() {
+            if !self.can_call(name) {
+                return Err(format!(
+                    "`tools_effects` names `{name}`, which this agent cannot call{} (name one of its `tools`, an `agent__NAME` of its `agents` or an MCP server's `SERVER__TOOL`)",
+                    line_of(source, "tools_effects")
+                ));
+            }
+        }
         for (i, e) in self.script.iter().enumerate() {
             let n = i + 1;
             let says = e.text.is_some()
@@ -495,6 +510,18 @@ impl AgentSpec {
             ));
         }
         Ok(())
+    }
+}
+
+impl AgentSpec {
+    /// Checks a manifest changed after it was parsed (a fork's overrides:
+    /// another system prompt, critic section or model) as parsing checks
+    /// one; the message names the key, without a line.
+    pub fn check_changed(&self) -> Result<(), SpecError> {
+        self.check("").map_err(|message| SpecError::Invalid {
+            path: None,
+            message,
+        })
     }
 }
 

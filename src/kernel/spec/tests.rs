@@ -143,3 +143,34 @@ fn empty_script_entry_is_refused() {
         .unwrap_or_default();
     assert!(err.contains("entry 1"), "{err}");
 }
+
+#[test]
+fn tools_effects_override_callable_tools_only_and_name_known_classes() {
+    use crate::ports::tool::ToolEffect;
+    let spec = AgentSpec::from_yaml(
+        "name: a\nmodel: scripted\nscript: [{ text: hi }]\ntools: [add, echo]\ntools_effects: { echo: egress, add: read }\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.tools_effects.get("echo"), Some(&ToolEffect::Egress));
+    assert_eq!(spec.tools_effects.get("add"), Some(&ToolEffect::Read));
+    let e = AgentSpec::from_yaml(
+        "name: a\nmodel: scripted\nscript: [{ text: hi }]\ntools: [add]\ntools_effects: { send_mail: read }\n",
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(
+        e.contains("`tools_effects` names `send_mail`") && e.contains("line 5"),
+        "{e}"
+    );
+    let e = AgentSpec::from_yaml(
+        "name: a\nmodel: scripted\nscript: [{ text: hi }]\ntools: [add]\ntools_effects: { add: reads }\n",
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(e.contains("unknown variant `reads`"), "{e}");
+    assert_eq!("egress".parse::<ToolEffect>(), Ok(ToolEffect::Egress));
+    assert!("x".parse::<ToolEffect>().is_err());
+    assert_eq!(ToolEffect::default(), ToolEffect::Unknown);
+}

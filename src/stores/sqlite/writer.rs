@@ -91,6 +91,8 @@ pub(super) struct RunRow {
     pub(super) caller_id: Option<String>,
     pub(super) parent_run_id: Option<String>,
     pub(super) root_run_id: Option<String>,
+    /// The fork's origin as JSON (schema version 12).
+    pub(super) forked_from: Option<String>,
     pub(super) status: &'static str,
     pub(super) kill_reason: Option<&'static str>,
     pub(super) error_kind: Option<String>,
@@ -708,8 +710,8 @@ fn append(
         let mut insert = tx.prepare_cached(
             "INSERT INTO runs (run_id, agent, caller_id, parent_run_id, status, kill_reason, \
              error_kind, started_at, finished_at, result, tail_first_seq, tail_records, tail, \
-             tail_at_base, root_run_id, tail_ref, result_ref) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+             tail_at_base, root_run_id, tail_ref, result_ref, forked_from) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
              ON CONFLICT (run_id) DO NOTHING",
         )?;
         for r in &runs {
@@ -740,6 +742,7 @@ fn append(
                 r.root_run_id,
                 tail_ref,
                 result_ref,
+                r.forked_from,
             ])?;
             if n > 0 {
                 terminal += 1;

@@ -55,6 +55,7 @@ pub(super) fn full_result(
                 "error_kind": row.error_kind,
                 "started_at": row.started_at,
                 "finished_at": row.finished_at,
+                "forked_from": row.forked_from,
                 "error": null,
                 "output": null,
                 "steps": [],
@@ -176,7 +177,7 @@ const TAIL: &str =
 
 /// The columns of `runs` a [`RunSummary`] is read from, in [`summary`]'s order.
 pub(super) const SUMMARY_COLUMNS: &str =
-    "run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, started_at, finished_at, root_run_id";
+    "run_id, agent, caller_id, parent_run_id, status, kill_reason, error_kind, started_at, finished_at, root_run_id, forked_from";
 
 pub(super) fn summary(row: &rusqlite::Row<'_>) -> Result<RunSummary, AuditStoreError> {
     let get_s = |i: usize| row.get::<_, Option<String>>(i).map_err(unavailable);
@@ -195,6 +196,7 @@ pub(super) fn summary(row: &rusqlite::Row<'_>) -> Result<RunSummary, AuditStoreE
         started_at: to_u64(row.get(7).map_err(unavailable)?),
         finished_at: to_u64(row.get(8).map_err(unavailable)?),
         root_run_id: get_s(9)?.map(|p| parse_id(&p)).transpose()?,
+        forked_from: get_s(10)?.and_then(|f| serde_json::from_str(&f).ok()),
     })
 }
 
@@ -216,10 +218,10 @@ pub(super) fn stored_result(
     let Some(row) = rows.next().map_err(unavailable)? else {
         return Ok(None);
     };
-    let body: String = row.get(10).map_err(unavailable)?;
+    let body: String = row.get(11).map_err(unavailable)?;
     let read: Option<String> = match tail {
         Some(_) => None,
-        None => row.get(11).map_err(unavailable)?,
+        None => row.get(12).map_err(unavailable)?,
     };
     full_result(&body, &summary(row)?, tail.or(read.as_deref())).map(Some)
 }

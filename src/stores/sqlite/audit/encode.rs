@@ -266,6 +266,7 @@ pub(super) fn write_result(
         critic,
         started_at: _,
         finished_at: _,
+        forked_from: _,
     } = res;
     out.extend_from_slice(b"{\"iterations\":");
     push_int(out, *iterations);
@@ -513,6 +514,7 @@ pub(super) fn encode(
                 caller_id: res.caller_id.clone(),
                 parent_run_id: res.parent_run_id.map(|p| p.to_string()),
                 root_run_id: res.root_run_id.map(|p| p.to_string()),
+                forked_from: res.forked_from.and_then(|f| serde_json::to_string(&f).ok()),
                 status: res.status.as_str(),
                 kill_reason: res.kill_reason.map(KillReason::as_str),
                 error_kind: res.error_kind.clone(),

@@ -140,6 +140,7 @@ fn common_events_are_written_as_serde_writes_them() {
             critic: Vec::new(),
             started_at: 1,
             finished_at: 2,
+            forked_from: None,
         },
         RunResult {
             run_id: RunId(u128::MAX),
@@ -182,6 +183,10 @@ fn common_events_are_written_as_serde_writes_them() {
             }],
             started_at: u64::MAX,
             finished_at: 0,
+            forked_from: Some(crate::ports::run::ForkOrigin {
+                run_id: RunId(42),
+                step: 3,
+            }),
         },
     ];
     for res in &results {
@@ -205,6 +210,7 @@ fn common_events_are_written_as_serde_writes_them() {
                     "error_kind",
                     "started_at",
                     "finished_at",
+                    "forked_from",
                 ]
                 .contains(&k.as_str());
                 let default = v.is_null()
