@@ -91,7 +91,7 @@ pub(super) struct RunRow {
     pub(super) caller_id: Option<String>,
     pub(super) parent_run_id: Option<String>,
     pub(super) root_run_id: Option<String>,
-    /// The fork's origin as JSON (schema version 12).
+    /// The fork's origin as JSON (schema version 13).
     pub(super) forked_from: Option<String>,
     pub(super) status: &'static str,
     pub(super) kill_reason: Option<&'static str>,
