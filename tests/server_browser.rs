@@ -311,6 +311,11 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
         slow.as_str(),
         "the live run is listed first"
     );
+    // A live run shows its cost so far (the scripted model is free).
+    d.wait_for("the slow run's cost", &cell(&slow, "cost"), |v| {
+        v == "0.0000"
+    })
+    .await;
     let click_kill = format!(
         "const b = document.querySelector('tr[data-id=\"{slow}\"] button.kill'); if (!b) return false; b.click(); return true"
     );
@@ -494,4 +499,100 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     drop(d);
     let _ = std::fs::remove_dir_all(&profile);
     server.close_streams();
+}
+
+/// `agentvisor ARGS` (the binary this build made); its output.
+fn agentvisor_bin(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_agentvisor"))
+        .args(args)
+        .env("AGENTVISOR_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .expect("agentvisor runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_eval_report_page_shows_its_forks_and_histogram() {
+    let chromium = program(
+        &["chromium", "chromium-browser"],
+        &["/usr/lib/chromium/chromium"],
+    )
+    .expect("chromium is installed (.ci/run installs Debian's chromium)");
+    let chromedriver = program(&["chromedriver"], &["/usr/lib/chromium/chromedriver"])
+        .expect("chromedriver is installed (.ci/run installs Debian's chromium-driver)");
+
+    // Record a cohort of 3 hello runs, then eval it twice each onto
+    // another script from step 1, with a report.
+    let dir = support::scratch::Scratch::new("browser-eval");
+    let db = dir.arg("eval.db");
+    let out = agentvisor_bin(&[
+        "swarm",
+        "examples/agents/hello.yaml",
+        "--runs",
+        "3",
+        "--db",
+        &db,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let report = dir.arg("report");
+    let out = agentvisor_bin(&[
+        "eval",
+        "--agent",
+        "hello",
+        "--manifest",
+        "examples/agents/hello_forked.yaml",
+        "--at-step",
+        "1",
+        "--repeats",
+        "2",
+        "--budget-tokens",
+        "1000000",
+        "--db",
+        &db,
+        "--report",
+        &report,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let page = dir.path("report").join("index.html");
+    assert!(page.exists(), "no {}", page.display());
+
+    let profile =
+        std::env::temp_dir().join(format!("agentvisor-chromium-eval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let d = start_driver(&chromium, &chromedriver, &profile).await;
+    d.call(
+        reqwest::Method::POST,
+        "/url",
+        Some(json!({"url": format!("file://{}", page.display())})),
+    )
+    .await;
+    // The table: a header row and one row per fork (3 runs × 2).
+    d.wait_for(
+        "the forks table",
+        "const t = document.getElementById('forks'); return t ? t.rows.length : 0",
+        |v| v == 7,
+    )
+    .await;
+    // The histogram: every fork diverged at step 2 (the forked script
+    // answers differently from its first live call): one bar, as tall as
+    // the chart allows, titled with its count.
+    let bars = d
+        .script(
+            "return [...document.querySelectorAll('#histogram rect')].map(r => [r.getAttribute('height'), r.textContent])",
+        )
+        .await;
+    assert_eq!(bars, json!([["160", "6"]]), "{bars}");
+    // The page is self-contained: it drew without errors.
+    let logs = d
+        .call(
+            reqwest::Method::POST,
+            "/se/log",
+            Some(json!({"type": "browser"})),
+        )
+        .await;
+    let errors: Vec<&Value> = logs["value"]
+        .as_array()
+        .map(|l| l.iter().filter(|e| e["level"] == "SEVERE").collect())
+        .unwrap_or_default();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
 }

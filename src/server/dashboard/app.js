@@ -179,7 +179,7 @@ function connectFeed() {
   es.onmessage = (m) => {
     const ev = JSON.parse(m.data);
     if (ev.type === "run.started") {
-      upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, parent_run_id: ev.parent_run_id, status: "running", started_ms: ev.at_ms, ended_ms: null, step: 0, tokens: 0 });
+      upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, parent_run_id: ev.parent_run_id, status: "running", started_ms: ev.at_ms, ended_ms: null, step: 0, tokens: 0, cost_micros: 0 });
     } else if (ev.type === "run.ended") {
       const row = upsert({ run_id: ev.run_id, agent: ev.agent, caller_id: ev.caller_id, status: ev.status, kill_reason: ev.kill_reason, ended_ms: ev.at_ms, step: ev.iterations, tokens: ev.tokens, cost_micros: ev.cost_micros });
       // Its decisions came through the feed, unless it began before this
