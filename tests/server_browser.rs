@@ -422,6 +422,40 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
         |v| v.as_str().is_some_and(|s| s.contains("run.end")),
     )
     .await;
+    // A fork's page links its source and shows their diff: the quick run
+    // forked at step 1 with its own script does what it did.
+    let fork = api
+        .post(format!("{base}/v1/runs/{quick}/fork?wait=10"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(json!({"at_step": 1}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fork.status().as_u16(), 201);
+    let fork: Value = serde_json::from_str(&fork.text().await.unwrap()).unwrap();
+    assert_eq!(fork["status"], "ok", "{fork}");
+    let fork_id = fork["run_id"].as_str().unwrap().to_string();
+    d.script(&format!("location.hash = '#run/{fork_id}'; return true"))
+        .await;
+    d.wait_for(
+        "the fork's diff",
+        "return document.getElementById('r-diff-summary').textContent",
+        |v| v.as_str().is_some_and(|s| s.starts_with("no divergence")),
+    )
+    .await;
+    assert_eq!(
+        d.script("return document.querySelector('#r-fork-source a').getAttribute('href')")
+            .await,
+        format!("#run/{quick}").as_str()
+    );
+    assert_eq!(
+        d.script("return document.querySelectorAll('#r-diff tr[data-step]').length")
+            .await,
+        2,
+        "both of the source's steps are compared"
+    );
+
     // A run waiting for approval: its page lists the call; Approve runs it.
     let gated = submit("gated").await;
     d.script(&format!("location.hash = '#run/{gated}'; return true"))

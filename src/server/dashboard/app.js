@@ -285,8 +285,31 @@ async function refreshRun() {
   $("r-approval").hidden = waiting.length === 0;
   for (const b of ["b-approve", "b-deny"]) $(b).disabled = waiting.length === 0;
   $("r-approvals").innerHTML = waiting.map((p) => `<li><code>${esc(p.call_id)}</code> <b>${esc(p.tool)}</b> <code>${esc(p.arguments.slice(0, 400))}</code></li>`).join("");
+  await showFork(id, data.result && data.result.forked_from);
   const tree = await api("GET", "/v1/runs?limit=500&root=" + id);
   if (tree.status === 200) $("r-tree").innerHTML = treeHtml(id, tree.data.runs);
+}
+
+// A fork's source (linked) and its diff against it, step by step.
+async function showFork(id, from) {
+  $("r-fork").hidden = !from;
+  if (!from) return;
+  $("r-fork-source").innerHTML = `<a href="#run/${esc(from.run_id)}"><code>${esc(from.run_id)}</code></a>, ` +
+    `steps 1–${from.step} taken from its recording`;
+  if (state.diffed === id) return;   // an ended fork's diff does not change
+  const { status, data } = await api("GET", "/v1/diff?a=" + from.run_id + "&b=" + id);
+  if (status !== 200) { $("r-diff-summary").textContent = (data.error && data.error.message) || "no diff"; return; }
+  if (data.b.status) state.diffed = id;
+  const first = data.first_divergence;
+  $("r-diff-summary").textContent = first
+    ? "first divergence at step " + first.step + " (" + first.what.join(", ") + ")"
+    : "no divergence: the fork did what its source did";
+  const side = (s) => s ? (s.calls || []).map((c) => c.tool).join(", ") || "text" : "–";
+  $("r-diff").innerHTML = "<tr><th>step</th><th>source</th><th>fork</th><th>differs in</th></tr>" +
+    data.steps.map((p) => `<tr class="${p.same ? "" : "changed"}" data-step="${p.step}"><td>${p.step}</td>` +
+      `<td>${esc(side(p.a))}</td><td>${esc(side(p.b))}</td><td>${esc(p.differences.join(", "))}</td></tr>`).join("") +
+    `<tr><td>end</td><td>${esc(data.a.status || "")}</td><td>${esc(data.b.status || "")}</td>` +
+    `<td>${esc(data.endings.differences.join(", "))}</td></tr>`;
 }
 
 // The run and its sub-agents at any depth, each under its parent.
