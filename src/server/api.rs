@@ -365,6 +365,28 @@ pub struct AgentView {
     pub tool_effects: std::collections::BTreeMap<String, String>,
 }
 
+impl AgentView {
+    /// The view of one agent of the catalog.
+    pub(crate) fn of(l: super::catalog::Listed<'_>) -> Self {
+        let tool_effects = l
+            .prepared
+            .map(|a| {
+                a.tool_effects()
+                    .into_iter()
+                    .map(|(name, e)| (name, e.as_str().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        AgentView {
+            name: l.name.to_string(),
+            description: l.spec.description.clone(),
+            model: l.model,
+            tools: l.spec.tools.clone(),
+            tool_effects,
+        }
+    }
+}
+
 /// `GET /v1/agents`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AgentList {

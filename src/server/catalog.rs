@@ -53,6 +53,19 @@ struct OnFirstUse {
     prepared: tokio::sync::Mutex<Option<Agent>>,
 }
 
+/// One agent of the catalog as a listing shows it.
+pub(crate) struct Listed<'a> {
+    /// Its name.
+    pub(crate) name: &'a str,
+    /// Its manifest.
+    pub(crate) spec: &'a AgentSpec,
+    /// The model it runs on.
+    pub(crate) model: String,
+    /// The agent, once prepared (or its view, for one prepared on first
+    /// use): what tells its tools' effect classes.
+    pub(crate) prepared: Option<&'a Agent>,
+}
+
 /// A manifest the catalog left out, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FailedManifest {
@@ -181,39 +194,25 @@ impl Catalog {
         }
     }
 
-    /// Every agent as `GET /v1/agents` shows it, by name.
-    pub(crate) fn views(&self) -> Vec<super::api::AgentView> {
-        self.agents
-            .iter()
-            .map(|(name, entry)| {
-                let (spec, model, prepared) = match entry {
-                    Entry::Ready(a) => (a.spec(), a.model().name().to_string(), Some(a)),
-                    Entry::OnFirstUse(lazy) => (
-                        &*lazy.spec,
-                        lazy.view.as_ref().map_or_else(
-                            || crate::providers::effective_model(&lazy.spec).to_string(),
-                            |a| a.model().name().to_string(),
-                        ),
-                        lazy.view.as_ref(),
-                    ),
-                };
-                let tool_effects = prepared
-                    .map(|a| {
-                        a.tool_effects()
-                            .into_iter()
-                            .map(|(name, e)| (name, e.as_str().to_string()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                super::api::AgentView {
-                    name: name.clone(),
-                    description: spec.description.clone(),
-                    model,
-                    tools: spec.tools.clone(),
-                    tool_effects,
-                }
-            })
-            .collect()
+    /// Every agent, by name, with what `GET /v1/agents` shows of it.
+    pub(crate) fn listed(&self) -> impl Iterator<Item = Listed<'_>> {
+        self.agents.iter().map(|(name, entry)| match entry {
+            Entry::Ready(a) => Listed {
+                name,
+                spec: a.spec(),
+                model: a.model().name().to_string(),
+                prepared: Some(a),
+            },
+            Entry::OnFirstUse(lazy) => Listed {
+                name,
+                spec: &lazy.spec,
+                model: lazy.view.as_ref().map_or_else(
+                    || crate::providers::effective_model(&lazy.spec).to_string(),
+                    |a| a.model().name().to_string(),
+                ),
+                prepared: lazy.view.as_ref(),
+            },
+        })
     }
 
     /// The manifests left out, and why.

@@ -345,7 +345,7 @@ pub(crate) async fn get_run(
 pub(crate) async fn agents(State(st): State<Arc<AppState>>) -> Json<AgentList> {
     let catalog = st.catalog();
     Json(AgentList {
-        agents: catalog.views(),
+        agents: catalog.listed().map(super::api::AgentView::of).collect(),
         failed: catalog.failed().to_vec(),
     })
 }
