@@ -226,45 +226,81 @@ impl SqliteStore {
         let pruned = self
             .writer
             .write(move |tx| {
+                // Per run: one read of its row, its deletes; what runs share
+                // (templates' references, the pruned counts) is summed over
+                // the batch and written once a key, so a batch costs about
+                // four statements a run and the writer keeps up with a swarm.
                 let mut done: Vec<(String, String, u64)> = Vec::new();
-                let mut del_segments =
-                    tx.prepare_cached("DELETE FROM audit_segments WHERE run_id = ?1")?;
-                let mut del_records =
-                    tx.prepare_cached("DELETE FROM audit_records WHERE run_id = ?1")?;
+                let mut row = tx.prepare_cached(
+                    "SELECT tail_ref, result_ref, COALESCE(tail_records, 0) FROM runs \
+                     WHERE run_id = ?1",
+                )?;
                 // Checked again under the write lock: a run that got a
                 // checkpoint since the read stays.
                 let mut del_run = tx.prepare_cached(
                     "DELETE FROM runs WHERE run_id = ?1 AND NOT EXISTS \
                      (SELECT 1 FROM checkpoints k WHERE k.run_id = ?1)",
                 )?;
-                // A pruned row's templates lose a reference; one nobody
-                // points at any more goes (schema version 11).
-                let mut refs =
-                    tx.prepare_cached("SELECT tail_ref, result_ref FROM runs WHERE run_id = ?1")?;
-                let mut unref =
-                    tx.prepare_cached("UPDATE run_templates SET refs = refs - 1 WHERE id = ?1")?;
-                let mut drop_unused =
-                    tx.prepare_cached("DELETE FROM run_templates WHERE id = ?1 AND refs <= 0")?;
-                let mut count = tx.prepare_cached(
-                    "INSERT INTO runs_pruned (agent, status, runs, records) VALUES (?1, ?2, 1, ?3) \
-                     ON CONFLICT (agent, status) DO UPDATE SET runs = runs_pruned.runs + 1, \
-                     records = runs_pruned.records + excluded.records",
+                let mut del_segments = tx.prepare_cached(
+                    "DELETE FROM audit_segments WHERE run_id = ?1 RETURNING records",
                 )?;
+                let mut del_records =
+                    tx.prepare_cached("DELETE FROM audit_records WHERE run_id = ?1")?;
+                let mut unrefs: std::collections::HashMap<i64, i64> =
+                    std::collections::HashMap::new();
+                let mut counts: std::collections::BTreeMap<(String, String), (i64, i64)> =
+                    std::collections::BTreeMap::new();
                 for (cand, _) in &chosen {
-                    let records = records_of(tx, &cand.run_id)?;
-                    let (tail_ref, result_ref): (Option<i64>, Option<i64>) =
-                        refs.query_row([&cand.run_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                    let Some((tail_ref, result_ref, tail_records)) = row
+                        .query_row([&cand.run_id], |r| {
+                            Ok((
+                                r.get::<_, Option<i64>>(0)?,
+                                r.get::<_, Option<i64>>(1)?,
+                                r.get::<_, i64>(2)?,
+                            ))
+                        })
+                        .optional()?
+                    else {
+                        continue;
+                    };
                     if del_run.execute([&cand.run_id])? == 0 {
                         continue;
                     }
                     for id in [tail_ref, result_ref].into_iter().flatten() {
-                        unref.execute([id])?;
-                        drop_unused.execute([id])?;
+                        *unrefs.entry(id).or_default() += 1;
                     }
-                    del_segments.execute([&cand.run_id])?;
-                    del_records.execute([&cand.run_id])?;
-                    count.execute(params![cand.agent, cand.status, to_i64(records)])?;
-                    done.push((cand.agent.clone(), cand.status.clone(), records));
+                    let mut records = tail_records;
+                    let mut segs = del_segments.query([&cand.run_id])?;
+                    while let Some(r) = segs.next()? {
+                        records += r.get::<_, i64>(0)?;
+                    }
+                    drop(segs);
+                    // Records of schema version 1 (one row each), if any.
+                    records += del_records.execute([&cand.run_id])? as i64;
+                    let c = counts
+                        .entry((cand.agent.clone(), cand.status.clone()))
+                        .or_default();
+                    c.0 += 1;
+                    c.1 += records;
+                    done.push((cand.agent.clone(), cand.status.clone(), to_u64(records)));
+                }
+                // A pruned row's templates lose their references; one
+                // nobody points at any more goes (schema version 11).
+                let mut unref =
+                    tx.prepare_cached("UPDATE run_templates SET refs = refs - ?2 WHERE id = ?1")?;
+                let mut drop_unused =
+                    tx.prepare_cached("DELETE FROM run_templates WHERE id = ?1 AND refs <= 0")?;
+                for (id, n) in unrefs {
+                    unref.execute(params![id, n])?;
+                    drop_unused.execute([id])?;
+                }
+                let mut count = tx.prepare_cached(
+                    "INSERT INTO runs_pruned (agent, status, runs, records) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (agent, status) DO UPDATE SET runs = runs_pruned.runs + excluded.runs, \
+                     records = runs_pruned.records + excluded.records",
+                )?;
+                for ((agent, status), (runs, records)) in counts {
+                    count.execute(params![agent, status, runs, records])?;
                 }
                 Ok(done)
             })
