@@ -25,13 +25,15 @@
 //! ```text
 //! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
 //!   │
-//! orchestration session, pipeline, replay      drive runs through the host
+//! orchestration session, pipeline, replay,     drive runs through the host
+//!               skill_run
 //!   │
 //! facade        host/ (with its session table and the palettes), handle
 //!   │
 //! actors        host, critic/, run/, watch, judging, budget, audit/, mcp
 //!   │
-//! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction
+//! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction,
+//!               skills/
 //!   │
 //! batteries     providers/, stores/, tools/, mcp/      (each ─▶ ports)
 //!   │
@@ -85,7 +87,8 @@
 //! - orchestration: [`session`]: chat sessions: prompts that share a stored
 //!   history; [`pipeline`]: multi-phase pipelines: ordered phases, outputs
 //!   fed forward; [`replay`]: re-run a recorded run against its recording,
-//!   compare traces.
+//!   compare traces; [`skill_run`]: one run of a scheduled skill (the dry
+//!   run: model and parsing).
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
 //! - `actors` (private): host, critic, run, watch, judging, budget, audit,
@@ -98,6 +101,8 @@
 //!   their answers (the critic's judge, the approval judge);
 //!   [`pricing`]: the price table (costs in micro-dollars, context windows);
 //!   [`output`]: structured output: the final answer's schema and its check;
+//!   [`skills`]: skills repositories (`agentvisor.yaml`, `SKILL.md`), their
+//!   schedules' cron, time zones and jitter, a skill's memory and outputs;
 //!   [`compaction`]: when to summarize a run's transcript, where to cut it,
 //!   what it becomes.
 //! - batteries: [`providers`]: `ChatModel` batteries: scripted,
@@ -154,13 +159,13 @@ pub mod tools;
 pub use base::panics;
 pub use base::secrets;
 pub use facade::{handle, host};
-pub use kernel::{agent, compaction, judge, output, policy, pricing, spec};
+pub use kernel::{agent, compaction, judge, output, policy, pricing, skills, spec};
 pub(crate) use kernel::{dispatch, record};
 #[cfg(feature = "otel")]
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
-pub use orchestration::{pipeline, replay, session};
+pub use orchestration::{pipeline, replay, session, skill_run};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

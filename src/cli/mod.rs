@@ -49,6 +49,7 @@ mod runs;
 mod serve;
 mod sessions;
 mod signals;
+mod skill;
 mod soak;
 mod swarm;
 mod tree;
@@ -181,6 +182,10 @@ enum Command {
     Chat(chat::ChatArgs),
     /// The chat sessions in the database: list them, show one's history.
     Sessions(sessions::SessionsArgs),
+    /// Scheduled skills: `check REPO` checks a skills repository, `list
+    /// REPO` shows its schedules and when each fires next, `run REPO
+    /// --schedule NAME --dry-run` runs one schedule's skill now.
+    Skill(skill::SkillArgs),
 }
 
 /// Store options every command that opens a database follows (`--spool`,
@@ -251,6 +256,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Budget(a) => budget::budget(a, &db).await,
         Command::Chat(a) => chat::chat(a, &db).await,
         Command::Sessions(a) => sessions::sessions(a, &db).await,
+        Command::Skill(a) => skill::skill(a, &db).await,
     }
 }
 
@@ -466,19 +472,7 @@ pub(crate) async fn prepare_with(
 ) -> Result<(Host, Agent), ExitCode> {
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
     let base = customize(&spec, host_builder())?;
-    let builder = match db {
-        Db::Memory => base
-            .config(memory_config())
-            .budget_ledger(Arc::new(MemoryBudgetLedger::new())),
-        Db::File(path) => {
-            let store = Arc::new(open_db(path).await?);
-            base.config(sqlite_config(path))
-                .audit_store(store.clone())
-                .checkpointer(store.clone())
-                .session_store(store.clone())
-                .budget_ledger(store)
-        }
-    };
+    let builder = with_stores(base, db).await?;
     let builder = builder.allowance_tokens(budget_tokens);
     let host = builder.build().await.map_err(refuse)?;
     let agent = host.prepare(spec).await.map_err(|e| {
@@ -498,10 +492,29 @@ pub(crate) async fn prepare_with(
     Ok((host, agent))
 }
 
+/// `builder` on the stores of `db`: the in-memory batteries, or the SQLite
+/// file (audit log, budget ledger, checkpoints, sessions).
+pub(crate) async fn with_stores(builder: HostBuilder, db: &Db) -> Result<HostBuilder, ExitCode> {
+    Ok(match db {
+        Db::Memory => builder
+            .config(memory_config())
+            .budget_ledger(Arc::new(MemoryBudgetLedger::new())),
+        Db::File(path) => {
+            let store = Arc::new(open_db(path).await?);
+            builder
+                .config(sqlite_config(path))
+                .audit_store(store.clone())
+                .checkpointer(store.clone())
+                .session_store(store.clone())
+                .budget_ledger(store)
+        }
+    })
+}
+
 /// The host the commands that run a manifest build. With
 /// `AGENTVISOR_TEST_TOOLS` set (a test hook) it also offers the tools that
 /// fail on purpose, `fail` and `panic`.
-fn host_builder() -> HostBuilder {
+pub(crate) fn host_builder() -> HostBuilder {
     let builder = Host::builder();
     match std::env::var_os("AGENTVISOR_TEST_TOOLS") {
         Some(_) => builder.test_tools(),
