@@ -22,6 +22,8 @@
 //! includes), `env` (the `<env>` message and secrets), `answer` (memory
 //! and outputs), `cron` (expressions) and `clock` (time zones, daylight
 //! saving, jitter).
+//!
+#![doc = include_str!("../../../docs/skills.md")]
 
 use std::path::Path;
 

@@ -459,7 +459,7 @@ fn build_spec(
     spec.description = skill.front.description.clone();
     spec.script = script;
     spec.max_tokens = skill.front.max_tokens;
-    let mut limits = settings.limits.clone().unwrap_or_default();
+    let mut limits = settings.limits.unwrap_or_default();
     limits.max_iterations = Some(
         settings
             .max_turns
