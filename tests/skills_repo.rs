@@ -263,3 +263,73 @@ fn the_example_repository_reads() {
     );
     assert!(weekday.settings.writeback.is_some());
 }
+
+/// The `text` blocks of docs/skills.md that start with `start`.
+fn doc_blocks(start: &str) -> Vec<String> {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/skills.md")).unwrap();
+    let mut out = Vec::new();
+    let mut open: Option<String> = None;
+    for line in page.lines() {
+        match &mut open {
+            None if line.starts_with("```text") => open = Some(String::new()),
+            Some(body) if line.starts_with("```") => {
+                if body.starts_with(start) {
+                    out.push(std::mem::take(body));
+                }
+                open = None;
+            }
+            Some(body) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn the_docs_examples_read() {
+    // The annotated agentvisor.yaml, with stub skills.
+    let manifest = doc_blocks("skills:");
+    assert_eq!(manifest.len(), 1, "the annotated agentvisor.yaml");
+    let dir = repo(&manifest[0], SKILL);
+    std::fs::create_dir_all(dir.path("skills/triage")).unwrap();
+    dir.file("skills/triage/SKILL.md", "---\n---\nTriage.\n");
+    let r = SkillsRepo::open(&dir.0).unwrap_or_else(|e| panic!("{e}"));
+    let s = r.schedule("weekday-digest").unwrap();
+    assert_eq!(s.spec.limits.max_iterations, Some(8));
+    assert!(s.clock.offset() < std::time::Duration::from_secs(600));
+    // The annotated SKILL.md, on a schedule that starts its server.
+    let skill = doc_blocks("---");
+    assert_eq!(skill.len(), 1, "the annotated SKILL.md");
+    let dir = repo(
+        &BASE.replace(
+            "    model: scripted\n",
+            "    model: scripted\n    mcp_servers: [{ name: github, command: [github-mcp] }, { name: other, command: [x] }]\n",
+        ),
+        &skill[0],
+    );
+    dir.file("skills/digest/style.md", "Be brief.");
+    let r = SkillsRepo::open(&dir.0).unwrap_or_else(|e| panic!("{e}"));
+    let spec = &r.schedule("daily").unwrap().spec;
+    let servers: Vec<&str> = spec
+        .mcp
+        .as_ref()
+        .unwrap()
+        .servers
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(
+        servers,
+        ["github"],
+        "a skill that names its servers gets only those"
+    );
+    assert!(r.skills["digest"].prompt.ends_with("Be brief."));
+    // Without the server it needs, the schedule is refused.
+    let dir = repo(BASE, &skill[0]);
+    dir.file("skills/digest/style.md", "Be brief.");
+    assert!(refused(&dir).contains("needs the MCP server `github`"));
+}
