@@ -8,8 +8,8 @@
 //! `a/n` (from `a` to the field's end), and lists of these (`1,15,30-40`).
 //! Months may be written `jan`–`dec` and weekdays `sun`–`sat` (any case);
 //! weekday 7 is Sunday, as 0 is. Day of month and day of week follow the
-//! classic rule: when both are restricted (neither is `*`), a day matches
-//! if either does; otherwise both must. Quartz extensions (`?`, `L`, `W`,
+//! classic (Vixie) rule: when both are restricted (neither starts with
+//! `*`), a day matches if either does; otherwise both must. Quartz extensions (`?`, `L`, `W`,
 //! `#`) and seconds are refused: a schedule fires on whole minutes.
 
 use std::fmt;
@@ -152,8 +152,10 @@ impl Cron {
             days: bits[2] as u32,
             months: bits[3] as u16,
             weekdays: weekdays as u8,
-            days_restricted: parts[2] != "*",
-            weekdays_restricted: parts[4] != "*",
+            // As Vixie cron: a field that starts with `*` (`*`, `*/2`)
+            // does not restrict.
+            days_restricted: !parts[2].starts_with('*'),
+            weekdays_restricted: !parts[4].starts_with('*'),
         };
         if !cron.can_fire() {
             return Err(err(
@@ -338,6 +340,11 @@ mod tests {
         assert!(c.matches(date(2026, 1, 13).at(0, 0, 0, 0))); // a Tuesday the 13th
         assert!(c.matches(date(2026, 1, 2).at(0, 0, 0, 0))); // a Friday
         assert!(!c.matches(date(2026, 1, 3).at(0, 0, 0, 0)));
+        // `*/2` starts with `*`: it does not restrict, so both must match.
+        let c = Cron::parse("0 0 */2 * fri").unwrap();
+        assert!(c.matches(date(2026, 1, 9).at(0, 0, 0, 0))); // Friday the 9th
+        assert!(!c.matches(date(2026, 1, 2).at(0, 0, 0, 0))); // Friday the 2nd
+        assert!(!c.matches(date(2026, 1, 3).at(0, 0, 0, 0))); // the 3rd, a Saturday
     }
 
     #[test]
