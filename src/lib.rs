@@ -26,13 +26,14 @@
 //! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
 //!   │
 //! orchestration session, pipeline, replay,     drive runs through the host
-//!               fork, diff, eval
+//!               fork, diff, eval, skill_run
 //!   │
 //! facade        host/ (with its session table and the palettes), handle
 //!   │
 //! actors        host, critic/, run/, watch, judging, budget, audit/, mcp
 //!   │
-//! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction
+//! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction,
+//!               skills/
 //!   │
 //! batteries     providers/, stores/, tools/, mcp/      (each ─▶ ports)
 //!   │
@@ -89,7 +90,8 @@
 //!   compare traces; [`fork`]: a new run that takes a recorded run's first
 //!   steps and goes on live under other settings; [`diff`]: two recorded
 //!   runs aligned step by step; [`eval`]: a cohort forked under one
-//!   budget, and what changed.
+//!   budget, and what changed; [`skill_run`]: one run of a scheduled
+//!   skill (the dry run: model and parsing).
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
 //! - `actors` (private): host, critic, run, watch, judging, budget, audit,
@@ -102,6 +104,8 @@
 //!   their answers (the critic's judge, the approval judge);
 //!   [`pricing`]: the price table (costs in micro-dollars, context windows);
 //!   [`output`]: structured output: the final answer's schema and its check;
+//!   [`skills`]: skills repositories (`agentvisor.yaml`, `SKILL.md`), their
+//!   schedules' cron, time zones and jitter, a skill's memory and outputs;
 //!   [`compaction`]: when to summarize a run's transcript, where to cut it,
 //!   what it becomes.
 //! - batteries: [`providers`]: `ChatModel` batteries: scripted,
@@ -158,13 +162,13 @@ pub mod tools;
 pub use base::panics;
 pub use base::secrets;
 pub use facade::{handle, host};
-pub use kernel::{agent, compaction, judge, output, policy, pricing, spec};
+pub use kernel::{agent, compaction, judge, output, policy, pricing, skills, spec};
 pub(crate) use kernel::{dispatch, record};
 #[cfg(feature = "otel")]
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
-pub use orchestration::{diff, eval, fork, pipeline, replay, session};
+pub use orchestration::{diff, eval, fork, pipeline, replay, session, skill_run};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

@@ -52,6 +52,7 @@ mod runs;
 mod serve;
 mod sessions;
 mod signals;
+mod skill;
 mod soak;
 mod swarm;
 mod tree;
@@ -194,6 +195,10 @@ enum Command {
     Chat(chat::ChatArgs),
     /// The chat sessions in the database: list them, show one's history.
     Sessions(sessions::SessionsArgs),
+    /// Scheduled skills: `check REPO` checks a skills repository, `list
+    /// REPO` shows its schedules and when each fires next, `run REPO
+    /// --schedule NAME --dry-run` runs one schedule's skill now.
+    Skill(skill::SkillArgs),
 }
 
 /// Store options every command that opens a database follows (`--spool`,
@@ -267,6 +272,7 @@ pub(crate) async fn dispatch(cli: Cli) -> ExitCode {
         Command::Budget(a) => budget::budget(a, &db).await,
         Command::Chat(a) => chat::chat(a, &db).await,
         Command::Sessions(a) => sessions::sessions(a, &db).await,
+        Command::Skill(a) => skill::skill(a, &db).await,
     }
 }
 
@@ -512,7 +518,27 @@ pub(crate) async fn host_on(
     store: Option<Arc<SqliteStore>>,
     budget_tokens: Option<u64>,
 ) -> Result<Host, ExitCode> {
-    let builder = match (db, store) {
+    on_stores(base, db, store)
+        .allowance_tokens(budget_tokens)
+        .build()
+        .await
+        .map_err(refuse)
+}
+
+/// `builder` on the stores of `db`, the database opened here: for a
+/// command that sets more on the builder before building it.
+pub(crate) async fn with_stores(builder: HostBuilder, db: &Db) -> Result<HostBuilder, ExitCode> {
+    let store = match db {
+        Db::Memory => None,
+        Db::File(path) => Some(Arc::new(open_db(path).await?)),
+    };
+    Ok(on_stores(builder, db, store))
+}
+
+/// `base` on the stores of `db`: the SQLite file (audit log, budget
+/// ledger, checkpoints, sessions), or the in-memory batteries.
+fn on_stores(base: HostBuilder, db: &Db, store: Option<Arc<SqliteStore>>) -> HostBuilder {
+    match (db, store) {
         (Db::File(path), Some(store)) => base
             .config(sqlite_config(path))
             .audit_store(store.clone())
@@ -522,12 +548,7 @@ pub(crate) async fn host_on(
         _ => base
             .config(memory_config())
             .budget_ledger(Arc::new(MemoryBudgetLedger::new())),
-    };
-    builder
-        .allowance_tokens(budget_tokens)
-        .build()
-        .await
-        .map_err(refuse)
+    }
 }
 
 /// The host the commands that run a manifest build. With

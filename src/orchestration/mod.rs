@@ -1,7 +1,9 @@
 //! Orchestration over the facade: chat sessions (`session`), multi-phase
 //! pipelines (`pipeline`), replays of recorded runs (`replay`), forks of
-//! recorded runs (`fork`), sweeps of forks over a cohort (`eval`) and
-//! diffs of two recorded runs (`diff`, which drives nothing). Each drives runs through the host like any caller.
+//! recorded runs (`fork`), sweeps of forks over a cohort (`eval`), diffs
+//! of two recorded runs (`diff`, which drives nothing) and runs of
+//! scheduled skills (`skill_run`). Each drives runs through the host like
+//! any caller.
 
 pub mod diff;
 pub mod eval;
@@ -9,3 +11,4 @@ pub mod fork;
 pub mod pipeline;
 pub mod replay;
 pub mod session;
+pub mod skill_run;

@@ -416,7 +416,7 @@ impl AgentSpec {
 
     /// Checks what serde cannot: a name, script entries that say something,
     /// consistent limits. `source` (the YAML text) is used to find lines.
-    fn check(&self, source: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, source: &str) -> Result<(), String> {
         if self.name.trim().is_empty() {
             return Err("`name` must not be empty".into());
         }
