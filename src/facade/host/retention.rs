@@ -11,8 +11,25 @@ use crate::ports::audit::AuditStore;
 use crate::ports::retention::Retention;
 use crate::ports::run::unix_ms;
 
-/// Runs pruned per store call, at most.
+/// Runs pruned per store call, to begin with.
 pub(crate) const PRUNE_BATCH: usize = 1024;
+
+/// The most runs one store call prunes: a batch that large holds the
+/// writer for a few hundred milliseconds at worst.
+pub(crate) const MAX_PRUNE_BATCH: usize = 32 * 1024;
+
+/// The next batch's size: doubled (up to [`MAX_PRUNE_BATCH`]) while a pass
+/// over a bytes bound makes no headway — the runs' records, which the
+/// writer takes between two batches, filled at least what the last batch
+/// freed — so pruning outpaces any swarm; back to [`PRUNE_BATCH`] once it
+/// gains.
+pub(crate) fn next_batch(batch: usize, bytes_before: u64, bytes_after: u64) -> usize {
+    if bytes_after >= bytes_before {
+        (batch * 2).min(MAX_PRUNE_BATCH)
+    } else {
+        PRUNE_BATCH
+    }
+}
 
 /// The pause between two batches of one pass: the writer takes the runs'
 /// batches in between.
@@ -62,10 +79,19 @@ impl Drop for Pruning {
 /// tried again at the next pass).
 pub(crate) async fn prune_pass(store: &dyn AuditStore, retention: &Retention) -> u64 {
     let mut total = 0;
+    let mut batch = PRUNE_BATCH;
+    // The bytes used after the previous batch (the next one's start, less
+    // what the writer added in between).
+    let mut last_after: Option<u64> = None;
     loop {
-        match store.prune(retention, unix_ms(), PRUNE_BATCH, false).await {
+        match store.prune(retention, unix_ms(), batch, false).await {
             Ok(report) => {
                 total += report.runs;
+                if retention.max_bytes.is_some() {
+                    let before = last_after.unwrap_or(report.bytes_before);
+                    batch = next_batch(batch, before, report.bytes_after);
+                    last_after = Some(report.bytes_after);
+                }
                 if report.runs > 0 {
                     tracing::debug!(
                         runs = report.runs,
@@ -84,5 +110,26 @@ pub(crate) async fn prune_pass(store: &dyn AuditStore, retention: &Retention) ->
             }
         }
         tokio::time::sleep(BETWEEN_BATCHES).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_that_makes_no_headway_prunes_more_a_batch() {
+        // The bytes did not fall since the last batch: the records that
+        // came in filled what it freed. Double, up to the cap.
+        assert_eq!(next_batch(PRUNE_BATCH, 1_000, 1_000), 2 * PRUNE_BATCH);
+        assert_eq!(next_batch(PRUNE_BATCH, 1_000, 1_200), 2 * PRUNE_BATCH);
+        let mut b = PRUNE_BATCH;
+        for _ in 0..10 {
+            b = next_batch(b, 5_000, 5_100);
+        }
+        assert_eq!(b, MAX_PRUNE_BATCH);
+        // Headway: back to the small batch that keeps the writer's pauses
+        // short.
+        assert_eq!(next_batch(MAX_PRUNE_BATCH, 5_000, 4_000), PRUNE_BATCH);
     }
 }
