@@ -11,13 +11,13 @@
 //! them again. What makes it a fork is its agent: the agent the manifest
 //! prepares, with
 //!
-//! - **a model in front of its model** ([`ForkModel`]): model calls 1 to
+//! - **a model in front of its model** (`ForkModel`): model calls 1 to
 //!   K are answered with the recorded responses, at once and at no cost
 //!   (their usage is 0: the fork does not spend those tokens again); call
 //!   K+1 on goes to the live model with the call index it would have had
 //!   (a scripted model plays its entry K+1: entries 1 to K stand for the
 //!   recorded steps). No model call before K is made.
-//! - **a wrapper around each tool** ([`ForkTool`]): a call of steps 1 to K
+//! - **a wrapper around each tool** (`ForkTool`): a call of steps 1 to K
 //!   (known by its recorded call id) is answered with its recorded result;
 //!   after K a call follows the effect policy: a `read` tool runs live; a
 //!   `write`, `egress` or `unknown` tool (its class from the tool, or the
@@ -419,7 +419,7 @@ pub async fn fork(
 }
 
 /// A fork's model: `recorded` answers calls 0 to its length - 1, `live`
-/// the rest (see [`ForkModel`]).
+/// the rest (see `ForkModel`).
 pub(crate) fn fork_model(
     recorded: Vec<ChatResponse>,
     live: Arc<dyn ChatModel>,
