@@ -164,7 +164,11 @@ pub(crate) async fn swarm(mut a: SwarmArgs, db: &super::Db) -> ExitCode {
                     caller_id: Some("swarm".into()),
                     ..Default::default()
                 };
-                let status = match host.submit(&agent, inv).await {
+                // Boxed: the submission's future is held only until the
+                // run starts, while the worker waits on the run for its
+                // whole life; inline, its room would be part of every
+                // worker's task.
+                let status = match Box::pin(host.submit(&agent, inv)).await {
                     Ok(h) => {
                         if !announced.swap(true, Ordering::Relaxed) {
                             tracing::info!("swarm: runs in flight");

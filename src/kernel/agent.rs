@@ -43,7 +43,9 @@ struct AgentInner {
     /// once; `None` when it sets none.
     options: Option<Arc<CallOptions>>,
     tools: ToolSet,
-    limits: Limits,
+    /// Shared with every run of the agent that keeps them (a run holds a
+    /// pointer, not a copy).
+    limits: Arc<Limits>,
     /// Why its runs cannot start (its MCP servers did not): kind, message.
     unusable: Option<(&'static str, String)>,
     /// Its model judges (`critic.policy: judge`, `approval.judge`).
@@ -74,7 +76,7 @@ impl Agent {
                 spec,
                 model,
                 tools,
-                limits,
+                limits: Arc::new(limits),
                 unusable: None,
                 judges: Default::default(),
             }),
@@ -254,6 +256,11 @@ impl Agent {
     /// Its limits (manifest over host defaults).
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// Its limits, shared (what a run that keeps them holds).
+    pub(crate) fn shared_limits(&self) -> Arc<Limits> {
+        self.inner.limits.clone()
     }
 }
 

@@ -193,7 +193,7 @@ pub(super) fn view_of(run: &RunState) -> RunView {
         extensions: w.extensions,
         steers: w.steers,
         runaway_steered: w.runaway_steered,
-        limits: run.limits,
+        limits: *run.limits,
         trace: w.loops.trace.clone(),
         since_progress: run.now.saturating_duration_since(w.progress_at),
         tokens_since_progress: w.tokens.saturating_sub(w.tokens_at_progress),

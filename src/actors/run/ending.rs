@@ -56,14 +56,14 @@ impl RunState {
                 c.command(Command::Stop(Some(KillReason::Parent)));
             }
         }
-        self.stopping = Some((ending, self.now + self.limits.kill_grace));
+        self.stopping = Some(Box::new((ending, self.now + self.limits.kill_grace)));
     }
 
     /// A child run ended: a run waiting for its children to end finalizes
     /// once the last one has.
     pub(crate) fn child_ended(&mut self) {
         if self.stopping.is_some() && !self.shared.has_children() {
-            if let Some((ending, _)) = self.stopping.take() {
+            if let Some((ending, _)) = self.stopping.take().map(|b| *b) {
                 self.finalize(ending);
             }
         }
@@ -72,12 +72,12 @@ impl RunState {
     /// When a stopping run finalizes without waiting longer for its
     /// children (`kill_grace` after its ending was decided).
     pub(crate) fn stop_deadline(&self) -> Option<Instant> {
-        self.stopping.as_ref().map(|(_, at)| *at)
+        self.stopping.as_ref().map(|s| s.1)
     }
 
     /// The grace for a stopping run's children is over: it finalizes.
     pub(crate) fn stop_now(&mut self) {
-        if let Some((ending, _)) = self.stopping.take() {
+        if let Some((ending, _)) = self.stopping.take().map(|b| *b) {
             tracing::warn!(run_id = %self.shared.run_id, "child runs did not end within kill_grace; the run finalizes without them");
             self.finalize(ending);
         }

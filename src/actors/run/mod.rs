@@ -191,7 +191,8 @@ pub struct RunArgs {
     pub(crate) key: u64,
     pub(crate) shared: Arc<RunShared>,
     pub(crate) agent: Agent,
-    pub(crate) limits: Limits,
+    /// Its limits: the agent's own (shared) unless the invocation set some.
+    pub(crate) limits: Arc<Limits>,
     /// The transcript to start from (system prompt and input, or a
     /// checkpoint's).
     pub(crate) transcript: Arc<Vec<Message>>,
@@ -214,14 +215,19 @@ pub struct RunState {
     pub(crate) addr: RunAddr,
     pub(crate) shared: Arc<RunShared>,
     agent: Agent,
-    pub(crate) limits: Limits,
+    /// Shared with the agent's other runs unless its invocation set some.
+    pub(crate) limits: Arc<Limits>,
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     ticket: Option<Ticket>,
     transcript: Arc<Vec<Message>>,
     iteration: u32,
     max_iterations: u32,
-    steers: Vec<String>,
+    /// Messages queued for the next model call (an operator's steers, a
+    /// repair prompt). Most runs never queue one: a boxed `Vec` is 8
+    /// bytes in each of them, where a `Vec` is 24.
+    #[allow(clippy::box_collection)]
+    steers: Option<Box<Vec<String>>>,
     inflight: Option<Inflight>,
     epoch: u32,
     error_steps: u32,
@@ -233,8 +239,9 @@ pub struct RunState {
     /// The run is finalized (its terminal record handed over): the shard
     /// drops it.
     pub(crate) finalized: bool,
-    /// Ended, waiting for its child runs to end (until the instant).
-    stopping: Option<(Ending, Instant)>,
+    /// Ended, waiting for its child runs to end (until the instant);
+    /// boxed: few runs ever wait so.
+    stopping: Option<Box<(Ending, Instant)>>,
     pending_audit: Vec<AuditRecord>,
     /// The next step is due: the shard takes it in the same handler (up
     /// to `INLINE_STEPS` of them), not through the mailbox.
@@ -243,7 +250,8 @@ pub struct RunState {
     /// The clock read once per handler: the records and heartbeats a
     /// handler makes share it (they are made within microseconds).
     pub(crate) now: Instant,
-    clock_ms: Option<u64>,
+    /// `now` in Unix ms, read at the handler's first record (0: not yet).
+    clock_ms: u64,
     /// What the retry layer reports through, made at the first call.
     retry: Option<RetrySink>,
     /// What a streaming model reports through (heartbeats, partial
@@ -342,7 +350,7 @@ impl RunState {
             ticket: args.ticket,
             transcript: args.transcript,
             iteration,
-            steers: Vec::new(),
+            steers: None,
             inflight: None,
             epoch: 0,
             error_steps: 0,
@@ -357,7 +365,7 @@ impl RunState {
             step_due: true,
             durable,
             now: started,
-            clock_ms: None,
+            clock_ms: 0,
             retry: None,
             observer: None,
             parked: None,
@@ -393,7 +401,7 @@ impl RunState {
     /// Starts a handler: the clock it shares.
     pub(crate) fn begin(&mut self, now: Instant) {
         self.now = now;
-        self.clock_ms = None;
+        self.clock_ms = 0;
     }
 
     /// Ends a handler: the records and the tokens it made go out (one
@@ -474,7 +482,7 @@ impl RunState {
 
     /// Queues a message for the next model call.
     pub(crate) fn steer(&mut self, text: String) {
-        self.steers.push(text);
+        self.steers.get_or_insert_with(Box::default).push(text);
     }
 
     /// Raises the iteration ceiling.
@@ -523,8 +531,8 @@ impl RunState {
             );
             return self.finish(e);
         }
-        if !self.steers.is_empty() {
-            for text in std::mem::take(&mut self.steers) {
+        if let Some(steers) = self.steers.take() {
+            for text in *steers {
                 self.push_message(Message::text(Role::User, text.clone()));
                 self.event(RunEvent::MessageCreate {
                     role: "user".into(),
@@ -660,4 +668,19 @@ fn poll_once<F: Future + Unpin>(mut fut: F) -> Result<F::Output, F> {
 /// The text of a panic payload.
 pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     crate::panics::payload_text(p.as_ref()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_state_stays_in_its_size_class() {
+        // A run's state is one allocation held for the run's whole life:
+        // 768 bytes is a size class of the CLI's allocator (mimalloc),
+        // and one byte more costs every run in flight the next (896).
+        // Per-agent data is shared (`Arc`), rare data boxed.
+        let size = std::mem::size_of::<RunState>();
+        assert!(size <= 768, "RunState is {size} bytes");
+    }
 }

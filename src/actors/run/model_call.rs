@@ -246,7 +246,7 @@ impl RunState {
                     .output()
                     .map(|o| o.repair_prompt(&why))
                     .unwrap_or_default();
-                self.steers.push(text);
+                self.steer(text);
                 self.step_due = true;
                 return;
             }

@@ -60,7 +60,10 @@ impl RunState {
     }
 
     pub(super) fn push_record(&mut self, seq: u32, entry: AuditEntry) {
-        let at_ms = *self.clock_ms.get_or_insert_with(unix_ms);
+        if self.clock_ms == 0 {
+            self.clock_ms = unix_ms();
+        }
+        let at_ms = self.clock_ms;
         if self.pending_audit.capacity() == 0 {
             // Room for a whole run that answers at once (W1 makes 13
             // records): one allocation, not a chain of regrowths.
@@ -76,7 +79,15 @@ impl RunState {
 
     pub(super) fn flush_audit(&mut self) {
         if !self.pending_audit.is_empty() {
-            let batch = std::mem::take(&mut self.pending_audit);
+            let mut batch = std::mem::take(&mut self.pending_audit);
+            // A handler that ends on a call in flight made a few records
+            // in room for a whole run: the batch waits in the audit
+            // actor's mailbox, and then in the store, so it goes out at
+            // its size (when a burst of runs starts or wakes at once,
+            // tens of thousands of them wait there).
+            if batch.capacity() > 2 * batch.len() {
+                batch.shrink_to_fit();
+            }
             let _ = self.audit.cast(AuditMsg::Records(batch));
         }
     }

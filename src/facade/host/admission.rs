@@ -228,11 +228,15 @@ impl Host {
             h.booted.store(true, Ordering::Relaxed);
         }
         let run_id = inv.run_id.unwrap_or_default();
+        // The agent's own limits are shared by its runs; an invocation's
+        // own make a run's own copy.
         let limits = if inv.limits == LimitsSpec::default() {
-            *agent.limits()
+            agent.shared_limits()
         } else {
-            inv.limits
-                .resolve(&agent.spec().limits.over(&h.config.default_limits))
+            Arc::new(
+                inv.limits
+                    .resolve(&agent.spec().limits.over(&h.config.default_limits)),
+            )
         };
         // A child run: in its parent's tree, spending its parent's caller.
         let parent = inv.parent_run_id.and_then(|p| h.live.get(&p));
@@ -464,7 +468,7 @@ impl Host {
             session_id: inv.session_id,
             prompt: cap_text(&prompt, 2048),
             tools: agent.tool_names(),
-            limits: Some(limits),
+            limits: Some(*limits),
             host: Some(h.host_id.clone()),
         });
         Ok(Opening {

@@ -444,11 +444,14 @@ impl Host {
     }
 
     /// The agent of a submission: a manifest with MCP servers is prepared
-    /// with them ([`prepare`](Self::prepare)); the rest at once.
+    /// with them ([`prepare`](Self::prepare)); the rest at once. The
+    /// preparation (starting servers, listing their tools) is a large
+    /// future, boxed: inline, every caller's future for every submission
+    /// would carry its room (a swarm's, for each run it waits on).
     async fn resolve_async(&self, source: AgentSource) -> Result<Agent, SubmitError> {
         match source {
             AgentSource::Agent(a) => Ok(a),
-            AgentSource::Spec(s) if s.mcp.is_some() => self.prepare(s).await,
+            AgentSource::Spec(s) if s.mcp.is_some() => Box::pin(self.prepare(s)).await,
             AgentSource::Spec(s) => self.agent(s),
         }
     }
