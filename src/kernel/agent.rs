@@ -246,7 +246,7 @@ impl Agent {
                 options: i.options.clone(),
                 model,
                 tools,
-                limits: i.limits,
+                limits: i.limits.clone(),
                 unusable: i.unusable.clone(),
                 judges: i.judges.clone(),
             }),

@@ -383,6 +383,10 @@ pub struct DiskVerdict {
     pub pass: bool,
 }
 
+/// How far past `max_bytes` database + WAL + spool may go once the bound
+/// is reached (the WAL between two truncations, a batch not yet pruned).
+pub const DISK_BOUND_SLACK: f64 = 1.25;
+
 /// When `retention` first bounds what `samples` show (see
 /// [`DiskVerdict::bound_reached_s`]): the earliest of its bounds.
 fn bound_reached(samples: &[DiskPoint], retention: &Retention) -> Option<f64> {
@@ -449,15 +453,38 @@ pub fn disk_verdict(
                 mib(peak)
             ),
         ),
-        (Some(_), Some(_)) => (
-            match j.outcome {
-                RssOutcome::Pass => DiskOutcome::Pass,
-                RssOutcome::Fail => DiskOutcome::Fail,
-                RssOutcome::Inconclusive => DiskOutcome::Inconclusive,
-                RssOutcome::TooShort => DiskOutcome::TooShort,
-            },
-            j.reason,
-        ),
+        (Some(r), Some(_)) => {
+            // Past the bound by more than its slack after it was reached:
+            // pruning did not keep the file bounded, whatever the slope.
+            let over = r.max_bytes.and_then(|max| {
+                let judged_peak = samples
+                    .iter()
+                    .filter(|p| p.t_s >= from_s)
+                    .map(|p| p.total_bytes)
+                    .max()?;
+                let limit = (DISK_BOUND_SLACK * max as f64) as u64;
+                (judged_peak > limit).then(|| {
+                    format!(
+                        "database + WAL + spool reached {:.1} MiB after the bound was \
+                         reached, over {DISK_BOUND_SLACK}× max_bytes ({:.1} MiB)",
+                        mib(judged_peak),
+                        mib(max)
+                    )
+                })
+            });
+            match over {
+                Some(reason) => (DiskOutcome::Fail, reason),
+                None => (
+                    match j.outcome {
+                        RssOutcome::Pass => DiskOutcome::Pass,
+                        RssOutcome::Fail => DiskOutcome::Fail,
+                        RssOutcome::Inconclusive => DiskOutcome::Inconclusive,
+                        RssOutcome::TooShort => DiskOutcome::TooShort,
+                    },
+                    j.reason,
+                ),
+            }
+        }
     };
     DiskVerdict {
         retention,
@@ -932,6 +959,22 @@ mod tests {
             (verdict.outcome, verdict.pass),
             (VerdictOutcome::Fail, false)
         );
+    }
+
+    #[test]
+    fn a_disk_far_past_its_bound_fails_however_flat() {
+        // Reaches the 50 MiB bound, then sits flat at 80 MiB (pruning fell
+        // behind once and never caught up, or a reader held the WAL): the
+        // slope is nil, the file is not bounded.
+        let samples = disk(300, |t| (t * 2.0).min(80.0) * MIB);
+        let v = disk_verdict(&samples, 300.0, retain("max_bytes=50MiB"));
+        assert_eq!(v.slope_pct_per_min, 0.0, "{v:?}");
+        assert_eq!((v.outcome, v.pass), (DiskOutcome::Fail, false), "{v:?}");
+        assert!(v.reason.contains("over 1.25× max_bytes"), "{}", v.reason);
+        // Within the slack (the WAL between truncations): a pass.
+        let samples = disk(300, |t| (t * 2.0).min(60.0) * MIB);
+        let v = disk_verdict(&samples, 300.0, retain("max_bytes=50MiB"));
+        assert_eq!((v.outcome, v.pass), (DiskOutcome::Pass, true), "{v:?}");
     }
 
     #[test]
