@@ -425,7 +425,11 @@ fn statuses_panel(report: &Report, series: &[Sample]) -> Panel {
             "malformed",
             |c| c.malformed,
             PURPLE,
-            &["error/tool_errors", "error/max_iterations"],
+            &[
+                "error/tool_errors",
+                "error/max_iterations",
+                "killed/runaway",
+            ],
         ),
         ("slow", |c| c.slow, TEAL, &[]),
     ];
@@ -472,11 +476,13 @@ fn statuses_panel(report: &Report, series: &[Sample]) -> Panel {
     for key in others {
         let pts = cumulative(key);
         let n = last(&pts);
-        lines.push(Line::solid(
-            format!("{key}: {n} (unexplained)"),
-            pts,
-            BLACK_RGB,
-        ));
+        // What the verdict explains is said so (a status a fault explains
+        // is drawn beside it above); the rest is not.
+        let said = match v.explained.iter().find(|e| e.status == *key) {
+            Some(e) if n <= e.allowed => format!("{key}: {n} (≤ {}, {})", e.allowed, e.cause),
+            _ => format!("{key}: {n} (unexplained)"),
+        };
+        lines.push(Line::solid(said, pts, BLACK_RGB));
     }
     let ok = report.summary.by_status.get("ok").copied().unwrap_or(0);
     let what = if v.pass {
