@@ -134,7 +134,13 @@ fn a_caught_tool_panic_is_one_warn_line_even_with_backtraces_on() {
         .expect("the binary runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    // A loaded machine may also say that a handler held its critic shard
+    // long (capturing the backtrace takes a while): that is about the
+    // load, not the panic, and is left out.
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains("held the critic shard"))
+        .collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
         lines[0].contains("WARN") && lines[0].contains("on purpose"),
