@@ -119,10 +119,16 @@ fn a_step_past_the_recording_or_an_unknown_run_exits_2() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("no run"), "{}", stderr(&out));
-    // A scripted run's script is not on record: a manifest is needed.
-    let out = agentvisor(&["fork", &source, "--at-step", "1", "--db", &db]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--manifest"), "{}", stderr(&out));
+    // Without a manifest the fork runs the one the recorded run ran, kept
+    // in the database (its script included): it goes on as the source did.
+    let out = agentvisor(&["fork", &source, "--at-step", "1", "--db", &db, "--json"]);
+    let same = ok_json(&out);
+    assert_eq!(same["result"]["status"], "ok", "{same:#}");
+    assert_eq!(same["result"]["output"], run["output"], "{same:#}");
+    assert!(same["divergence"].is_null(), "{same:#}");
+    let same_id = same["result"]["run_id"].as_str().unwrap().to_string();
+    let out = agentvisor(&["diff", &source, &same_id, "--db", &db, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = agentvisor(&["diff", &source, unknown, "--db", &db]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     // Overrides are checked before anything runs.

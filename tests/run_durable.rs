@@ -293,6 +293,7 @@ fn started(run_id: RunId, seq: u32) -> AuditRecord {
             tools: Arc::from(vec!["add".to_string()]),
             limits: None,
             host: None,
+            manifest: None,
         })),
     }
 }

@@ -470,3 +470,129 @@ async fn repeated_tails_are_stored_once_read_back_whole_and_pruned_with_their_ru
         .unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM run_templates"), 0);
 }
+
+/// `records` of a run whose manifest is `hello` with its system prompt
+/// set to `system`.
+fn with_manifest(records: Vec<AuditRecord>, system: &str) -> Vec<AuditRecord> {
+    use agentvisor::ports::audit::{AuditEntry, RecordedManifest};
+    use agentvisor::ports::checkpoint::EncodedJson;
+    let mut spec = hello();
+    spec.system = system.to_string();
+    let manifest = RecordedManifest::of(EncodedJson::encode(&spec).unwrap());
+    records
+        .into_iter()
+        .map(|mut r| {
+            if let AuditEntry::RunStarted(info) = &mut r.entry {
+                info.manifest = Some(manifest.clone());
+            }
+            r
+        })
+        .collect()
+}
+
+/// The manifest JSON a run's records give back, as its system prompt.
+async fn recorded_system(store: &SqliteStore, id: RunId) -> Option<String> {
+    use agentvisor::ports::audit::AuditEntry;
+    store
+        .run_records(id)
+        .await
+        .unwrap()
+        .iter()
+        .find_map(|r| match &r.entry {
+            AuditEntry::RunStarted(info) => info.manifest.clone(),
+            _ => None,
+        })
+        .and_then(|m| m.json)
+        .map(|j| j.decode::<AgentSpec>().unwrap().system)
+}
+
+fn manifest_rows(path: &std::path::Path) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("SELECT COUNT(*) FROM manifests", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_manifest_is_kept_once_read_back_whole_and_pruned_after_its_last_run() {
+    let dir = Scratch::new("manifests");
+    let path = dir.path("a.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let records = real_run().await;
+
+    // A real run's start record names its manifest, whole: read back from
+    // the file (and after a reopen) it is the manifest the run ran.
+    let (shared_id, shared) = rekey(&with_manifest(records.clone(), "You add."), |_| {});
+    store.append(&shared).await.unwrap();
+    // Many runs of one manifest: one row.
+    for _ in 0..20 {
+        let (_, run) = rekey(&with_manifest(records.clone(), "You add."), |_| {});
+        store.append(&run).await.unwrap();
+    }
+    assert_eq!(manifest_rows(&path), 1);
+    store.close().await;
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        recorded_system(&store, shared_id).await.as_deref(),
+        Some("You add.")
+    );
+    store
+        .prune(&retain("max_runs=0"), BASE + 20 * DAY, 1000, false)
+        .await
+        .unwrap();
+
+    // 300 runs, each of its own manifest, run `i` starting `i` days after
+    // BASE and its manifest last used then (as the writer would have).
+    let mut ids = Vec::new();
+    let mut batch = Vec::new();
+    for i in 0..300u64 {
+        let (id, run) = rekey(
+            &with_manifest(records.clone(), &format!("You are {i}.")),
+            |res| {
+                res.started_at = BASE + i * DAY - 10;
+                res.finished_at = BASE + i * DAY;
+            },
+        );
+        ids.push(id);
+        batch.extend(run);
+    }
+    store.append(&batch).await.unwrap();
+    let mut systems = Vec::new();
+    for id in &ids {
+        systems.push(recorded_system(&store, *id).await.unwrap());
+    }
+    store.close().await;
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute("UPDATE manifests SET used_ms = 0", [])
+            .unwrap();
+        for (i, system) in systems.into_iter().enumerate() {
+            assert_eq!(system, format!("You are {i}."));
+            let mut spec = hello();
+            spec.system = system;
+            let json = agentvisor::ports::checkpoint::EncodedJson::encode(&spec).unwrap();
+            let mid = agentvisor::ports::audit::RecordedManifest::id_of(json.text()) as i64;
+            let n = conn
+                .execute(
+                    "UPDATE manifests SET used_ms = ?2 WHERE id = ?1",
+                    rusqlite::params![mid, (BASE + i as u64 * DAY - 10) as i64],
+                )
+                .unwrap();
+            assert_eq!(n, 1);
+        }
+    }
+    assert!(manifest_rows(&path) >= 300);
+    let store = SqliteStore::open(&path).await.unwrap();
+    let report = store
+        .prune(&retain("max_runs=10"), BASE + 400 * DAY, 10_000, false)
+        .await
+        .unwrap();
+    assert_eq!(report.runs, 290);
+    // The ten runs kept still have theirs; no other is left.
+    assert_eq!(manifest_rows(&path), 10);
+    for (i, id) in ids.iter().enumerate().skip(290) {
+        assert_eq!(
+            recorded_system(&store, *id).await,
+            Some(format!("You are {i}."))
+        );
+    }
+}

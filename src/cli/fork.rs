@@ -7,10 +7,11 @@
 //! answered from the recording, or get `not_executed_in_fork`, unless
 //! `--live-tools` names their class.
 //!
-//! Without `--manifest` the fork runs the recorded agent's name, model,
-//! tools and limits (the recording keeps no system prompt or script: a
-//! scripted run needs `--manifest` or `--model`). Calls that need an
-//! operator's approval are denied (no one is asked).
+//! Without `--manifest` the fork runs the manifest the recorded run ran
+//! (the database keeps it: system prompt, script, tools, policies); a run
+//! recorded before it did has its agent's name, model, tools and limits
+//! only, so a scripted one of those needs `--manifest` or `--model`.
+//! Calls that need an operator's approval are denied (no one is asked).
 //!
 //! Prints the fork's result (with `forked_from`) and the first replayed
 //! step that differs from the recording, if one does; `--json` prints
@@ -87,7 +88,8 @@ fn fork_spec(a: &ForkArgs, recording: &Recording) -> Result<AgentSpec, ExitCode>
         Some(file) => AgentSpec::from_file(file).map_err(super::refuse)?,
         None => {
             let spec = recording.spec();
-            if spec.model.starts_with("scripted") && a.model.is_none() {
+            if spec.model.starts_with("scripted") && a.model.is_none() && !recording.has_manifest()
+            {
                 return Err(super::refuse(format!(
                     "run {} ran on the scripted model, whose script is not on record: give --manifest FILE (with the script to go on with) or --model",
                     recording.run_id()

@@ -30,6 +30,9 @@ struct AgentInner {
     /// The manifest as JSON, encoded once for every durable run's
     /// checkpoints.
     encoded_spec: std::sync::OnceLock<EncodedJson>,
+    /// The manifest as its runs record it (`run.start`): its JSON and id,
+    /// made once.
+    recorded: std::sync::OnceLock<Option<crate::ports::audit::RecordedManifest>>,
     model: Arc<dyn ChatModel>,
     /// The model's price, looked up once; `None` for a model that costs
     /// nothing or that the price table does not know.
@@ -65,6 +68,7 @@ impl Agent {
                 model_name: Arc::from(model.name()),
                 default_transcript: std::sync::OnceLock::new(),
                 encoded_spec: std::sync::OnceLock::new(),
+                recorded: std::sync::OnceLock::new(),
                 tool_names: Arc::from(spec.tools.clone()),
                 price: model.price_id().and_then(crate::pricing::lookup),
                 output: spec
@@ -162,6 +166,25 @@ impl Agent {
         Ok(self.inner.encoded_spec.get_or_init(|| e).clone())
     }
 
+    /// The manifest as a run's `run.start` record names it, every secret
+    /// value the process knows redacted; `None` if it does not encode (it
+    /// then goes unrecorded, the run runs).
+    pub(crate) fn recorded_manifest(&self) -> Option<crate::ports::audit::RecordedManifest> {
+        self.inner
+            .recorded
+            .get_or_init(|| {
+                let json = self.encoded_spec().ok()?;
+                // A secret value the process knows never reaches a record,
+                // even one a manifest holds as literal text.
+                let json = match crate::secrets::redact(json.text()) {
+                    std::borrow::Cow::Borrowed(_) => json,
+                    std::borrow::Cow::Owned(text) => EncodedJson::from_text(text).ok()?,
+                };
+                Some(crate::ports::audit::RecordedManifest::of(json))
+            })
+            .clone()
+    }
+
     /// The model its runs call.
     pub fn model(&self) -> &Arc<dyn ChatModel> {
         &self.inner.model
@@ -240,6 +263,7 @@ impl Agent {
                 tool_names: i.tool_names.clone(),
                 default_transcript: std::sync::OnceLock::new(),
                 encoded_spec: std::sync::OnceLock::new(),
+                recorded: std::sync::OnceLock::new(),
                 price: i.price,
                 output: i.output.clone(),
                 guards: i.guards.clone(),

@@ -46,9 +46,10 @@
 //! Timing is not replayed (recorded steps answer at once). A fork that
 //! compacts its transcript during steps 1 to K, or a durable fork resumed
 //! by `recover` before step K, calls its live model for the rest of the
-//! recorded steps. Without a manifest, a fork runs the recorded agent's
-//! name, model, tools and limits ([`Recording::spec`]): the recording does
-//! not keep its system prompt or script.
+//! recorded steps. Without a manifest, a fork runs the manifest the
+//! recorded run ran ([`Recording::spec`]: stores keep it once per distinct
+//! manifest); a run recorded before they did gives its agent's name,
+//! model, tools and limits only.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -221,14 +222,33 @@ impl Recording {
         self.responses.len() as u32
     }
 
-    /// A manifest from what the recording keeps: the agent's name, model,
-    /// tools and limits (no system prompt, no script: give a manifest to
-    /// fork a scripted run).
+    /// The manifest the recorded run ran, with the limits it ran under
+    /// (an invocation's overrides included): the recorded manifest where
+    /// the store keeps it ([`Recording::has_manifest`]: its system prompt,
+    /// script, tools and policies); else one made of what its start record
+    /// says, its agent's name, model, tools and limits (no system prompt,
+    /// no script).
     pub fn spec(&self) -> AgentSpec {
-        let mut spec = AgentSpec::new(self.info.agent.to_string(), self.info.model.to_string());
-        spec.tools = self.info.tools.to_vec();
-        spec.limits = self.info.limits.map(|l| l.to_spec()).unwrap_or_default();
+        let mut spec = self.recorded_spec().unwrap_or_else(|| {
+            let mut spec = AgentSpec::new(self.info.agent.to_string(), self.info.model.to_string());
+            spec.tools = self.info.tools.to_vec();
+            spec
+        });
+        if let Some(l) = self.info.limits {
+            spec.limits = l.to_spec();
+        }
         spec
+    }
+
+    /// Whether the store kept the recorded run's manifest (runs recorded
+    /// since schema version 14 have it).
+    pub fn has_manifest(&self) -> bool {
+        self.recorded_spec().is_some()
+    }
+
+    fn recorded_spec(&self) -> Option<AgentSpec> {
+        let json = self.info.manifest.as_ref()?.json.as_ref()?;
+        json.decode::<AgentSpec>().ok()
     }
 }
 

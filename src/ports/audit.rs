@@ -47,6 +47,128 @@ pub struct RunInfo {
     /// to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<std::sync::Arc<str>>,
+    /// The manifest the run ran (for `fork`, `eval` and `replay`), shared
+    /// by the agent's runs. Stores keep it once per distinct manifest and
+    /// record its [`RecordedManifest::id`] with the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<RecordedManifest>,
+}
+
+/// A run's manifest as recorded: its JSON and an id derived from it.
+///
+/// Serialized as its id alone (16 hex digits); the JSON is stored once
+/// per id beside the log, and a store's [`AuditStore::run_records`] puts
+/// it back. A record read without it (a store that lost it, or a run
+/// recorded before manifests were kept) has `json: None`.
+#[derive(Clone, Debug)]
+pub struct RecordedManifest {
+    /// A hash of the JSON text: equal texts have equal ids.
+    pub id: u64,
+    /// The manifest's JSON (an `AgentSpec`), shared.
+    pub json: Option<super::checkpoint::EncodedJson>,
+}
+
+impl RecordedManifest {
+    /// The record of `json`, its id computed from its text.
+    pub fn of(json: super::checkpoint::EncodedJson) -> Self {
+        RecordedManifest {
+            id: Self::id_of(json.text()),
+            json: Some(json),
+        }
+    }
+
+    /// The id of a manifest's JSON text: FNV-1a, 64 bits (a fixed function,
+    /// so an id means the same text in every build that reads the file).
+    pub fn id_of(text: &str) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h
+    }
+
+    /// The id as written: 16 lowercase hex digits.
+    pub fn id_hex(&self) -> String {
+        format!("{:016x}", self.id)
+    }
+}
+
+/// Equal when the ids are (the JSON is what the id names).
+impl PartialEq for RecordedManifest {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+/// As `{"id": "…", "json": {…}}` when it holds its JSON (a spool keeps a
+/// record whole), else as its id alone (`"…"`, as a store's `run.start`
+/// record names it).
+impl Serialize for RecordedManifest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        match &self.json {
+            Some(json) => {
+                let mut st = s.serialize_struct("RecordedManifest", 2)?;
+                st.serialize_field("id", &self.id_hex())?;
+                st.serialize_field("json", json)?;
+                st.end()
+            }
+            None => s.serialize_str(&self.id_hex()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordedManifest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Form;
+        fn parse<E: serde::de::Error>(text: &str) -> Result<u64, E> {
+            u64::from_str_radix(text, 16)
+                .map_err(|_| E::custom(format!("bad manifest id `{text}`")))
+        }
+        impl<'de> serde::de::Visitor<'de> for Form {
+            type Value = RecordedManifest;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a manifest id, or {\"id\", \"json\"}")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(RecordedManifest {
+                    id: parse(v)?,
+                    json: None,
+                })
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut id = None;
+                let mut json = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match &*key {
+                        "id" => id = Some(parse(&map.next_value::<String>()?)?),
+                        "json" => {
+                            // A value, not raw text: the record may come
+                            // through a buffered (tagged) enum.
+                            let value = map.next_value::<serde_json::Value>()?;
+                            json = Some(
+                                super::checkpoint::EncodedJson::encode(&value)
+                                    .map_err(serde::de::Error::custom)?,
+                            );
+                        }
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                let id = id.ok_or_else(|| serde::de::Error::missing_field("id"))?;
+                Ok(RecordedManifest { id, json })
+            }
+        }
+        d.deserialize_any(Form)
+    }
 }
 
 /// How much of a run the audit log keeps (`audit:` in a manifest, the
@@ -316,7 +438,9 @@ pub trait AuditStore: Send + Sync + 'static {
         }
     }
 
-    /// Every stored record of one run, in order.
+    /// Every stored record of one run, in order; its `run.start` record
+    /// with its manifest's JSON ([`RecordedManifest::json`]) where the
+    /// store keeps it.
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError>;
 
     /// What has been written so far.

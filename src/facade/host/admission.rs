@@ -470,6 +470,7 @@ impl Host {
             tools: agent.tool_names(),
             limits: Some(*limits),
             host: Some(h.host_id.clone()),
+            manifest: agent.recorded_manifest(),
         });
         Ok(Opening {
             args: Box::new(RunArgs {

@@ -57,10 +57,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/0012_checkpoint_entries.sql"),
     ),
     (13, include_str!("../../../migrations/0013_forks.sql")),
+    (14, include_str!("../../../migrations/0014_manifests.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -302,6 +302,30 @@ impl SqliteStore {
                 for ((agent, status), (runs, records)) in counts {
                     count.execute(params![agent, status, runs, records])?;
                 }
+                // Manifests no kept run ran (schema version 14): a run's
+                // batch refreshes its manifest's `used_ms` at most a minute
+                // after the run started, so one unused since two minutes
+                // before the oldest kept start (finished or in flight) is
+                // named by no record. With no run left, two minutes before
+                // now. Looked for only when the file holds many (the
+                // oldest start is a scan of `runs`, which has no index by
+                // start): a host runs a few manifests, kept at no cost.
+                let many = || -> rusqlite::Result<bool> {
+                    tx.query_row(
+                        "SELECT COUNT(*) > 256 FROM (SELECT 1 FROM manifests LIMIT 257)",
+                        [],
+                        |r| r.get(0),
+                    )
+                };
+                if !done.is_empty() && many()? {
+                    tx.execute(
+                        "DELETE FROM manifests WHERE used_ms < MIN(\
+                         COALESCE((SELECT MIN(started_at) FROM runs), ?1), \
+                         COALESCE((SELECT MIN(at_base) FROM audit_segments WHERE has_start = 1), ?1), \
+                         ?1) - 120000",
+                        [to_i64(now_ms)],
+                    )?;
+                }
                 Ok(done)
             })
             .await

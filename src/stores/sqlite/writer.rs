@@ -122,6 +122,16 @@ pub(super) struct TemplateRow {
     pub(super) refs: i64,
 }
 
+/// A manifest a batch's `run.start` records name (schema version 14):
+/// inserted if the file does not hold it, its `used_ms` refreshed if it
+/// does.
+pub(super) struct ManifestRow {
+    /// [`crate::ports::audit::RecordedManifest::id`], as SQLite's integer.
+    pub(super) id: i64,
+    /// Its JSON.
+    pub(super) body: String,
+}
+
 type Reply<T> = oneshot::Sender<Result<T, WriteError>>;
 
 /// A write to run on the writer's connection, in one transaction.
@@ -134,6 +144,7 @@ enum Job {
         records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
         templates: Vec<TemplateRow>,
+        manifests: Vec<ManifestRow>,
         /// Sent while the append before it had not answered: written only
         /// if that one was.
         chained: bool,
@@ -257,6 +268,7 @@ impl Writer {
         records: Vec<SegmentRow>,
         runs: Vec<RunRow>,
         templates: Vec<TemplateRow>,
+        manifests: Vec<ManifestRow>,
     ) -> Result<(u64, u64), WriteError> {
         let chained = self.appends_in_flight.fetch_add(1, Ordering::AcqRel) > 0;
         let _in_flight = InFlight(self.appends_in_flight.clone());
@@ -264,6 +276,7 @@ impl Writer {
             records,
             runs,
             templates,
+            manifests,
             chained,
             reply,
         })
@@ -513,6 +526,7 @@ fn run(
                 records,
                 runs,
                 templates,
+                manifests,
                 chained,
                 reply,
             } => {
@@ -524,7 +538,7 @@ fn run(
                 let res = if chained && st.append_failed {
                     Err(WriteError::AfterFailure)
                 } else {
-                    st.write(|c| append(c, records, runs, templates))
+                    st.write(|c| append(c, records, runs, templates, manifests))
                 };
                 st.append_failed = res.is_err();
                 let written = res.is_ok();
@@ -649,9 +663,25 @@ fn append(
     segments: Vec<SegmentRow>,
     runs: Vec<RunRow>,
     templates: Vec<TemplateRow>,
+    manifests: Vec<ManifestRow>,
 ) -> Result<(u64, u64), rusqlite::Error> {
     // Rolled back when dropped before the commit (an error below).
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // The manifests first, in the batch's transaction: a `run.start` is
+    // never kept without the manifest it names. A held one's `used_ms` is
+    // refreshed at most once a minute (pruning keeps a manifest used
+    // within two minutes of the oldest kept run's start).
+    if !manifests.is_empty() {
+        let now = to_i64(crate::ports::run::unix_ms());
+        let mut add = tx.prepare_cached(
+            "INSERT INTO manifests (id, body, used_ms) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (id) DO UPDATE SET used_ms = excluded.used_ms \
+             WHERE manifests.used_ms < excluded.used_ms - 60000",
+        )?;
+        for m in &manifests {
+            add.execute(params![m.id, m.body, now])?;
+        }
+    }
     // Templates first: one the file holds with another text under its id
     // (a hash collision) is not used, its rows written whole.
     let mut refused: Vec<i64> = Vec::new();

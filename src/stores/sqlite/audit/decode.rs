@@ -12,11 +12,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 use super::steps::each_tail_step;
 use super::{unavailable, KIND_END, KIND_START};
 use crate::ports::audit::{AuditEntry, AuditRecord, AuditStoreError, RunInfo, RunSummary};
+use crate::ports::checkpoint::EncodedJson;
 use crate::ports::event::RunEvent;
 use crate::ports::limits::LimitsSpec;
 use crate::ports::run::{KillReason, RunId, RunResult, RunStatus};
@@ -324,5 +325,29 @@ pub(super) fn run_records(
         };
         out.insert(seq, record);
     }
-    Ok(out.into_values().collect())
+    let mut records: Vec<AuditRecord> = out.into_values().collect();
+    put_manifest_back(conn, &mut records)?;
+    Ok(records)
+}
+
+/// Gives a `run.start` record that names its manifest the manifest's JSON
+/// (schema version 14). One the file no longer holds stays without it.
+fn put_manifest_back(
+    conn: &Connection,
+    records: &mut [AuditRecord],
+) -> Result<(), AuditStoreError> {
+    for r in records.iter_mut() {
+        let AuditEntry::RunStarted(info) = &mut r.entry else {
+            continue;
+        };
+        let Some(m) = info.manifest.as_mut().filter(|m| m.json.is_none()) else {
+            continue;
+        };
+        let body: Option<String> = conn
+            .prepare_cached("SELECT body FROM manifests WHERE id = ?1")
+            .and_then(|mut stmt| stmt.query_row([m.id as i64], |row| row.get(0)).optional())
+            .map_err(unavailable)?;
+        m.json = body.and_then(|b| EncodedJson::from_text(b).ok());
+    }
+    Ok(())
 }

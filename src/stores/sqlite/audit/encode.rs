@@ -18,7 +18,7 @@ use crate::ports::event::RunEvent;
 use crate::ports::limits::Limits;
 use crate::ports::run::{KillReason, RunId, RunResult, StepRecord};
 use crate::stores::sqlite::to_i64;
-use crate::stores::sqlite::writer::{RunRow, SegmentRow, TemplateRow};
+use crate::stores::sqlite::writer::{ManifestRow, RunRow, SegmentRow, TemplateRow};
 
 /// Writes a `run.start` payload: the [`RunInfo`]'s JSON with its absent
 /// optional fields left out and its limits reduced to
@@ -41,6 +41,7 @@ pub(super) fn write_info(
         tools,
         limits,
         host,
+        manifest,
     } = info;
     out.extend_from_slice(b"{\"agent\":");
     push_str(out, agent);
@@ -85,6 +86,14 @@ pub(super) fn write_info(
     if let Some(h) = host {
         out.extend_from_slice(b",\"host\":");
         push_str(out, h);
+    }
+    // The id alone: the JSON is a `manifests` row (schema version 14). A
+    // manifest without its JSON (a record read back from a store that did
+    // not keep it) is not named: nothing would answer the id.
+    if let Some(m) = manifest.as_ref().filter(|m| m.json.is_some()) {
+        out.extend_from_slice(b",\"manifest\":\"");
+        out.extend_from_slice(m.id_hex().as_bytes());
+        out.push(b'"');
     }
     out.push(b'}');
     Ok(())
@@ -393,8 +402,13 @@ fn use_templates(row: &mut RunRow, repeats: &mut Repeats, templates: &mut Vec<Te
 }
 
 /// What a batch encodes to: segments, `runs` rows, the templates the rows
-/// point at.
-pub(super) type Encoded = (Vec<SegmentRow>, Vec<RunRow>, Vec<TemplateRow>);
+/// point at, and the manifests its `run.start` records name (each once).
+pub(super) type Encoded = (
+    Vec<SegmentRow>,
+    Vec<RunRow>,
+    Vec<TemplateRow>,
+    Vec<ManifestRow>,
+);
 
 /// Encodes a batch: one segment per run, its records in batch order, as
 /// `[[seq, at_ms, kind, payload], …]`. A run whose terminal record is in
@@ -427,6 +441,7 @@ pub(super) fn encode(
     let mut last: Option<(RunId, usize)> = None;
     let mut limits = None;
     let mut payload: Vec<u8> = Vec::with_capacity(1024);
+    let mut manifests: Vec<ManifestRow> = Vec::new();
     for r in batch {
         let bad = |e: serde_json::Error| {
             AuditStoreError::Unavailable(format!(
@@ -471,6 +486,17 @@ pub(super) fn encode(
         match &r.entry {
             AuditEntry::RunStarted(info) => {
                 o.has_start = true;
+                if let Some(m) = &info.manifest {
+                    if let Some(json) = &m.json {
+                        let id = m.id as i64;
+                        if !manifests.iter().any(|row| row.id == id) {
+                            manifests.push(ManifestRow {
+                                id,
+                                body: json.text().to_string(),
+                            });
+                        }
+                    }
+                }
                 o.body.extend_from_slice(KIND_START.as_bytes());
                 o.body.extend_from_slice(b"\",");
                 write_info(&mut o.body, info, &mut limits).map_err(bad)?;
@@ -559,5 +585,5 @@ pub(super) fn encode(
             use_templates(row, repeats, &mut templates);
         }
     }
-    Ok((segments, runs, templates))
+    Ok((segments, runs, templates, manifests))
 }

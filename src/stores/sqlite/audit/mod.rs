@@ -72,13 +72,13 @@ impl AuditStore for SqliteStore {
             return Ok(());
         }
         // Encode here, on the caller: the writer thread only inserts.
-        let (rows, runs, templates) = {
+        let (rows, runs, templates, manifests) = {
             let mut repeats = self.repeats.lock().unwrap_or_else(|p| p.into_inner());
             encode::encode(batch, Some(&mut repeats))?
         };
         let (inserted, terminal) = self
             .writer
-            .append(rows, runs, templates)
+            .append(rows, runs, templates, manifests)
             .await
             .map_err(unavailable)?;
         self.records.fetch_add(inserted, Ordering::Relaxed);

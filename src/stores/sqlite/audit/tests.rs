@@ -257,6 +257,7 @@ fn common_events_are_written_as_serde_writes_them() {
             tools: vec!["add".to_string(), tricky.to_string()].into(),
             limits: Some(full),
             host: caller.map(Into::into),
+            manifest: None,
         };
         let mut out = Vec::new();
         let mut last = None;
