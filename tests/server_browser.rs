@@ -69,6 +69,22 @@ impl Drop for Driver {
 }
 
 impl Driver {
+    /// Fails the test if the browser's console logged an error (`SEVERE`).
+    async fn assert_no_console_errors(&self) {
+        let logs = self
+            .call(
+                reqwest::Method::POST,
+                "/se/log",
+                Some(json!({"type": "browser"})),
+            )
+            .await;
+        let severe: Vec<&Value> = logs["value"]
+            .as_array()
+            .map(|a| a.iter().filter(|e| e["level"] == "SEVERE").collect())
+            .unwrap_or_default();
+        assert!(severe.is_empty(), "browser console errors: {severe:?}");
+    }
+
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
         let url = format!("{}/session/{}{path}", self.base, self.session);
         wd(&self.http, method, &url, body).await
@@ -511,18 +527,7 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     std::fs::write(docs.join("dashboard.png"), &png).unwrap();
 
     // No errors in the browser console.
-    let logs = d
-        .call(
-            reqwest::Method::POST,
-            "/se/log",
-            Some(json!({"type": "browser"})),
-        )
-        .await;
-    let severe: Vec<&Value> = logs["value"]
-        .as_array()
-        .map(|a| a.iter().filter(|e| e["level"] == "SEVERE").collect())
-        .unwrap_or_default();
-    assert!(severe.is_empty(), "browser console errors: {severe:?}");
+    d.assert_no_console_errors().await;
 
     api.post(format!("{base}/v1/runs/{running}/cancel"))
         .bearer_auth(TOKEN)
@@ -617,16 +622,5 @@ async fn the_eval_report_page_shows_its_forks_and_histogram() {
         .await;
     assert_eq!(bars, json!([["160", "6"]]), "{bars}");
     // The page is self-contained: it drew without errors.
-    let logs = d
-        .call(
-            reqwest::Method::POST,
-            "/se/log",
-            Some(json!({"type": "browser"})),
-        )
-        .await;
-    let errors: Vec<&Value> = logs["value"]
-        .as_array()
-        .map(|l| l.iter().filter(|e| e["level"] == "SEVERE").collect())
-        .unwrap_or_default();
-    assert!(errors.is_empty(), "console errors: {errors:?}");
+    d.assert_no_console_errors().await;
 }

@@ -159,30 +159,11 @@ pub(crate) async fn eval(a: EvalArgs, db: &Db) -> ExitCode {
     if a.json {
         outln!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else {
-        outln!(
-            "{} runs, {} forks planned: {} run, {} not run{}",
-            t.runs,
-            t.planned,
-            t.forked,
-            t.not_run,
-            if t.stopped_by_budget {
-                " (the budget stopped the sweep)"
-            } else {
-                ""
-            }
-        );
+        outln!("{}", t.sweep_line());
         for (change, n) in &t.status_changes {
             outln!("  {change}: {n}");
         }
-        outln!(
-            "tokens {} → {}, cost {} → {} µ$, valid answers {} → {}",
-            t.tokens_before,
-            t.tokens_after,
-            t.cost_before,
-            t.cost_after,
-            t.valid_before,
-            t.valid_after
-        );
+        outln!("{}", t.usage_line());
         let histogram: Vec<String> = t
             .divergence_histogram
             .iter()

@@ -157,6 +157,38 @@ pub struct EvalTotals {
     pub changed: Vec<RunId>,
 }
 
+impl EvalTotals {
+    /// `N runs, P forks planned: F run, X not run`, and whether the budget
+    /// stopped the sweep.
+    pub fn sweep_line(&self) -> String {
+        format!(
+            "{} runs, {} forks planned: {} run, {} not run{}",
+            self.runs,
+            self.planned,
+            self.forked,
+            self.not_run,
+            if self.stopped_by_budget {
+                " (the budget stopped the sweep)"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// Tokens, cost and valid answers, before → after.
+    pub fn usage_line(&self) -> String {
+        format!(
+            "tokens {} → {}, cost {} → {} µ$, valid answers {} → {}",
+            self.tokens_before,
+            self.tokens_after,
+            self.cost_before,
+            self.cost_after,
+            self.valid_before,
+            self.valid_after
+        )
+    }
+}
+
 /// A sweep's report (`eval.json`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct EvalReport {
@@ -350,23 +382,9 @@ pub fn html(report: &EvalReport) -> String {
          </head><body>\n<h1>eval</h1>\n",
     );
     out.push_str(&format!(
-        "<p>{} runs, {} forks planned, {} run, {} not run{}; tokens {} → {}, cost {} → {} µ$; \
-         valid answers {} → {}</p>\n",
-        t.runs,
-        t.planned,
-        t.forked,
-        t.not_run,
-        if t.stopped_by_budget {
-            " (the budget stopped the sweep)"
-        } else {
-            ""
-        },
-        t.tokens_before,
-        t.tokens_after,
-        t.cost_before,
-        t.cost_after,
-        t.valid_before,
-        t.valid_after
+        "<p>{}; {}</p>\n",
+        esc(&t.sweep_line()),
+        esc(&t.usage_line())
     ));
     out.push_str("<h2>status changes</h2>\n<ul>\n");
     for (k, n) in &t.status_changes {
