@@ -156,6 +156,8 @@ impl AuditStore for MemoryAuditStore {
             .cloned()
             .collect();
         v.sort_by_key(|r| r.seq);
+        // A record appended again (a replayed spool) is one record.
+        v.dedup_by_key(|r| r.seq);
         Ok(v)
     }
 

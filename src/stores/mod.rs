@@ -1,17 +1,22 @@
 //! Store batteries: implementations of the `AuditStore`, `RunIndex`,
 //! `BudgetLedger` and `Checkpointer` ports. In memory (a host built with nothing), and on
 //! embedded SQLite (the CLI's default; full history, budgets that hold
-//! across processes). Postgres comes with the multi-host work. Stores know
-//! nothing of actors.
+//! across processes), and on PostgreSQL (the `postgres` feature: the audit
+//! log and run index for many hosts on one database). Stores know nothing
+//! of actors.
 
 pub mod memory;
 pub mod memory_checkpoint;
 pub mod memory_session;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
 pub use memory_checkpoint::MemoryCheckpointer;
 pub use memory_session::MemorySessionStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresError, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, StoreError};

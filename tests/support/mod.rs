@@ -14,6 +14,8 @@ pub(crate) mod cli;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
 pub(crate) mod outage;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod scratch;
 #[cfg(feature = "cli")]
 pub(crate) mod serving;

@@ -1,0 +1,280 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+//! One suite of port tests for every store battery — in memory, SQLite and
+//! (with the `postgres` feature, against the server on 127.0.0.1:5432, or
+//! `AGENTVISOR_TEST_POSTGRES`) PostgreSQL — so they behave the same: a
+//! batch reads back in order and a replayed one adds nothing; terminal
+//! records fill the run index, its filters and its keyset pages; a run in
+//! flight is unfinished; a run's manifest reads back whole; retention
+//! prunes the oldest runs and counts them (the persistent stores).
+
+mod support;
+
+use std::sync::Arc;
+
+use agentvisor::ports::audit::{
+    AuditEntry, AuditRecord, AuditStore, RecordedManifest, RunCursor, RunFilter, RunIndex,
+};
+use agentvisor::ports::checkpoint::EncodedJson;
+use agentvisor::ports::retention::Retention;
+use agentvisor::stores::{MemoryAuditStore, SqliteStore};
+use agentvisor::{AgentSpec, Host, Invocation, RunId, RunStatus};
+use support::rekey;
+use support::scratch::Scratch;
+
+trait Store: AuditStore + RunIndex {}
+impl<T: AuditStore + RunIndex> Store for T {}
+
+fn hello() -> AgentSpec {
+    AgentSpec::from_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/agents/hello.yaml"
+    ))
+    .unwrap()
+}
+
+/// The records of one real `hello` run (its start names its manifest).
+async fn real_run() -> Vec<AuditRecord> {
+    let mem = Arc::new(MemoryAuditStore::new());
+    let host = Host::builder()
+        .audit_store(mem.clone())
+        .build()
+        .await
+        .unwrap();
+    let result = host
+        .execute(hello(), Invocation::prompt("add"))
+        .await
+        .unwrap();
+    host.shutdown().await;
+    mem.run_records(result.run_id).await.unwrap()
+}
+
+const BASE: u64 = 1_700_000_000_000;
+
+/// `n` runs: run `i` finishes at `BASE + i s` (ties every fifth pair),
+/// caller `c{i % 3}`, status `error` for every fourth.
+async fn fill(store: &dyn Store, n: u64) -> Vec<RunId> {
+    let records = real_run().await;
+    let mut batch = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let (id, run) = rekey(&records, |res| {
+            let at = BASE + (i - i % 2 * u64::from(i % 5 == 1)) * 1000;
+            res.started_at = at - 10;
+            res.finished_at = at;
+            res.caller_id = Some(format!("c{}", i % 3));
+            if i % 4 == 0 {
+                res.status = RunStatus::Error;
+                res.error_kind = Some("tool_errors".into());
+            }
+        });
+        ids.push(id);
+        batch.extend(run);
+    }
+    store.append(&batch).await.unwrap();
+    ids
+}
+
+async fn a_batch_reads_back_in_order_and_a_replay_adds_nothing(store: Arc<dyn Store>) {
+    let records = real_run().await;
+    let (id, run) = rekey(&records, |_| {});
+    store.append(&run).await.unwrap();
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+    // The same batch again (a spool replayed after an outage), and its
+    // second half alone: still one copy of each record.
+    store.append(&run).await.unwrap();
+    store.append(&run[run.len() / 2..]).await.unwrap();
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+    let listed = store.list_runs(&RunFilter::default()).await.unwrap();
+    assert_eq!(listed.iter().filter(|r| r.run_id == id).count(), 1);
+    assert!(store.run_records(RunId::new()).await.unwrap().is_empty());
+}
+
+async fn terminal_records_fill_the_index_its_filters_and_pages(store: Arc<dyn Store>) {
+    let ids = fill(&*store, 30).await;
+    let all = store.list_runs(&RunFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 30);
+    // Newest first; ties: the larger id first.
+    for w in all.windows(2) {
+        assert!((w[0].finished_at, w[0].run_id) > (w[1].finished_at, w[1].run_id));
+    }
+    let errors = store
+        .list_runs(&RunFilter {
+            status: Some(RunStatus::Error),
+            ..RunFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(errors.len(), 8);
+    assert!(errors.iter().all(|r| r.status == RunStatus::Error));
+    let oks = store
+        .list_runs(&RunFilter {
+            status: Some(RunStatus::Ok),
+            ..RunFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(oks.len(), 22);
+    let c1 = store
+        .list_runs(&RunFilter {
+            caller: Some("c1".into()),
+            limit: Some(4),
+            ..RunFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(c1.len(), 4);
+    assert!(c1.iter().all(|r| r.caller_id.as_deref() == Some("c1")));
+    // Pages of 7 after a cursor: every run exactly once, in order.
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list_runs(&RunFilter {
+                limit: Some(7),
+                after,
+                ..RunFilter::default()
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some(RunCursor::after(last));
+        paged.extend(page);
+    }
+    assert_eq!(paged, all);
+    // A run's result; an unknown run has none.
+    let r = store.run_result(ids[3]).await.unwrap().unwrap();
+    assert_eq!(r.run_id, ids[3]);
+    assert_eq!(r.output.as_deref(), Some("2+3=5, DONE"));
+    assert!(store.run_result(RunId::new()).await.unwrap().is_none());
+}
+
+async fn a_run_in_flight_is_unfinished_until_its_terminal_record(store: Arc<dyn Store>) {
+    let records = real_run().await;
+    let (id, run) = rekey(&records, |_| {});
+    let (end, rest) = run.split_last().unwrap();
+    store.append(rest).await.unwrap();
+    assert!(store.unfinished_runs().await.unwrap().contains(&id));
+    assert!(store.run_result(id).await.unwrap().is_none());
+    store.append(std::slice::from_ref(end)).await.unwrap();
+    assert!(!store.unfinished_runs().await.unwrap().contains(&id));
+    assert_eq!(store.run_records(id).await.unwrap(), run);
+}
+
+async fn a_runs_manifest_reads_back_whole(store: Arc<dyn Store>) {
+    let mut spec = hello();
+    spec.system = "You are the conformance suite.".into();
+    let manifest = RecordedManifest::of(EncodedJson::encode(&spec).unwrap());
+    let records = real_run().await;
+    let (id, mut run) = rekey(&records, |_| {});
+    for r in &mut run {
+        if let AuditEntry::RunStarted(info) = &mut r.entry {
+            info.manifest = Some(manifest.clone());
+        }
+    }
+    store.append(&run).await.unwrap();
+    let back = store.run_records(id).await.unwrap();
+    let json = back
+        .iter()
+        .find_map(|r| match &r.entry {
+            AuditEntry::RunStarted(info) => info.manifest.clone(),
+            _ => None,
+        })
+        .and_then(|m| m.json)
+        .expect("the manifest reads back");
+    assert_eq!(json.decode::<AgentSpec>().unwrap(), spec);
+}
+
+async fn the_oldest_runs_past_max_runs_are_pruned_and_counted(store: Arc<dyn Store>) {
+    let ids = fill(&*store, 10).await;
+    let max: Retention = "max_runs=4".parse().unwrap();
+    let dry = store.prune(&max, BASE, 100, true).await.unwrap();
+    assert_eq!((dry.runs, dry.dry_run), (6, true));
+    assert_eq!(
+        store.list_runs(&RunFilter::default()).await.unwrap().len(),
+        10
+    );
+    let report = store.prune(&max, BASE, 100, false).await.unwrap();
+    assert_eq!(report.runs, 6);
+    assert_eq!(report.records, 6 * real_run().await.len() as u64);
+    let kept = store.list_runs(&RunFilter::default()).await.unwrap();
+    assert_eq!(kept.len(), 4);
+    // The newest four stay (runs 6 to 9 finish last), whole.
+    for id in &ids[6..] {
+        assert!(kept.iter().any(|r| r.run_id == *id));
+        assert!(store.run_result(*id).await.unwrap().is_some());
+    }
+    for id in &ids[..6] {
+        assert!(store.run_records(*id).await.unwrap().is_empty());
+    }
+    let counted: u64 = store.pruned().await.unwrap().iter().map(|c| c.runs).sum();
+    assert_eq!(counted, 6);
+    let by_error: u64 = store
+        .pruned()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.status == RunStatus::Error)
+        .map(|c| c.runs)
+        .sum();
+    // Runs 0 and 4 of the six oldest ended `error`.
+    assert_eq!(by_error, 2);
+}
+
+async fn memory() -> Arc<dyn Store> {
+    Arc::new(MemoryAuditStore::new())
+}
+
+async fn sqlite(dir: &Scratch) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap())
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres() -> Arc<dyn Store> {
+    Arc::new(support::postgres::fresh_store().await)
+}
+
+/// `$name` as a test of every battery the build has: memory, SQLite and
+/// PostgreSQL; `persistent`: only those that keep a history.
+macro_rules! conformance {
+    ($name:ident) => {
+        conformance!($name, persistent, {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(super::memory().await).await;
+            }
+        });
+    };
+    ($name:ident, persistent) => {
+        conformance!($name, persistent, {});
+    };
+    ($name:ident, persistent, { $($memory:tt)* }) => {
+        mod $name {
+            use super::*;
+
+            $($memory)*
+
+            #[tokio::test]
+            async fn sqlite() {
+                let dir = Scratch::new(stringify!($name));
+                super::$name(super::sqlite(&dir).await).await;
+            }
+
+            #[cfg(feature = "postgres")]
+            #[tokio::test]
+            async fn postgres() {
+                super::$name(super::postgres().await).await;
+            }
+        }
+    };
+}
+
+conformance!(a_batch_reads_back_in_order_and_a_replay_adds_nothing);
+conformance!(terminal_records_fill_the_index_its_filters_and_pages);
+conformance!(a_run_in_flight_is_unfinished_until_its_terminal_record);
+conformance!(a_runs_manifest_reads_back_whole);
+// The in-memory store keeps a window of records, not a history: it has
+// nothing to prune.
+conformance!(
+    the_oldest_runs_past_max_runs_are_pruned_and_counted,
+    persistent
+);
