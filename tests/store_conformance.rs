@@ -5,7 +5,8 @@
 //! batch reads back in order and a replayed one adds nothing; terminal
 //! records fill the run index, its filters and its keyset pages; a run in
 //! flight is unfinished; a run's manifest reads back whole; retention
-//! prunes the oldest runs and counts them (the persistent stores).
+//! prunes the oldest runs and counts them (the persistent stores); the
+//! budget ledger keeps limits and sums spend by caller.
 
 mod support;
 
@@ -14,9 +15,10 @@ use std::sync::Arc;
 use agentvisor::ports::audit::{
     AuditEntry, AuditRecord, AuditStore, RecordedManifest, RunCursor, RunFilter, RunIndex,
 };
+use agentvisor::ports::budget::{BudgetLedger, BudgetLimits, Spend};
 use agentvisor::ports::checkpoint::EncodedJson;
 use agentvisor::ports::retention::Retention;
-use agentvisor::stores::{MemoryAuditStore, SqliteStore};
+use agentvisor::stores::{MemoryAuditStore, MemoryBudgetLedger, SqliteStore};
 use agentvisor::{AgentSpec, Host, Invocation, RunId, RunStatus};
 use support::rekey;
 use support::scratch::Scratch;
@@ -220,6 +222,77 @@ async fn the_oldest_runs_past_max_runs_are_pruned_and_counted(store: Arc<dyn Sto
     assert_eq!(by_error, 2);
 }
 
+async fn a_ledger_keeps_limits_and_sums_spend_by_caller(ledger: Arc<dyn BudgetLedger>) {
+    // No limits of its own: the defaults (none).
+    assert_eq!(
+        ledger.limits("alice").await.unwrap(),
+        BudgetLimits::default()
+    );
+    let alice = BudgetLimits {
+        tokens: Some(1000),
+        cost_micros: Some(5),
+        runtime_secs: None,
+        concurrent_runs: Some(3),
+        window_secs: Some(3600),
+    };
+    ledger.set_limits("alice", alice).await.unwrap();
+    let bob = BudgetLimits {
+        tokens: Some(7),
+        ..BudgetLimits::default()
+    };
+    ledger.set_limits("bob", bob).await.unwrap();
+    ledger.set_limits("bob", alice).await.unwrap();
+    assert_eq!(ledger.limits("alice").await.unwrap(), alice);
+    assert_eq!(
+        ledger.list_limits().await.unwrap(),
+        vec![("alice".to_string(), alice), ("bob".to_string(), alice)]
+    );
+    // Spend adds up per caller, across commits and within one.
+    let spend = |tokens, runs| Spend {
+        tokens,
+        cost_micros: tokens * 2,
+        runtime_ms: 10,
+        runs,
+    };
+    ledger
+        .commit(&[
+            ("alice".into(), spend(100, 1)),
+            ("carol".into(), spend(1, 1)),
+            ("alice".into(), spend(20, 1)),
+        ])
+        .await
+        .unwrap();
+    ledger
+        .commit(&[("alice".into(), spend(3, 1))])
+        .await
+        .unwrap();
+    let window = std::time::Duration::from_secs(3600);
+    assert_eq!(
+        ledger.spent("alice", window).await.unwrap(),
+        Spend {
+            tokens: 123,
+            cost_micros: 246,
+            runtime_ms: 30,
+            runs: 3
+        }
+    );
+    assert_eq!(ledger.spent("carol", window).await.unwrap(), spend(1, 1));
+    assert_eq!(
+        ledger.spent("dave", window).await.unwrap(),
+        Spend::default()
+    );
+    // A sum past what a store can hold stops there instead of failing.
+    ledger
+        .commit(&[("eve".into(), spend(u64::MAX / 2, 0))])
+        .await
+        .unwrap();
+    ledger
+        .commit(&[("eve".into(), spend(u64::MAX / 2, 0))])
+        .await
+        .unwrap();
+    assert!(ledger.spent("eve", window).await.unwrap().tokens >= i64::MAX as u64);
+}
+
 async fn memory() -> Arc<dyn Store> {
     Arc::new(MemoryAuditStore::new())
 }
@@ -266,6 +339,30 @@ macro_rules! conformance {
             }
         }
     };
+}
+
+mod a_ledger_keeps_limits_and_sums_spend_by_caller {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory() {
+        super::a_ledger_keeps_limits_and_sums_spend_by_caller(Arc::new(MemoryBudgetLedger::new()))
+            .await;
+    }
+
+    #[tokio::test]
+    async fn sqlite() {
+        let dir = Scratch::new("ledger");
+        let store = SqliteStore::open(&dir.path("a.db")).await.unwrap();
+        super::a_ledger_keeps_limits_and_sums_spend_by_caller(Arc::new(store)).await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres() {
+        let store = support::postgres::fresh_store().await;
+        super::a_ledger_keeps_limits_and_sums_spend_by_caller(Arc::new(store)).await;
+    }
 }
 
 conformance!(a_batch_reads_back_in_order_and_a_replay_adds_nothing);

@@ -1,5 +1,6 @@
-//! The PostgreSQL battery (capability X4): the audit log and the run index
-//! on a PostgreSQL server, for hosts that share one source of truth.
+//! The PostgreSQL battery (capability X4): the audit log, the run index
+//! and the budget ledger on a PostgreSQL server, for hosts that share one
+//! source of truth.
 //!
 //! Built on `tokio-postgres` with a `deadpool-postgres` pool (a connection
 //! a call, returned after it). The schema is migrated at
@@ -21,10 +22,11 @@
 //!
 //! # Not yet here
 //!
-//! The budget ledger, checkpoints, sessions and leases ports; the run
-//! queue. Until they are, a host on PostgreSQL keeps those in memory.
+//! The checkpoints, sessions and leases ports, and budget reservations
+//! across hosts; the run queue. Until they are, a host on PostgreSQL keeps those in memory.
 
 mod audit;
+mod budget;
 mod schema;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,7 +80,8 @@ pub enum PostgresError {
     },
 }
 
-/// The audit log and run index on PostgreSQL. Cheap to share (`Arc`).
+/// The audit log, run index and budget ledger on PostgreSQL. Share it
+/// with an `Arc`.
 pub struct PostgresStore {
     pool: Pool,
     /// The URL, its password left out (for messages).
@@ -86,6 +89,8 @@ pub struct PostgresStore {
     records: AtomicU64,
     terminal_records: AtomicU64,
     batches: AtomicU64,
+    /// The limits of a caller without limits of its own.
+    default_limits: std::sync::Mutex<crate::ports::budget::BudgetLimits>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -148,6 +153,7 @@ impl PostgresStore {
             records: AtomicU64::new(0),
             terminal_records: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            default_limits: std::sync::Mutex::default(),
         };
         schema::migrate(&store).await?;
         Ok(store)

@@ -3,13 +3,19 @@
 use super::{PostgresError, PostgresStore};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Every migration, by the version it brings the schema to.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    include_str!("../../../migrations/postgres/0001_audit.sql"),
-)];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        include_str!("../../../migrations/postgres/0001_audit.sql"),
+    ),
+    (
+        2,
+        include_str!("../../../migrations/postgres/0002_budget.sql"),
+    ),
+];
 
 /// A fixed key for `pg_advisory_xact_lock`: hosts that start together
 /// migrate one after the other, the later ones finding nothing to do.
