@@ -168,6 +168,8 @@ pub(crate) use kernel::{dispatch, record};
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
+#[cfg(feature = "git")]
+pub use orchestration::writeback;
 pub use orchestration::{diff, eval, fork, pipeline, replay, session, skill_run};
 
 #[doc(hidden)]

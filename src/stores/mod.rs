@@ -7,11 +7,13 @@
 pub mod memory;
 pub mod memory_checkpoint;
 pub mod memory_session;
+pub mod memory_writeback;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
 pub use memory_checkpoint::MemoryCheckpointer;
 pub use memory_session::MemorySessionStore;
+pub use memory_writeback::MemoryWriteIntents;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, StoreError};

@@ -15,6 +15,7 @@ mod checkpoint;
 mod connection;
 mod retention;
 mod session;
+mod writeback;
 mod writer;
 
 use connection::{BusyLimit, ReadFailure, Readers, Target};
@@ -57,10 +58,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/0012_checkpoint_entries.sql"),
     ),
     (13, include_str!("../../../migrations/0013_forks.sql")),
+    (
+        17,
+        include_str!("../../../migrations/0017_writeback_intents.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 17;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
