@@ -1,6 +1,7 @@
 //! The git writeback of skills' memory (`agentvisor::writeback`), against
 //! real repositories made in each test with libgit2: a bare repository as
 //! `origin` and clones of it as the skills repositories. No network.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
@@ -701,4 +702,139 @@ async fn a_skills_folder_inside_a_git_repository_writes_under_it() {
         "nested\n"
     );
     assert!(on_origin(&origin, "memory/m.md").is_none());
+}
+
+/// A loopback HTTP remote that asks for credentials and refuses them:
+/// the token goes out as the password of `x-access-token` (Basic), and
+/// the refusal parks the write without the token in its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_style_remote_gets_the_token_as_basic_credentials() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = Scratch::new("wb-http");
+    let origin = origin(&dir);
+    let repo = clone(&origin, &dir.path("skills"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let server = {
+        let seen = Arc::clone(&seen);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = conn.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                            buf.drain(..end + 4);
+                            seen.lock().unwrap().push(head);
+                            let reply = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: 0\r\n\r\n";
+                            if conn.write_all(reply.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        })
+    };
+    let git = git2::Repository::open(&repo).unwrap();
+    git.remote_set_url("origin", &format!("http://127.0.0.1:{port}/skills.git"))
+        .unwrap();
+    let wb = GitWriteback::new(Arc::new(MemoryWriteIntents::new())).retry(RetryPolicy {
+        tries: 1,
+        ..quick()
+    });
+    let out = wb
+        .write_memory(&repo, "m.md", WritebackMode::Append, "x", "run-h", &token())
+        .await
+        .unwrap();
+    server.abort();
+    let PushState::Parked { error, .. } = &out.push else {
+        panic!("{out:?}")
+    };
+    assert!(!error.contains(TOKEN), "{error}");
+    assert!(error.contains("refused the push token"), "{error}");
+    let expected = format!(
+        "authorization: basic {}",
+        base64(&format!("x-access-token:{TOKEN}"))
+    )
+    .to_ascii_lowercase();
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.iter()
+            .any(|h| h.to_ascii_lowercase().lines().any(|l| l == expected)),
+        "no request carried the token: {seen:?}"
+    );
+}
+
+/// Standard base64 with padding.
+fn base64(text: &str) -> String {
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn both_intent_stores_keep_the_port_s_promises() {
+    use agentvisor::ports::writeback::WriteIntent;
+    let dir = Scratch::new("wb-intents");
+    let sqlite = Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap());
+    let stores: [Arc<dyn WriteIntents>; 2] = [Arc::new(MemoryWriteIntents::new()), sqlite];
+    for store in stores {
+        let intent = |id: &str, content: &str| WriteIntent {
+            id: id.into(),
+            repo: "/r".into(),
+            path: "m.md".into(),
+            mode: WriteMode::Replace,
+            content: content.into(),
+            run_id: id.into(),
+            token_secret: None,
+            parked_at_ms: 1,
+            attempts: 1,
+            last_error: "first".into(),
+        };
+        store.park(&intent("b", "one")).await.unwrap();
+        store.park(&intent("a", "two")).await.unwrap();
+        // Parked again: the first content stays, the attempt counts.
+        store.park(&intent("b", "other")).await.unwrap();
+        assert!(store.record_attempt("a", "again").await.unwrap());
+        assert!(!store.record_attempt("zz", "x").await.unwrap());
+        let all = store.parked().await.unwrap();
+        let ids: Vec<&str> = all.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["b", "a"], "oldest first");
+        assert_eq!((all[0].content.as_str(), all[0].attempts), ("one", 2));
+        assert_eq!((all[1].last_error.as_str(), all[1].attempts), ("again", 2));
+        assert_eq!(all[1].mode, WriteMode::Replace);
+        assert!(store.resolve("b").await.unwrap());
+        assert!(!store.resolve("b").await.unwrap());
+        assert_eq!(store.parked().await.unwrap().len(), 1);
+    }
 }
