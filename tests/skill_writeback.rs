@@ -838,3 +838,128 @@ async fn both_intent_stores_keep_the_port_s_promises() {
         assert_eq!(store.parked().await.unwrap().len(), 1);
     }
 }
+
+/// An origin with no commit yet, cloned: the first write makes the
+/// branch, locally and on the remote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_write_to_an_empty_repository_makes_its_branch() {
+    let dir = Scratch::new("wb-empty");
+    let bare = dir.path("origin.git");
+    let mut opts = git2::RepositoryInitOptions::new();
+    opts.bare(true).initial_head("main");
+    git2::Repository::init_opts(&bare, &opts).unwrap();
+    let repo = clone(&bare, &dir.path("skills"));
+    let out = writeback()
+        .write_memory(
+            &repo,
+            "m.md",
+            WritebackMode::Append,
+            "first",
+            "run-1",
+            &token(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pushed(&out), 1);
+    assert_eq!(on_origin(&bare, "m.md").unwrap(), "first\n");
+    assert_eq!(tip(&repo), tip(&bare));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("m.md")).unwrap(),
+        "first\n"
+    );
+}
+
+/// A memory file changed by hand in the working tree is left alone: the
+/// write lands on the branch and the remote, with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_by_hand_is_kept_and_the_write_still_lands() {
+    let dir = Scratch::new("wb-dirty");
+    let origin = origin(&dir);
+    let repo = clone(&origin, &dir.path("skills"));
+    commit_file(&repo, "m.md", "one\n", "memory: start");
+    std::fs::write(repo.join("m.md"), "one\nedited by hand\n").unwrap();
+    let out = writeback()
+        .write_memory(
+            &repo,
+            "m.md",
+            WritebackMode::Append,
+            "two",
+            "run-d",
+            &token(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pushed(&out), 1);
+    assert_eq!(on_origin(&origin, "m.md").unwrap(), "one\ntwo\n");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("m.md")).unwrap(),
+        "one\nedited by hand\n"
+    );
+    assert!(
+        out.warnings.iter().any(|w| w.contains("working tree")),
+        "{out:?}"
+    );
+}
+
+/// `spawn_retries` tries parked writes at once (host start), then every
+/// period: on a paused clock, a write parked later lands at the next tick.
+#[tokio::test(start_paused = true)]
+async fn spawned_retries_land_parked_writes_at_start_and_each_period() {
+    let dir = Scratch::new("wb-spawned");
+    let origin = origin(&dir);
+    let repo = clone(&origin, &dir.path("skills"));
+    let git = git2::Repository::open(&repo).unwrap();
+    let store = Arc::new(MemoryWriteIntents::new());
+    let wb = Arc::new(GitWriteback::new(store.clone()).retry(RetryPolicy {
+        tries: 1,
+        ..quick()
+    }));
+    let park = |run: &'static str| {
+        let (wb, repo) = (Arc::clone(&wb), repo.clone());
+        async move {
+            let out = wb
+                .write_memory(&repo, "m.md", WritebackMode::Append, run, run, &token())
+                .await
+                .unwrap();
+            assert!(out.partial_failure(), "{out:?}");
+        }
+    };
+    let nowhere = dir.path("nowhere.git");
+    git.remote_set_url("origin", nowhere.to_str().unwrap())
+        .unwrap();
+    park("run-1").await;
+    git.remote_set_url("origin", origin.to_str().unwrap())
+        .unwrap();
+
+    let every = Duration::from_secs(600);
+    let task = wb.spawn_retries(every, |_| Some(TOKEN.to_string()));
+    // The first round runs at once.
+    let mut rounds = 0;
+    while !store.parked().await.unwrap().is_empty() {
+        rounds += 1;
+        assert!(rounds < 1000, "the first round did not land the write");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(on_origin(&origin, "m.md").unwrap(), "run-1\n");
+    let started = tokio::time::Instant::now();
+
+    git.remote_set_url("origin", nowhere.to_str().unwrap())
+        .unwrap();
+    park("run-2").await;
+    git.remote_set_url("origin", origin.to_str().unwrap())
+        .unwrap();
+    while !store.parked().await.unwrap().is_empty() {
+        assert!(
+            started.elapsed() < every * 2,
+            "no round landed the write within two periods"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        started.elapsed() >= every - Duration::from_secs(2),
+        "landed by the next period's round, not before: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(on_origin(&origin, "m.md").unwrap(), "run-1\nrun-2\n");
+    task.abort();
+}

@@ -697,11 +697,30 @@ fn commit_intent(
         content: &intent.content,
         run_id: &intent.run_id,
     };
-    checkout
-        .commit(&op, &who)
-        .map(|(id, w)| (id.to_string(), w))
-        .map_err(|e| format!("commit `{}`: {}", intent.path, e.message()))
+    // Another process (a second host on this clone, a person's `git`) may
+    // move the branch or hold a lock between our read and our write: the
+    // commit is made again on the new tip, a few times.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match checkout.commit(&op, &who) {
+            Ok((id, w)) => return Ok((id.to_string(), w)),
+            Err(e)
+                if tries < LOCAL_COMMIT_TRIES
+                    && matches!(
+                        e.code(),
+                        git2::ErrorCode::Modified | git2::ErrorCode::Locked
+                    ) =>
+            {
+                std::thread::sleep(Duration::from_millis(20 * u64::from(tries)));
+            }
+            Err(e) => return Err(format!("commit `{}`: {}", intent.path, e.message())),
+        }
+    }
 }
+
+/// Tries of a local commit that another process raced (then it is parked).
+const LOCAL_COMMIT_TRIES: u32 = 5;
 
 /// Before a parked write is pushed again: `Some(tip)` when the remote has
 /// it already; else makes sure the local branch has it (committing it
