@@ -1,5 +1,6 @@
 //! Store batteries: implementations of the `AuditStore`, `RunIndex`,
-//! `BudgetLedger` and `Checkpointer` ports. In memory (a host built with nothing), and on
+//! `BudgetLedger`, `Checkpointer`, `SessionStore` and `WriteIntents`
+//! (parked git writes of skills' memory) ports. In memory (a host built with nothing), and on
 //! embedded SQLite (the CLI's default; full history, budgets that hold
 //! across processes). Postgres comes with the multi-host work. Stores know
 //! nothing of actors.
