@@ -37,265 +37,32 @@
 //! What it must not touch: the run, its result or its records (the skill
 //! run maps the outcome: [`WriteOutcome::writeback_sha`] and
 //! [`WriteOutcome::partial_failure`]).
+//!
+//! Files: `git` (libgit2: the commit, push, fetch and rebase of one
+//! checkout), `steps` (the blocking work of one try, on the blocking
+//! pool), `policy` (identity, retries, the token), `outcome` (what a write
+//! came to; errors); this file holds the writeback itself: the lock per
+//! repository, the tries and their waits, parking and retrying parked
+//! writes.
 
 mod git;
+mod outcome;
+mod policy;
+mod steps;
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::ports::run::unix_ms;
 use crate::ports::writeback::{WriteIntent, WriteIntentError, WriteIntents, WriteMode};
 use crate::skills::{secret_variable, WritebackMode};
 
-use git::{Auth, Checkout, Op, OpenFailure, PushFailure, RebaseFailure};
-
-/// The secret a push token is read from by default
-/// (`AGENTVISOR_SECRET_GIT_TOKEN`).
-pub const DEFAULT_TOKEN_SECRET: &str = "git_token";
-
-/// The remote writes are pushed to.
-pub const REMOTE: &str = "origin";
-
-/// The identity writeback commits are made as.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    /// The name (`agentvisor`).
-    pub name: String,
-    /// The e-mail address (`agentvisor@localhost`).
-    pub email: String,
-}
-
-impl Default for Identity {
-    fn default() -> Self {
-        Identity {
-            name: "agentvisor".into(),
-            email: "agentvisor@localhost".into(),
-        }
-    }
-}
-
-/// How a push that does not land is tried again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Pushes tried in all, the first included (at least 1; default 5).
-    pub tries: u32,
-    /// The wait before the second try; it doubles at each try after
-    /// (default 200 ms), plus up to half again at random.
-    pub backoff: Duration,
-    /// The longest wait (default 5 s).
-    pub max_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            tries: 5,
-            backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(5),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The wait before try `n` (2, 3, …), with its jitter.
-    fn wait_before(&self, n: u32) -> Duration {
-        let doubled = self
-            .backoff
-            .saturating_mul(1u32 << n.saturating_sub(2).min(16))
-            .min(self.max_backoff);
-        // Up to half again, so writers that collided do not collide again.
-        let spread = doubled.as_nanos() as u64 / 2;
-        let jitter = if spread == 0 {
-            0
-        } else {
-            random_u64() % spread
-        };
-        doubled + Duration::from_nanos(jitter)
-    }
-}
-
-/// A push token, read from a secret. Its value never shows in `Debug`.
-#[derive(Clone)]
-pub struct GitToken {
-    secret: String,
-    value: String,
-}
-
-impl std::fmt::Debug for GitToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GitToken({})", secret_variable(&self.secret))
-    }
-}
-
-impl GitToken {
-    /// The token `value` of secret `secret` (its name: `git_token`), which
-    /// is registered for redaction.
-    pub fn new(secret: &str, value: &str) -> GitToken {
-        crate::secrets::register_from(&secret_variable(secret), value);
-        GitToken {
-            secret: secret.to_string(),
-            value: value.to_string(),
-        }
-    }
-
-    /// The secret's name.
-    pub fn secret(&self) -> &str {
-        &self.secret
-    }
-}
-
-/// Whether and how a write is pushed.
-#[derive(Clone, Debug)]
-pub struct PushPolicy {
-    /// Commit only (`skill run --skip-push`).
-    pub skip_push: bool,
-    /// The secret the token comes from (named in the warning when it is
-    /// not set).
-    pub secret: String,
-    /// The token; without one the commit stays local.
-    pub token: Option<GitToken>,
-}
-
-impl PushPolicy {
-    /// Reads the token of secret `secret` (`AGENTVISOR_SECRET_<SECRET>`)
-    /// through `lookup` (`std::env::var` outside tests).
-    pub fn from_secret(
-        secret: &str,
-        skip_push: bool,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> PushPolicy {
-        let token = lookup(&secret_variable(secret))
-            .filter(|v| !v.is_empty())
-            .map(|v| GitToken::new(secret, &v));
-        PushPolicy {
-            skip_push,
-            secret: secret.to_string(),
-            token,
-        }
-    }
-
-    /// Commit only, never push.
-    pub fn local() -> PushPolicy {
-        PushPolicy {
-            skip_push: true,
-            secret: DEFAULT_TOKEN_SECRET.into(),
-            token: None,
-        }
-    }
-}
-
-/// Why a commit was not pushed, by design.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LocalReason {
-    /// `skip_push` was asked for.
-    SkipPush,
-    /// No token is set.
-    NoToken,
-}
-
-/// Where the write went.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum PushState {
-    /// On `origin`.
-    Pushed {
-        /// Pushes it took (1 when the remote had not moved).
-        tries: u32,
-    },
-    /// Committed locally only, by design.
-    Local {
-        /// Why.
-        reason: LocalReason,
-    },
-    /// Not on `origin`: parked, to be retried (a partial failure).
-    Parked {
-        /// The parked intent.
-        intent_id: String,
-        /// Why the last try failed (secrets redacted).
-        error: String,
-    },
-}
-
-/// What [`GitWriteback::write_memory`] did.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct WriteOutcome {
-    /// The commit that holds the write, on the local branch (and on
-    /// `origin` when pushed); none when not even the local commit could be
-    /// made (then the write is parked).
-    pub sha: Option<String>,
-    /// Pushed, local, or parked.
-    pub push: PushState,
-    /// What a person should know (no token, a working tree not updated).
-    pub warnings: Vec<String>,
-}
-
-impl WriteOutcome {
-    /// The run's `writeback_sha`.
-    pub fn writeback_sha(&self) -> Option<&str> {
-        self.sha.as_deref()
-    }
-
-    /// Whether the write failed to land, so the run is a
-    /// `partial_failure` (a local commit by design is not a failure).
-    pub fn partial_failure(&self) -> bool {
-        matches!(self.push, PushState::Parked { .. })
-    }
-}
-
-/// A write that could not be made or parked. Every variant makes the run
-/// a `partial_failure`; none holds a secret.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WritebackError {
-    /// The path is not a file inside the repository.
-    #[error("writeback: path `{path}`: {why}")]
-    InvalidPath {
-        /// The path given.
-        path: String,
-        /// What is wrong with it.
-        why: &'static str,
-    },
-    /// The skills repository is not in a git working tree.
-    #[error("writeback: {repo} is not in a git repository with a working tree: {reason}")]
-    NotARepository {
-        /// The skills repository.
-        repo: String,
-        /// Why.
-        reason: String,
-    },
-    /// HEAD names no branch, so there is nothing to commit on and push.
-    #[error("writeback: {repo}: HEAD is detached; check out a branch to write memory to")]
-    DetachedHead {
-        /// The skills repository.
-        repo: String,
-    },
-    /// The write did not land and could not be parked either.
-    #[error("writeback: `{path}` of run {run_id} did not land ({error}) and could not be parked: {store}")]
-    NotParked {
-        /// The file.
-        path: String,
-        /// The run.
-        run_id: String,
-        /// Why it did not land.
-        error: String,
-        /// Why the intent store failed.
-        store: WriteIntentError,
-    },
-}
-
-/// What [`GitWriteback::retry_parked`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RetryReport {
-    /// Intents landed now (and removed): `(intent id, commit)`.
-    pub landed: Vec<(String, String)>,
-    /// Intents still parked: `(intent id, why)`.
-    pub parked: Vec<(String, String)>,
-}
+use git::{Checkout, OpenFailure};
+pub use outcome::{LocalReason, PushState, RetryReport, WriteOutcome, WritebackError};
+pub use policy::{GitToken, Identity, PushPolicy, RetryPolicy, DEFAULT_TOKEN_SECRET, REMOTE};
+use steps::{commit_intent, prepare_retry, push_step, Step};
 
 /// Writes skills' memory into git repositories (see the module doc).
 pub struct GitWriteback {
@@ -607,160 +374,6 @@ impl GitWriteback {
     }
 }
 
-/// What one push try came to.
-enum Step {
-    /// On the remote: the tip pushed.
-    Pushed { head: String, warnings: Vec<String> },
-    /// Worth another try (rejected, unreachable): why.
-    Retry {
-        error: String,
-        warnings: Vec<String>,
-    },
-    /// Not worth another (a rebase conflict): why.
-    Stop { error: String },
-}
-
-/// One try: catch up with the remote when asked (fetch, rebase), then push.
-fn push_step(
-    checkout: &Checkout,
-    catch_up: bool,
-    identity: &Identity,
-    token: &str,
-    user: &str,
-) -> Step {
-    let auth = Auth {
-        remote: REMOTE,
-        username: user,
-        token,
-    };
-    let who = match signature(identity) {
-        Ok(w) => w,
-        Err(e) => return Step::Stop { error: e },
-    };
-    let mut warnings = Vec::new();
-    if catch_up {
-        let upstream = match checkout.fetch(&auth) {
-            Ok(u) => u,
-            Err(e) => {
-                return Step::Retry {
-                    error: format!("fetch from {REMOTE}: {}", e.message()),
-                    warnings,
-                }
-            }
-        };
-        match checkout.rebase_onto(upstream, &who) {
-            Ok(w) => warnings.extend(w),
-            Err(RebaseFailure::Conflict(why)) => return Step::Stop { error: why },
-            Err(RebaseFailure::Git(e)) => {
-                return Step::Retry {
-                    error: format!("rebase onto {REMOTE}: {}", e.message()),
-                    warnings,
-                }
-            }
-        }
-    }
-    match checkout.push(&auth) {
-        Ok(()) => match checkout.head() {
-            Ok(Some(head)) => Step::Pushed {
-                head: head.to_string(),
-                warnings,
-            },
-            Ok(None) => Step::Stop {
-                error: "the branch has no commit".into(),
-            },
-            Err(e) => Step::Stop {
-                error: e.message().to_string(),
-            },
-        },
-        Err(PushFailure::Rejected(why)) => Step::Retry {
-            error: format!("push to {REMOTE} rejected ({why}): the remote moved"),
-            warnings,
-        },
-        Err(PushFailure::Failed(e)) => Step::Retry {
-            error: format!("push to {REMOTE}: {}", e.message()),
-            warnings,
-        },
-    }
-}
-
-/// Commits `intent` on the local branch: its commit and warnings.
-fn commit_intent(
-    checkout: &Checkout,
-    intent: &WriteIntent,
-    identity: &Identity,
-) -> Result<(String, Vec<String>), String> {
-    let who = signature(identity)?;
-    let op = Op {
-        path: &intent.path,
-        tree_path: checkout.tree_path(&intent.path),
-        mode: intent.mode,
-        content: &intent.content,
-        run_id: &intent.run_id,
-    };
-    // Another process (a second host on this clone, a person's `git`) may
-    // move the branch or hold a lock between our read and our write: the
-    // commit is made again on the new tip, a few times.
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match checkout.commit(&op, &who) {
-            Ok((id, w)) => return Ok((id.to_string(), w)),
-            Err(e)
-                if tries < LOCAL_COMMIT_TRIES
-                    && matches!(
-                        e.code(),
-                        git2::ErrorCode::Modified | git2::ErrorCode::Locked
-                    ) =>
-            {
-                std::thread::sleep(Duration::from_millis(20 * u64::from(tries)));
-            }
-            Err(e) => return Err(format!("commit `{}`: {}", intent.path, e.message())),
-        }
-    }
-}
-
-/// Tries of a local commit that another process raced (then it is parked).
-const LOCAL_COMMIT_TRIES: u32 = 5;
-
-/// Before a parked write is pushed again: `Some(tip)` when the remote has
-/// it already; else makes sure the local branch has it (committing it
-/// again if it was lost) and answers `None`.
-fn prepare_retry(
-    checkout: &Checkout,
-    intent: &WriteIntent,
-    identity: &Identity,
-    token: &str,
-    user: &str,
-) -> Result<Option<String>, String> {
-    let auth = Auth {
-        remote: REMOTE,
-        username: user,
-        token,
-    };
-    let summary = git::summary(&intent.path, &intent.run_id);
-    let upstream = checkout
-        .fetch(&auth)
-        .map_err(|e| format!("fetch from {REMOTE}: {}", e.message()))?;
-    let search = |tip, hide| {
-        checkout
-            .has_commit(tip, hide, &summary)
-            .map_err(|e| e.message().to_string())
-    };
-    if search(upstream, None)? {
-        return Ok(upstream.map(|u| u.to_string()));
-    }
-    let head = checkout.head().map_err(|e| e.message().to_string())?;
-    if !search(head, upstream)? {
-        commit_intent(checkout, intent, identity)?;
-    }
-    Ok(None)
-}
-
-fn signature(identity: &Identity) -> Result<git2::Signature<'static>, String> {
-    git2::Signature::now(&identity.name, &identity.email)
-        .map_err(|e| format!("the commit identity: {}", e.message()))
-}
-
 /// `path` as a `/`-separated path inside the repository.
 fn normalize(path: &str) -> Result<String, WritebackError> {
     let bad = |why| WritebackError::InvalidPath {
@@ -863,17 +476,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     }
 }
 
-/// A random number for jitter (the standard library's per-process hash
-/// keys, advanced by a counter).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-    h.finish()
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -900,34 +502,5 @@ mod tests {
             "{out}"
         );
         assert_eq!(out.matches(crate::secrets::REDACTED).count(), 2, "{out}");
-    }
-
-    #[test]
-    fn backoff_doubles_to_its_cap_with_at_most_half_again() {
-        let p = RetryPolicy {
-            tries: 9,
-            backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(350),
-        };
-        for (n, base) in [(2, 100), (3, 200), (4, 350), (9, 350)] {
-            let w = p.wait_before(n);
-            let base = Duration::from_millis(base);
-            assert!(w >= base && w <= base + base / 2, "try {n}: {w:?}");
-        }
-    }
-
-    #[test]
-    fn no_token_no_push_and_the_token_hides_in_debug() {
-        let p = PushPolicy::from_secret("git_token", false, |v| {
-            (v == "AGENTVISOR_SECRET_GIT_TOKEN").then(|| "ghp_secretvalue123".to_string())
-        });
-        let shown = format!("{p:?}");
-        assert!(
-            !shown.contains("ghp_secretvalue123") && shown.contains("AGENTVISOR_SECRET_GIT_TOKEN"),
-            "{shown}"
-        );
-        assert!(PushPolicy::from_secret("git_token", false, |_| None)
-            .token
-            .is_none());
     }
 }
