@@ -963,3 +963,66 @@ async fn spawned_retries_land_parked_writes_at_start_and_each_period() {
     assert_eq!(on_origin(&origin, "m.md").unwrap(), "run-1\nrun-2\n");
     task.abort();
 }
+
+/// A schedule's `writeback:` in one call: the run's memory lands where the
+/// schedule says; a schedule without one (or with `enabled: false`) does
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_s_writeback_is_one_call() {
+    let dir = Scratch::new("wb-schedule");
+    let origin = origin(&dir);
+    let repo = clone(&origin, &dir.path("skills"));
+    std::fs::create_dir_all(repo.join("skills/digest")).unwrap();
+    std::fs::write(
+        repo.join("skills/digest/SKILL.md"),
+        "---\nname: digest\n---\nWrite the digest.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("agentvisor.yaml"),
+        "skills:\n  digest: skills/digest\nschedules:\n  - name: daily\n    skill: digest\n    cron: \"@daily\"\n    model: scripted\n    script: [{ text: hi }]\n    writeback: { path: memory/digest.md, mode: replace }\n  - name: off\n    skill: digest\n    cron: \"@daily\"\n    model: scripted\n    script: [{ text: hi }]\n    writeback: { enabled: false, path: memory/off.md }\n  - name: none\n    skill: digest\n    cron: \"@daily\"\n    model: scripted\n    script: [{ text: hi }]\n",
+    )
+    .unwrap();
+    let skills = agentvisor::skills::SkillsRepo::open(&repo).unwrap();
+    let wb = writeback();
+    let lookup = |v: &str| (v == "AGENTVISOR_SECRET_GIT_TOKEN").then(|| TOKEN.to_string());
+    let out = wb
+        .write_schedule_memory(
+            &skills,
+            skills.schedule("daily").unwrap(),
+            "today",
+            "run-s1",
+            false,
+            lookup,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(pushed(&out), 1);
+    assert_eq!(on_origin(&origin, "memory/digest.md").unwrap(), "today\n");
+    for name in ["off", "none"] {
+        let schedule = skills.schedule(name).unwrap();
+        assert!(wb
+            .write_schedule_memory(&skills, schedule, "x", "run-s2", false, lookup)
+            .await
+            .is_none());
+    }
+    let local = wb
+        .write_schedule_memory(
+            &skills,
+            skills.schedule("daily").unwrap(),
+            "later",
+            "run-s3",
+            true,
+            lookup,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        local.push,
+        PushState::Local {
+            reason: LocalReason::SkipPush
+        }
+    );
+}

@@ -57,7 +57,7 @@ use std::time::Duration;
 
 use crate::ports::run::unix_ms;
 use crate::ports::writeback::{WriteIntent, WriteIntentError, WriteIntents, WriteMode};
-use crate::skills::{secret_variable, WritebackMode};
+use crate::skills::{secret_variable, Schedule, SkillsRepo, WritebackMode};
 
 use git::{Checkout, OpenFailure};
 pub use outcome::{LocalReason, PushState, RetryReport, WriteOutcome, WritebackError};
@@ -204,6 +204,28 @@ impl GitWriteback {
                 self.park(intent, head.or(Some(sha)), error, warnings).await
             }
         }
+    }
+
+    /// A skill run's writeback in one call: `memory` of run `run_id`
+    /// written as `schedule`'s `writeback:` says, into `repo`, pushed with
+    /// the token of secret [`DEFAULT_TOKEN_SECRET`] read through `lookup`
+    /// unless `skip_push`. `None` when the schedule has no writeback or
+    /// has it `enabled: false` (nothing to do, not a failure).
+    pub async fn write_schedule_memory(
+        &self,
+        repo: &SkillsRepo,
+        schedule: &Schedule,
+        memory: &str,
+        run_id: &str,
+        skip_push: bool,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Option<Result<WriteOutcome, WritebackError>> {
+        let w = schedule.settings.writeback.as_ref().filter(|w| w.enabled)?;
+        let push = PushPolicy::from_secret(DEFAULT_TOKEN_SECRET, skip_push, lookup);
+        Some(
+            self.write_memory(&repo.root, &w.path, w.mode, memory, run_id, &push)
+                .await,
+        )
     }
 
     /// Tries to land every parked write, oldest first, reading each one's
