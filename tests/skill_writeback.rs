@@ -1026,3 +1026,116 @@ async fn a_schedule_s_writeback_is_one_call() {
         }
     );
 }
+
+/// Writes kept local (no token) wait for the next push; when the remote
+/// moved meanwhile, each is re-applied after the remote's entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_writes_waiting_for_a_push_are_re_applied_on_a_moved_remote() {
+    let dir = Scratch::new("wb-waiting");
+    let origin = origin(&dir);
+    let ours = clone(&origin, &dir.path("ours"));
+    let theirs = clone(&origin, &dir.path("theirs"));
+    let wb = writeback();
+    let no_token = PushPolicy::from_secret("git_token", false, |_| None);
+    for (i, entry) in ["ours 1", "ours 2"].into_iter().enumerate() {
+        let out = wb
+            .write_memory(
+                &ours,
+                "m.md",
+                WritebackMode::Append,
+                entry,
+                &format!("run-o{i}"),
+                &no_token,
+            )
+            .await
+            .unwrap();
+        assert!(matches!(out.push, PushState::Local { .. }));
+    }
+    wb.write_memory(
+        &theirs,
+        "m.md",
+        WritebackMode::Append,
+        "theirs",
+        "run-t",
+        &token(),
+    )
+    .await
+    .unwrap();
+    let out = wb
+        .write_memory(
+            &ours,
+            "m.md",
+            WritebackMode::Append,
+            "ours 3",
+            "run-o3",
+            &token(),
+        )
+        .await
+        .unwrap();
+    assert!(pushed(&out) >= 2, "{out:?}");
+    assert_eq!(
+        on_origin(&origin, "m.md").unwrap(),
+        "theirs\nours 1\nours 2\nours 3\n"
+    );
+    // Each write is still its own commit, with its own message.
+    let git = git2::Repository::open_bare(&origin).unwrap();
+    let mut walk = git.revwalk().unwrap();
+    walk.push_ref("refs/heads/main").unwrap();
+    let summaries: Vec<String> = walk
+        .take(4)
+        .map(|id| {
+            let c = git.find_commit(id.unwrap()).unwrap();
+            c.summary().unwrap().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(
+        summaries,
+        [
+            "chore(agentvisor): update m.md from run run-o3",
+            "chore(agentvisor): update m.md from run run-o1",
+            "chore(agentvisor): update m.md from run run-o0",
+            "chore(agentvisor): update m.md from run run-t",
+        ]
+    );
+}
+
+/// A person's local commit that conflicts with the remote's changes stops
+/// the rebase at once: nothing is moved, the write is parked (no retry
+/// can settle a conflict), and its error says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_local_commit_parks_the_write_with_what_to_do() {
+    let dir = Scratch::new("wb-conflict");
+    let origin = origin(&dir);
+    let ours = clone(&origin, &dir.path("ours"));
+    let theirs = clone(&origin, &dir.path("theirs"));
+    commit_file(&theirs, "README.md", "their readme\n", "docs: theirs");
+    push(&theirs);
+    commit_file(&ours, "README.md", "our readme\n", "docs: ours");
+    let remote_tip = tip(&origin);
+    let store = Arc::new(MemoryWriteIntents::new());
+    let wb = GitWriteback::new(store.clone()).retry(quick());
+    let out = wb
+        .write_memory(
+            &ours,
+            "m.md",
+            WritebackMode::Append,
+            "kept",
+            "run-c",
+            &token(),
+        )
+        .await
+        .unwrap();
+    let PushState::Parked { error, .. } = &out.push else {
+        panic!("{out:?}")
+    };
+    assert!(
+        error.contains("docs: ours") && error.contains("by hand"),
+        "{error}"
+    );
+    assert_eq!(tip(&origin), remote_tip, "nothing pushed");
+    assert_eq!(store.parked().await.unwrap()[0].content, "kept");
+    assert_eq!(
+        std::fs::read_to_string(ours.join("README.md")).unwrap(),
+        "our readme\n"
+    );
+}
