@@ -363,7 +363,15 @@ async fn fifty_writes_from_two_clones_all_land() {
         clone(&origin, &dir.path("host-a")),
         clone(&origin, &dir.path("host-b")),
     ];
-    let wb = Arc::new(writeback());
+    // A clone that keeps losing the race tries again until the other's
+    // queue is drained: generous tries, so a slow machine parks nothing.
+    let wb = Arc::new(
+        GitWriteback::new(Arc::new(MemoryWriteIntents::new())).retry(RetryPolicy {
+            tries: 200,
+            backoff: Duration::from_millis(2),
+            max_backoff: Duration::from_millis(100),
+        }),
+    );
     let mut tasks = Vec::new();
     for i in 0..50 {
         let (wb, repo) = (Arc::clone(&wb), clones[i % 2].clone());
