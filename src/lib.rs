@@ -91,7 +91,9 @@
 //!   steps and goes on live under other settings; [`diff`]: two recorded
 //!   runs aligned step by step; [`eval`]: a cohort forked under one
 //!   budget, and what changed; [`skill_run`]: one run of a scheduled
-//!   skill (the dry run: model and parsing).
+//!   skill (the dry run: model and parsing); `writeback` (the `git`
+//!   feature): a skill's memory committed and pushed to its git
+//!   repository, serialized per repository, parked until it lands.
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
 //! - `actors` (private): host, critic, run, watch, judging, budget, audit,
@@ -111,7 +113,7 @@
 //! - batteries: [`providers`]: `ChatModel` batteries: scripted,
 //!   OpenAI-compatible, Anthropic; the retry layer and the circuit breaker;
 //!   model specs and tiers. [`stores`]: `AuditStore` / `RunIndex` /
-//!   `BudgetLedger` / `Checkpointer` / `SessionStore` batteries (in memory;
+//!   `BudgetLedger` / `Checkpointer` / `SessionStore` / `WriteIntents` batteries (in memory;
 //!   embedded SQLite). [`tools`]: the tool registry, argument validation,
 //!   built-in tools. [`mcp`]: MCP servers as tool sources.
 //! - [`ports`]: the traits actors depend on and the data they speak.
@@ -168,6 +170,8 @@ pub(crate) use kernel::{dispatch, record};
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
+#[cfg(feature = "git")]
+pub use orchestration::writeback;
 pub use orchestration::{diff, eval, fork, pipeline, replay, session, skill_run};
 
 #[doc(hidden)]

@@ -759,7 +759,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 14] = [
+const MIGRATIONS: [(i64, &str); 15] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -780,6 +780,7 @@ const MIGRATIONS: [(i64, &str); 14] = [
     ),
     (13, include_str!("../migrations/0013_forks.sql")),
     (14, include_str!("../migrations/0014_manifests.sql")),
+    (17, include_str!("../migrations/0017_writeback_intents.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`

@@ -14,3 +14,4 @@ pub mod retention;
 pub mod run;
 pub mod session;
 pub mod tool;
+pub mod writeback;

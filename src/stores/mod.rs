@@ -1,13 +1,16 @@
 //! Store batteries: implementations of the `AuditStore`, `RunIndex`,
-//! `BudgetLedger` and `Checkpointer` ports. In memory (a host built with nothing), and on
+//! `BudgetLedger`, `Checkpointer`, `SessionStore` and `WriteIntents`
+//! (parked git writes of skills' memory) ports. In memory (a host built with nothing), and on
 //! embedded SQLite (the CLI's default; full history, budgets that hold
 //! across processes), and on PostgreSQL (the `postgres` feature: the audit
-//! log and run index for many hosts on one database). Stores know nothing
+//! log, run index and budget ledger for many hosts on one database).
+//! Stores know nothing
 //! of actors.
 
 pub mod memory;
 pub mod memory_checkpoint;
 pub mod memory_session;
+pub mod memory_writeback;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -16,6 +19,7 @@ pub mod sqlite;
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
 pub use memory_checkpoint::MemoryCheckpointer;
 pub use memory_session::MemorySessionStore;
+pub use memory_writeback::MemoryWriteIntents;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresError, PostgresStore};
 #[cfg(feature = "sqlite")]

@@ -15,6 +15,7 @@ mod checkpoint;
 mod connection;
 mod retention;
 mod session;
+mod writeback;
 mod writer;
 
 use connection::{BusyLimit, ReadFailure, Readers, Target};
@@ -58,10 +59,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (13, include_str!("../../../migrations/0013_forks.sql")),
     (14, include_str!("../../../migrations/0014_manifests.sql")),
+    (
+        17,
+        include_str!("../../../migrations/0017_writeback_intents.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 14;
+pub const SCHEMA_VERSION: i64 = 17;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
