@@ -148,6 +148,7 @@ mod observability;
 mod orchestration;
 pub mod ports;
 pub mod providers;
+pub mod publishers;
 #[cfg(feature = "server")]
 pub mod server;
 #[doc(hidden)]

@@ -759,7 +759,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 13] = [
+const MIGRATIONS: [(i64, &str); 14] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -779,6 +779,7 @@ const MIGRATIONS: [(i64, &str); 13] = [
         include_str!("../migrations/0012_checkpoint_entries.sql"),
     ),
     (13, include_str!("../migrations/0013_forks.sql")),
+    (15, include_str!("../migrations/0015_outbox.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`
@@ -796,6 +797,7 @@ fn insert_version_1_records(conn: &rusqlite::Connection, id: RunId, run: &[Audit
                 insert_whole_run(conn, id, res);
                 ("run.end", String::new())
             }
+            AuditEntry::Publish(_) => continue,
         };
         conn.execute(
             "INSERT INTO audit_records (run_id, seq, at_ms, kind, body) VALUES (?, ?, ?, ?, ?)",

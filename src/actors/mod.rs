@@ -16,5 +16,6 @@ pub mod host;
 pub mod judging;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+pub mod publisher;
 pub mod run;
 pub mod watch;

@@ -539,6 +539,14 @@ pub(super) fn describe(entry: &AuditEntry) -> String {
                 None => ("event".to_string(), json),
             }
         }
+        AuditEntry::Publish(intents) => {
+            // Destinations as shown (redacted), never their targets.
+            let shown: Vec<String> = intents
+                .iter()
+                .map(|i| format!("{} ({} {})", i.name, i.kind, i.shown))
+                .collect();
+            ("publish".to_string(), shown.join(", "))
+        }
         AuditEntry::Terminal(res) => {
             let reason = res
                 .kill_reason

@@ -14,7 +14,8 @@
 //!
 //! What it must not do: run anything, read a clock, or touch the network.
 //! Running a schedule's run is `crate::skill_run`'s (orchestration);
-//! publishing, writeback and the scheduler loop are not built yet.
+//! what a run owes its destinations is rendered here ([`SkillPublishPlan`],
+//! `publish`) and delivered by the host's publisher.
 //!
 //! Errors name the file, the key and, where it can be found, the line.
 //! Files: `manifest` (the keys of `agentvisor.yaml`), `repo` (reading and
@@ -32,6 +33,7 @@ mod clock;
 mod cron;
 mod env;
 mod manifest;
+mod publish;
 mod repo;
 mod skill;
 
@@ -44,6 +46,9 @@ pub use env::{
 pub use manifest::{
     BudgetCap, Destination, DestinationKind, Missed, Overlap, RepoManifest, ScheduleBudget,
     ScheduleSpec, When, Writeback, WritebackMode,
+};
+pub use publish::{
+    destination_name, kind_name, render, scrub, SkillPublishPlan, DEFAULT_PUBLISH_TIMEOUT,
 };
 pub use repo::{PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE};
 pub use skill::{FrontMatter, Skill, SkillWriteback};

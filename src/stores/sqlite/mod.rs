@@ -13,6 +13,7 @@ mod background;
 mod budget;
 mod checkpoint;
 mod connection;
+mod outbox;
 mod retention;
 mod session;
 mod writer;
@@ -57,10 +58,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/0012_checkpoint_entries.sql"),
     ),
     (13, include_str!("../../../migrations/0013_forks.sql")),
+    (15, include_str!("../../../migrations/0015_outbox.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 15;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -428,6 +428,11 @@ pub(super) fn encode(
     let mut limits = None;
     let mut payload: Vec<u8> = Vec::with_capacity(1024);
     for r in batch {
+        if matches!(r.entry, AuditEntry::Publish(_)) {
+            // Not a record of the log: its intents go to the outbox
+            // (`super::super::outbox`), in this batch's transaction.
+            continue;
+        }
         let bad = |e: serde_json::Error| {
             AuditStoreError::Unavailable(format!(
                 "record {}/{} does not encode: {e}",
@@ -491,6 +496,8 @@ pub(super) fn encode(
                 o.body.extend_from_slice(b"\",null");
                 o.result = Some(res.clone());
             }
+            // Left out above.
+            AuditEntry::Publish(_) => {}
         }
         o.body.push(b']');
     }

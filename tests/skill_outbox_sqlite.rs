@@ -1,0 +1,152 @@
+//! The outbox on SQLite: a run's publish intents are on file with its
+//! terminal record, and a host that ends after the run and before
+//! publishing leaves them owed; the next host on the file delivers them,
+//! once, with the idempotency key.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentvisor::ports::outbox::{DeliveryState, OutboxStore, PublishHook};
+use agentvisor::publishers::Destinations;
+use agentvisor::skills::SkillsRepo;
+use agentvisor::stores::SqliteStore;
+use agentvisor::{Host, RunStatus};
+use support::hooks;
+use support::scratch::Scratch;
+
+fn repo(hook: &str) -> Scratch {
+    let dir = Scratch::new("skill-outbox");
+    std::fs::create_dir_all(dir.path("skills/digest")).unwrap();
+    dir.file(
+        "skills/digest/SKILL.md",
+        "---\nname: digest\n---\nWrite the digest.\n",
+    );
+    dir.file(
+        "agentvisor.yaml",
+        &format!(
+            "skills: {{ digest: skills/digest }}\nschedules:\n  - name: daily\n    skill: digest\n    cron: \"0 7 * * *\"\n    script:\n      - {{ text: \"news\" }}\n    destinations:\n      - {{ type: webhook, name: hook, url: \"{hook}/in\" }}\n      - {{ type: file, path: out/news.md }}\n"
+        ),
+    );
+    dir
+}
+
+async fn host_on(store: Arc<SqliteStore>, scan: Option<Duration>) -> Host {
+    let destinations = Destinations::new(Arc::new(|_: &str| None), Arc::new(|_: &str| {}));
+    support::builder()
+        .audit_store(store)
+        .publisher(Arc::new(destinations))
+        .publish_scan_every(scan)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn intents_left_owed_by_a_host_that_ended_are_delivered_once_by_the_next() {
+    let hook = hooks::answering(200).await;
+    let dir = repo(&hook.base);
+    let db = dir.path("agentvisor.db");
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+
+    // Host 1 runs the schedule and ends before it publishes: the run's
+    // intents are recorded with its terminal record, nothing is sent.
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let host = host_on(store.clone(), None).await;
+    let mut plan = repo.plan("daily", |_| None).unwrap();
+    let publish = repo.publish_plan(&plan).unwrap();
+    plan.invocation.publish = PublishHook::new(Arc::new(publish));
+    let result = host
+        .submit(plan.spec.clone(), plan.invocation)
+        .await
+        .unwrap()
+        .await;
+    assert_eq!(result.status, RunStatus::Ok);
+    let run_id = result.run_id;
+    let owed = store.run_intents(run_id).await.unwrap();
+    assert_eq!(owed.len(), 2);
+    assert!(owed.iter().all(|(_, r)| r.state == DeliveryState::Owed));
+    assert_eq!(owed[0].0.key, format!("{run_id}-0-hook"));
+    host.shutdown().await;
+    drop(host);
+    drop(store);
+    assert!(hook.seen().is_empty());
+
+    // Host 2 opens the same file: its publisher delivers what is owed.
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let host = host_on(store.clone(), None).await;
+    let reports = host.publish(run_id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(reports.len(), 2);
+    assert!(
+        reports.iter().all(|r| r.state == DeliveryState::Delivered),
+        "{reports:?}"
+    );
+    // The start's scan and the explicit call deliver it once between them.
+    let seen = hook.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen[0].headers.get("idempotency-key").map(String::as_str),
+        Some(format!("{run_id}-0-hook").as_str())
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path("out/news.md")).unwrap(),
+        "news"
+    );
+    host.shutdown().await;
+    drop(host);
+    drop(store);
+
+    // Host 3: nothing is owed any more, nothing is sent again.
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let host = host_on(store.clone(), None).await;
+    let reports = host.publish(run_id, Duration::from_secs(30)).await.unwrap();
+    assert!(reports.iter().all(|r| r.state == DeliveryState::Delivered));
+    assert!(store.owed(u64::MAX, 10).await.unwrap().is_empty());
+    host.shutdown().await;
+    assert_eq!(hook.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_host_delivers_what_is_owed_at_its_start_without_being_asked() {
+    let hook = hooks::answering(200).await;
+    let dir = repo(&hook.base);
+    let db = dir.path("agentvisor.db");
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let host = host_on(store.clone(), None).await;
+    let mut plan = repo.plan("daily", |_| None).unwrap();
+    plan.invocation.publish = PublishHook::new(Arc::new(repo.publish_plan(&plan).unwrap()));
+    let run_id = host
+        .submit(plan.spec.clone(), plan.invocation)
+        .await
+        .unwrap()
+        .await
+        .run_id;
+    host.shutdown().await;
+    drop(host);
+    drop(store);
+
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let host = host_on(store.clone(), None).await;
+    // Nobody asks: the start's scan delivers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let states: Vec<DeliveryState> = store
+            .run_intents(run_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, r)| r.state)
+            .collect();
+        if states.iter().all(|s| *s == DeliveryState::Delivered) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{states:?}");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(hook.seen().len(), 1);
+    host.shutdown().await;
+}
