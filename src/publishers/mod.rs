@@ -1,7 +1,7 @@
 //! Publisher batteries: implementations of the [`Publisher`] port that
 //! deliver a scheduled skill's publish intents to their destinations —
 //! `stdout`, `file`, and (the `publishers` feature) `webhook`, `slack`,
-//! `discord`, `github-issue` over HTTP.
+//! `discord`, `github-issue` over HTTP and `email` over SMTP.
 //!
 //! One call is one try: retries, backoff and the timeout are the
 //! publisher actor's. An error says whether another try could help
@@ -22,6 +22,8 @@ use serde_json::Value;
 
 use crate::ports::outbox::{Delivered, PublishError, PublishIntent, Publisher};
 
+#[cfg(feature = "publishers")]
+mod email;
 #[cfg(feature = "publishers")]
 mod http;
 
@@ -139,6 +141,8 @@ impl Publisher for Destinations {
             "webhook" | "slack" | "discord" => self.post(intent).await,
             #[cfg(feature = "publishers")]
             "github-issue" => self.github_issue(intent).await,
+            #[cfg(feature = "publishers")]
+            "email" => self.email(intent).await,
             other => Err(PublishError::Permanent(format!(
                 "this build cannot deliver to a `{other}` destination (it needs the `publishers` feature)"
             ))),
