@@ -150,3 +150,75 @@ async fn a_host_delivers_what_is_owed_at_its_start_without_being_asked() {
     assert_eq!(hook.seen().len(), 1);
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn intents_are_written_with_their_batch_and_a_replay_changes_nothing() {
+    use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore};
+    use agentvisor::ports::outbox::{DeliveryReport, PublishIntent};
+
+    let dir = Scratch::new("skill-outbox-replay");
+    let store = Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap());
+    // A finished run's result (from a host on memory) to record here.
+    let (mem, _) = support::host().await;
+    let result = mem
+        .execute(
+            support::spec(support::HELLO),
+            agentvisor::Invocation::prompt("hi"),
+        )
+        .await
+        .unwrap();
+    mem.shutdown().await;
+    assert_eq!(result.status, RunStatus::Ok);
+    let run_id = result.run_id;
+    let intent = PublishIntent {
+        key: PublishIntent::key_of(run_id, 0, "hook"),
+        run_id,
+        index: 0,
+        name: "hook".into(),
+        kind: "webhook".into(),
+        target: serde_json::json!({ "url": { "secret": "hook_url" } }),
+        shown: "[secret hook_url]".into(),
+        body: "news".into(),
+        skipped: None,
+        schedule: "daily".into(),
+        skill: "digest".into(),
+        timeout_ms: 30_000,
+        at_ms: 1,
+    };
+    let batch = vec![
+        AuditRecord {
+            run_id,
+            seq: 0,
+            at_ms: 1,
+            entry: AuditEntry::Publish(vec![intent.clone()].into()),
+        },
+        AuditRecord {
+            run_id,
+            seq: 0,
+            at_ms: 1,
+            entry: AuditEntry::Terminal(Arc::new(result)),
+        },
+    ];
+    store.append(&batch).await.unwrap();
+    // The intent is in the outbox, not among the run's records.
+    let on_file = store.run_intents(run_id).await.unwrap();
+    assert_eq!(on_file.len(), 1);
+    assert_eq!(on_file[0].0, intent);
+    let records = store.run_records(run_id).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(records[0].is_terminal());
+    // Delivered, then the batch written again (a spool replay): the row
+    // keeps its outcome, nothing is owed.
+    let mut report = DeliveryReport::of(&intent);
+    assert!(store.claim(&intent.key, "me", 100, 1).await.unwrap());
+    assert!(!store.claim(&intent.key, "other", 100, 50).await.unwrap());
+    report.state = DeliveryState::Delivered;
+    report.attempts = 1;
+    report.at_ms = 2;
+    store.record_outcome(&report).await.unwrap();
+    store.append(&batch).await.unwrap();
+    let on_file = store.run_intents(run_id).await.unwrap();
+    assert_eq!(on_file[0].1, report);
+    assert!(store.owed(u64::MAX, 10).await.unwrap().is_empty());
+    assert_eq!(store.stats().await.unwrap().terminal_records, 1);
+}

@@ -939,6 +939,7 @@ fn whole_segment(run: &[AuditRecord]) -> String {
                     (v["type"].as_str().unwrap().to_string(), v)
                 }
                 AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
+                AuditEntry::Publish(_) => ("publish".into(), serde_json::Value::Null),
             };
             serde_json::json!([r.seq, r.at_ms, kind, payload])
         })

@@ -239,7 +239,7 @@ async fn deliver(
     let key = intent.key.clone();
     let run_id = intent.run_id;
     if let Some(report) = attempt(&intent, &*outbox, &*publisher, &owner).await {
-        if let Err(e) = outbox.settle(&report).await {
+        if let Err(e) = outbox.record_outcome(&report).await {
             // Left owed: delivered again by a later scan (at least once).
             tracing::warn!(key = %key, error = %e, "cannot record a publish's outcome");
         }

@@ -189,7 +189,7 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Records an intent's outcome (its state, tries, error, detail) and
     /// lets its claim go.
-    async fn settle(&self, report: &DeliveryReport) -> Result<(), OutboxError>;
+    async fn record_outcome(&self, report: &DeliveryReport) -> Result<(), OutboxError>;
 }
 
 /// Turns a run's result into what it owes: given with the run's

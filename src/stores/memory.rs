@@ -109,16 +109,18 @@ impl MemoryAuditStore {
         let terminal = batch.iter().filter(|r| r.is_terminal()).count() as u64;
         // The intents a batch brings go to the outbox within the append,
         // before the batch is visible: whoever sees the terminal record
-        // finds them there.
+        // finds them there. They are not records of the log (not counted).
+        let mut intents = 0;
         for r in &batch {
-            if let AuditEntry::Publish(intents) = &r.entry {
-                self.outbox.insert(intents);
+            if let AuditEntry::Publish(list) = &r.entry {
+                self.outbox.insert(list);
+                intents += 1;
             }
         }
         let mut evicted = Vec::new();
         {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            g.stats.records += n as u64;
+            g.stats.records += (n - intents) as u64;
             g.stats.terminal_records += terminal;
             g.stats.batches += 1;
             if n > 0 {

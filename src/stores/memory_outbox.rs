@@ -116,7 +116,7 @@ impl OutboxStore for MemoryOutbox {
         Ok(free)
     }
 
-    async fn settle(&self, report: &DeliveryReport) -> Result<(), OutboxError> {
+    async fn record_outcome(&self, report: &DeliveryReport) -> Result<(), OutboxError> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = g.entries.get_mut(&report.key) {
             e.report = report.clone();

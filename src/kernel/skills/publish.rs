@@ -252,21 +252,6 @@ impl PublishPlan for SkillPublishPlan {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn templates_fill_known_names_and_leave_the_rest() {
-        let vars = [("output", "hi"), ("skill", "digest")];
-        assert_eq!(
-            render("{{ skill }}: {{output}} {{other}} {{", &vars),
-            "digest: hi {{other}} {{"
-        );
-    }
-}
-
 impl super::SkillsRepo {
     /// The publish plan of `run` (a plan of this repository's): its
     /// schedule's destinations, `None` when it has none.
@@ -288,5 +273,20 @@ impl super::SkillsRepo {
                 .unwrap_or(DEFAULT_PUBLISH_TIMEOUT),
             secrets: run.env.secrets.values().cloned().collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn templates_fill_known_names_and_leave_the_rest() {
+        let vars = [("output", "hi"), ("skill", "digest")];
+        assert_eq!(
+            render("{{ skill }}: {{output}} {{other}} {{", &vars),
+            "digest: hi {{other}} {{"
+        );
     }
 }

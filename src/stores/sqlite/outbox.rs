@@ -164,7 +164,7 @@ impl OutboxStore for SqliteStore {
             .map_err(unavailable)
     }
 
-    async fn settle(&self, report: &DeliveryReport) -> Result<(), OutboxError> {
+    async fn record_outcome(&self, report: &DeliveryReport) -> Result<(), OutboxError> {
         let r = report.clone();
         self.writer
             .write(move |tx| {
