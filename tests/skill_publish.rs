@@ -406,3 +406,46 @@ async fn tokens_and_secrets_reach_no_result_record_or_error() {
         assert!(!records.contains(needle), "{needle} in the records");
     }
 }
+
+#[tokio::test]
+async fn destinations_are_delivered_in_parallel() {
+    // Two webhooks that answer only once both requests have arrived:
+    // delivered one after the other, the first would get a 503 after 2 s
+    // and need another try.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let handler = move || {
+        let barrier = barrier.clone();
+        async move {
+            match tokio::time::timeout(std::time::Duration::from_secs(2), barrier.wait()).await {
+                Ok(_) => axum::http::StatusCode::OK,
+                Err(_) => axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            }
+        }
+    };
+    let app = axum::Router::new().fallback(handler);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let dests = format!(
+        "      - {{ type: webhook, name: a, url: \"{base}/a\" }}\n      - {{ type: webhook, name: b, url: \"{base}/b\" }}\n"
+    );
+    let dir = repo(ANSWER, &dests);
+    let yaml = std::fs::read_to_string(dir.path("agentvisor.yaml")).unwrap();
+    dir.file(
+        "agentvisor.yaml",
+        &yaml.replace("publish_timeout: 20s", "publish_timeout: 3s"),
+    );
+    let (host, _store, _) = host().await;
+    let r = run(&host, &dir).await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    for p in &r.publish {
+        assert_eq!(
+            (p.state, p.attempts),
+            (DeliveryState::Delivered, 1),
+            "{p:?}"
+        );
+    }
+    host.shutdown().await;
+}

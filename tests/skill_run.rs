@@ -226,3 +226,88 @@ async fn a_slow_model_is_killed_at_the_schedules_max_runtime() {
     assert!(took < std::time::Duration::from_secs(60), "{took:?}");
     host.shutdown().await;
 }
+
+/// A writeback that answers `sha` (or fails) and keeps what it was given.
+struct FakeWriteback {
+    answer: Result<Option<String>, String>,
+    got: std::sync::Mutex<Vec<(String, bool)>>,
+}
+
+#[async_trait::async_trait]
+impl skill_run::MemoryWriteback for FakeWriteback {
+    async fn write_back(
+        &self,
+        _repo: &SkillsRepo,
+        schedule: &agentvisor::skills::Schedule,
+        _run_id: agentvisor::RunId,
+        memory: &str,
+        skip_push: bool,
+    ) -> Result<Option<String>, skill_run::WritebackError> {
+        assert_eq!(schedule.name, "limited");
+        self.got
+            .lock()
+            .unwrap()
+            .push((memory.to_string(), skip_push));
+        self.answer.clone().map_err(skill_run::WritebackError)
+    }
+}
+
+#[tokio::test]
+async fn the_writeback_phase_runs_the_given_writeback_and_its_failure_is_partial() {
+    let dir = limited(
+        "    writeback: { path: memory/watch.md }\n",
+        "      - { text: \"ok <memory>seen</memory>\" }\n",
+    );
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let (host, _store) = support::host().await;
+    let good = std::sync::Arc::new(FakeWriteback {
+        answer: Ok(Some("abc123".into())),
+        got: Default::default(),
+    });
+    let options = skill_run::RunOptions {
+        skip_push: true,
+        writeback: Some(good.clone()),
+        ..Default::default()
+    };
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &options)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert_eq!(r.writeback_sha.as_deref(), Some("abc123"));
+    let phases: Vec<Phase> = r.phases.iter().map(|p| p.phase).collect();
+    assert_eq!(
+        phases,
+        [Phase::Boot, Phase::Secrets, Phase::Exec, Phase::Writeback]
+    );
+    assert_eq!(*good.got.lock().unwrap(), vec![("seen".to_string(), true)]);
+    // A dry run does not write back.
+    let dry = skill_run::RunOptions {
+        dry_run: true,
+        ..options.clone()
+    };
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &dry)
+        .await
+        .unwrap();
+    assert!(r.writeback_sha.is_none());
+    assert_eq!(good.got.lock().unwrap().len(), 1);
+    // A writeback that fails: partial failure, `fail` after `writeback`.
+    let bad = skill_run::RunOptions {
+        writeback: Some(std::sync::Arc::new(FakeWriteback {
+            answer: Err("push rejected".into()),
+            got: Default::default(),
+        })),
+        ..Default::default()
+    };
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &bad)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::PartialFailure, "{r:?}");
+    assert!(r.writeback_sha.is_none());
+    let last = r.phases.last().unwrap();
+    assert_eq!(
+        (last.phase, last.prev),
+        (Phase::Fail, Some(Phase::Writeback))
+    );
+    assert_eq!(r.error.as_deref(), Some("push rejected"));
+    host.shutdown().await;
+}
