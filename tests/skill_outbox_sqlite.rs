@@ -222,3 +222,45 @@ async fn intents_are_written_with_their_batch_and_a_replay_changes_nothing() {
     assert!(store.owed(u64::MAX, 10).await.unwrap().is_empty());
     assert_eq!(store.stats().await.unwrap().terminal_records, 1);
 }
+
+#[tokio::test]
+async fn pruning_a_run_takes_its_settled_publishes_and_keeps_owed_ones() {
+    use agentvisor::ports::audit::AuditStore;
+    use agentvisor::ports::retention::Retention;
+
+    let hook = hooks::answering(200).await;
+    let dir = repo(&hook.base);
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap());
+    let host = host_on(store.clone(), None).await;
+    let mut ids = Vec::new();
+    for deliver in [true, false] {
+        let mut plan = repo.plan("daily", |_| None).unwrap();
+        plan.invocation.publish = PublishHook::new(Arc::new(repo.publish_plan(&plan).unwrap()));
+        let id = host
+            .submit(plan.spec.clone(), plan.invocation)
+            .await
+            .unwrap()
+            .await
+            .run_id;
+        if deliver {
+            host.publish(id, Duration::from_secs(30)).await.unwrap();
+        }
+        ids.push(id);
+    }
+    host.shutdown().await;
+    let everything = Retention {
+        max_runs: Some(0),
+        ..Retention::default()
+    };
+    let report = store
+        .prune(&everything, agentvisor::ports::run::unix_ms(), 100, false)
+        .await
+        .unwrap();
+    assert_eq!(report.runs, 2, "{report:?}");
+    // The delivered run's rows went; the owed run's stay, still owed.
+    assert!(store.run_intents(ids[0]).await.unwrap().is_empty());
+    let owed = store.run_intents(ids[1]).await.unwrap();
+    assert_eq!(owed.len(), 2);
+    assert!(owed.iter().all(|(_, r)| r.state == DeliveryState::Owed));
+}
