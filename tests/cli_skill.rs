@@ -224,4 +224,20 @@ fn a_run_publishes_and_reports_each_destination() {
         "a: hello"
     );
     assert!(!r.to_string().contains("abcdef0123456789"));
+    // `runs show` gives the publishes' outcomes with the run.
+    let run_id = r["run_id"].as_str().unwrap();
+    let shown = ok_json(&agentvisor(&[
+        "runs",
+        "show",
+        run_id,
+        "--json",
+        "--db",
+        &dir.arg("av.db"),
+    ]));
+    assert_eq!(shown["publish"][0]["state"], "delivered");
+    assert_eq!(shown["publish"][1]["state"], "skipped");
+    assert!(!shown.to_string().contains("abcdef0123456789"));
+    let human = agentvisor(&["runs", "show", run_id, "--db", &dir.arg("av.db")]);
+    let text = String::from_utf8(human.stdout).unwrap();
+    assert!(text.contains("publishes:"), "{text}");
 }
