@@ -125,3 +125,55 @@ impl OutboxStore for MemoryOutbox {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn intent(key: &str, skipped: bool) -> PublishIntent {
+        PublishIntent {
+            key: key.into(),
+            run_id: RunId(7),
+            index: 0,
+            name: "hook".into(),
+            kind: "webhook".into(),
+            target: serde_json::Value::Null,
+            shown: String::new(),
+            body: "b".into(),
+            skipped: skipped.then(|| "not due".to_string()),
+            schedule: "s".into(),
+            skill: "k".into(),
+            timeout_ms: 1000,
+            at_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_exclude_other_owners_until_they_run_out() {
+        let o = MemoryOutbox::new();
+        o.insert(&[intent("a", false), intent("b", true)]);
+        // Written again (a replay): still one of each.
+        o.insert(&[intent("a", false)]);
+        let owed = o.owed(0, 10).await.unwrap();
+        assert_eq!(
+            owed.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(),
+            ["a"]
+        );
+        assert!(o.claim("a", "me", 100, 0).await.unwrap());
+        assert!(!o.claim("a", "you", 200, 50).await.unwrap());
+        assert!(o.owed(50, 10).await.unwrap().is_empty());
+        // Past the claim, another owner may take it.
+        assert!(o.claim("a", "you", 300, 100).await.unwrap());
+        // A skipped intent is never owed nor claimed.
+        assert!(!o.claim("b", "me", 100, 0).await.unwrap());
+        let mut r = DeliveryReport::of(&intent("a", false));
+        r.state = DeliveryState::Delivered;
+        o.record_outcome(&r).await.unwrap();
+        assert!(o.owed(u64::MAX, 10).await.unwrap().is_empty());
+        assert!(!o.claim("a", "me", 400, 300).await.unwrap());
+        let all = o.run_intents(RunId(7)).await.unwrap();
+        let states: Vec<_> = all.iter().map(|(_, r)| r.state).collect();
+        assert_eq!(states, [DeliveryState::Delivered, DeliveryState::Skipped]);
+    }
+}
