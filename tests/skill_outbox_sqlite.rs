@@ -264,3 +264,61 @@ async fn pruning_a_run_takes_its_settled_publishes_and_keeps_owed_ones() {
     assert_eq!(owed.len(), 2);
     assert!(owed.iter().all(|(_, r)| r.state == DeliveryState::Owed));
 }
+
+#[tokio::test]
+async fn a_batch_whose_intents_cannot_be_written_leaves_no_terminal_record_either() {
+    use agentvisor::ports::audit::{AuditEntry, AuditRecord, AuditStore, RunIndex};
+    use agentvisor::ports::outbox::PublishIntent;
+
+    let dir = Scratch::new("skill-outbox-atomic");
+    let db = dir.path("a.db");
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let (mem, _) = support::host().await;
+    let result = mem
+        .execute(
+            support::spec(support::HELLO),
+            agentvisor::Invocation::prompt("hi"),
+        )
+        .await
+        .unwrap();
+    mem.shutdown().await;
+    let run_id = result.run_id;
+    let intent = PublishIntent {
+        key: PublishIntent::key_of(run_id, 0, "file"),
+        run_id,
+        index: 0,
+        name: "file".into(),
+        kind: "file".into(),
+        target: serde_json::json!({ "path": "/tmp/x" }),
+        shown: "/tmp/x".into(),
+        body: "news".into(),
+        skipped: None,
+        schedule: "daily".into(),
+        skill: "digest".into(),
+        timeout_ms: 30_000,
+        at_ms: 1,
+    };
+    let batch = vec![
+        AuditRecord {
+            run_id,
+            seq: 0,
+            at_ms: 1,
+            entry: AuditEntry::Publish(vec![intent].into()),
+        },
+        AuditRecord {
+            run_id,
+            seq: 0,
+            at_ms: 1,
+            entry: AuditEntry::Terminal(Arc::new(result)),
+        },
+    ];
+    // The outbox cannot take rows (its table is gone): the whole batch
+    // fails, so the terminal record is not on file without its intents.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch("DROP TABLE outbox").unwrap();
+    drop(conn);
+    assert!(store.append(&batch).await.is_err());
+    assert!(store.run_result(run_id).await.unwrap().is_none());
+    assert!(store.run_records(run_id).await.unwrap().is_empty());
+}
