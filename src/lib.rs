@@ -35,7 +35,8 @@
 //! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction,
 //!               skills/
 //!   │
-//! batteries     providers/, stores/, tools/, mcp/      (each ─▶ ports)
+//! batteries     providers/, stores/, tools/, mcp/,     (each ─▶ ports)
+//!               publishers/
 //!   │
 //! ports         the traits and the plain data they speak (imports only ports)
 //!
@@ -52,6 +53,8 @@
 //!   │                        │     └──▶ checkpoint task ──▶ Checkpointer port
 //!   │                        │          (saves, clears, lease renewals)
 //!   │                        ├── Budget actor ──▶ BudgetLedger port
+//!   │                        ├── Publisher actor ──▶ Publisher port, OutboxStore
+//!   │                        │     (the audit store's outbox; a task per delivery)
 //!   │                        ├── MCP server actors (actors/mcp/): one per
 //!   │                        │     `scope: host` server, and one per run and
 //!   │                        │     `scope: run` server (stopped when its run
@@ -91,7 +94,7 @@
 //!   steps and goes on live under other settings; [`diff`]: two recorded
 //!   runs aligned step by step; [`eval`]: a cohort forked under one
 //!   budget, and what changed; [`skill_run`]: one run of a scheduled
-//!   skill (the dry run: model and parsing); `writeback` (the `git`
+//!   skill (model, parsing, its publishes waited for); `writeback` (the `git`
 //!   feature): a skill's memory committed and pushed to its git
 //!   repository, serialized per repository, parked until it lands.
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
@@ -116,6 +119,8 @@
 //!   `BudgetLedger` / `Checkpointer` / `SessionStore` / `WriteIntents` batteries (in memory;
 //!   embedded SQLite). [`tools`]: the tool registry, argument validation,
 //!   built-in tools. [`mcp`]: MCP servers as tool sources.
+//!   [`publishers`]: `Publisher` batteries, the destinations of scheduled
+//!   skills (stdout, file, webhook, Slack, Discord, GitHub issues, email).
 //! - [`ports`]: the traits actors depend on and the data they speak.
 //! - observability: `telemetry` (the kernel's counters, read by the
 //!   server's `/metrics`; hidden from the docs); `otel` (the
@@ -150,6 +155,7 @@ mod observability;
 mod orchestration;
 pub mod ports;
 pub mod providers;
+pub mod publishers;
 #[cfg(feature = "server")]
 pub mod server;
 #[doc(hidden)]

@@ -31,6 +31,7 @@ fn kinds(records: &[AuditRecord]) -> Vec<String> {
             AuditEntry::RunStarted(_) => "run.start".to_string(),
             AuditEntry::Event(e) => e.kind().to_string(),
             AuditEntry::Terminal(_) => "run.end".to_string(),
+            AuditEntry::Publish(_) => "publish".to_string(),
         })
         .collect()
 }

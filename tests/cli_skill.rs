@@ -169,10 +169,7 @@ fn refusals_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("`cron`") && err.contains("line 5"), "{err}");
-    // No --dry-run; an unknown schedule.
-    let out = agentvisor(&["skill", "run", EXAMPLE, "--schedule", "triage"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8(out.stderr).unwrap().contains("--dry-run"));
+    // An unknown schedule.
     let out = agentvisor(&[
         "skill",
         "run",
@@ -187,4 +184,60 @@ fn refusals_exit_2() {
     assert!(String::from_utf8(out.stderr)
         .unwrap()
         .contains("known: weekday-digest"));
+}
+
+#[test]
+fn a_run_publishes_and_reports_each_destination() {
+    let dir = Scratch::new("cli-skill-publish");
+    std::fs::create_dir_all(dir.path("skills/a")).unwrap();
+    dir.file("skills/a/SKILL.md", "---\nname: a\n---\nHi\n");
+    dir.file(
+        "agentvisor.yaml",
+        "skills: { a: skills/a }\nschedules:\n  - name: s\n    skill: a\n    cron: \"0 * * * *\"\n    script: [{ text: \"hello <memory>m</memory>\" }]\n    destinations:\n      - { type: file, path: out/a.txt, template: \"{{skill}}: {{output}}\" }\n      - { type: webhook, name: nowhere, url: \"http://127.0.0.1:9/in?token=abcdef0123456789\", when: on_failure }\n",
+    );
+    let out = agentvisor(&[
+        "skill",
+        "run",
+        &dir.arg(""),
+        "--schedule",
+        "s",
+        "--json",
+        "--db",
+        &dir.arg("av.db"),
+    ]);
+    let r = ok_json(&out);
+    assert_eq!(r["outcome"], "succeeded", "{r}");
+    assert_eq!(r["dry_run"], false);
+    let phases: Vec<&str> = r["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, ["boot", "secrets", "exec", "publish"]);
+    assert_eq!(r["publish"][0]["state"], "delivered");
+    assert_eq!(r["publish"][1]["state"], "skipped");
+    assert_eq!(r["publish"][1]["target"], "http://127.0.0.1:9/…");
+    assert!(r["writeback_sha"].is_null());
+    assert_eq!(
+        std::fs::read_to_string(dir.path("out/a.txt")).unwrap(),
+        "a: hello"
+    );
+    assert!(!r.to_string().contains("abcdef0123456789"));
+    // `runs show` gives the publishes' outcomes with the run.
+    let run_id = r["run_id"].as_str().unwrap();
+    let shown = ok_json(&agentvisor(&[
+        "runs",
+        "show",
+        run_id,
+        "--json",
+        "--db",
+        &dir.arg("av.db"),
+    ]));
+    assert_eq!(shown["publish"][0]["state"], "delivered");
+    assert_eq!(shown["publish"][1]["state"], "skipped");
+    assert!(!shown.to_string().contains("abcdef0123456789"));
+    let human = agentvisor(&["runs", "show", run_id, "--db", &dir.arg("av.db")]);
+    let text = String::from_utf8(human.stdout).unwrap();
+    assert!(text.contains("publishes:"), "{text}");
 }

@@ -162,3 +162,152 @@ async fn a_run_that_does_not_end_ok_is_a_failed_outcome() {
     assert_eq!((last.phase, last.prev), (Phase::Fail, Some(Phase::Exec)));
     host.shutdown().await;
 }
+
+/// A repository whose schedule `limited` has `settings` (YAML keys at the
+/// schedule's indentation) and `script`.
+fn limited(settings: &str, script: &str) -> Scratch {
+    let dir = Scratch::new("skill-limits");
+    std::fs::create_dir_all(dir.path("skills/watch")).unwrap();
+    dir.file(
+        "skills/watch/SKILL.md",
+        "---\nname: watch\n---\nWatch the service.\n",
+    );
+    dir.file(
+        "agentvisor.yaml",
+        &format!(
+            "skills: {{ watch: skills/watch }}\nschedules:\n  - name: limited\n    skill: watch\n    cron: \"*/5 * * * *\"\n{settings}    script:\n{script}"
+        ),
+    );
+    dir
+}
+
+#[tokio::test]
+async fn a_run_over_its_per_run_budget_is_stopped_by_the_budget() {
+    let dir = limited(
+        "    budget: { per_run: { tokens: 50 } }\n",
+        "      - { tool: add, args: { a: 1, b: 2 }, usage: { input: 100, output: 10 } }\n      - { tool: add, args: { a: 3, b: 4 }, usage: { input: 100, output: 10 } }\n      - { text: never, usage: { input: 100, output: 10 } }\n",
+    );
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let (host, _store) = support::host().await;
+    let options = skill_run::RunOptions::default();
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &options)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.status, Some(RunStatus::BudgetExceeded), "{r:?}");
+    assert_eq!(r.kill_reason, Some(agentvisor::KillReason::Budget));
+    // Stopped after the call that crossed the cap: the answer never came.
+    assert!(r.usage.own.input_tokens <= 200, "{:?}", r.usage);
+    assert_ne!(r.output.as_deref(), Some("never"));
+    let last = r.phases.last().unwrap();
+    assert_eq!((last.phase, last.prev), (Phase::Fail, Some(Phase::Exec)));
+    host.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_model_is_killed_at_the_schedules_max_runtime() {
+    let dir = limited(
+        "    limits: { max_runtime: 5s, stall_timeout: 60s, soft_timeout: 4s }\n",
+        "      - { text: late, latency: 120s }\n",
+    );
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let (host, _store) = support::host().await;
+    let started = tokio::time::Instant::now();
+    let options = skill_run::RunOptions::default();
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &options)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.status, Some(RunStatus::Timeout), "{r:?}");
+    assert_eq!(r.kill_reason, Some(agentvisor::KillReason::Deadline));
+    assert!(r.output.as_deref() != Some("late"));
+    // Killed at the deadline (on the paused clock), not after the reply.
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(60), "{took:?}");
+    host.shutdown().await;
+}
+
+/// A writeback that answers `sha` (or fails) and keeps what it was given.
+struct FakeWriteback {
+    answer: Result<Option<String>, String>,
+    got: std::sync::Mutex<Vec<(String, bool)>>,
+}
+
+#[async_trait::async_trait]
+impl skill_run::MemoryWriteback for FakeWriteback {
+    async fn write_back(
+        &self,
+        _repo: &SkillsRepo,
+        schedule: &agentvisor::skills::Schedule,
+        _run_id: agentvisor::RunId,
+        memory: &str,
+        skip_push: bool,
+    ) -> Result<Option<String>, skill_run::WritebackError> {
+        assert_eq!(schedule.name, "limited");
+        self.got
+            .lock()
+            .unwrap()
+            .push((memory.to_string(), skip_push));
+        self.answer.clone().map_err(skill_run::WritebackError)
+    }
+}
+
+#[tokio::test]
+async fn the_writeback_phase_runs_the_given_writeback_and_its_failure_is_partial() {
+    let dir = limited(
+        "    writeback: { path: memory/watch.md }\n",
+        "      - { text: \"ok <memory>seen</memory>\" }\n",
+    );
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let (host, _store) = support::host().await;
+    let good = std::sync::Arc::new(FakeWriteback {
+        answer: Ok(Some("abc123".into())),
+        got: Default::default(),
+    });
+    let options = skill_run::RunOptions {
+        skip_push: true,
+        writeback: Some(good.clone()),
+        ..Default::default()
+    };
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &options)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert_eq!(r.writeback_sha.as_deref(), Some("abc123"));
+    let phases: Vec<Phase> = r.phases.iter().map(|p| p.phase).collect();
+    assert_eq!(
+        phases,
+        [Phase::Boot, Phase::Secrets, Phase::Exec, Phase::Writeback]
+    );
+    assert_eq!(*good.got.lock().unwrap(), vec![("seen".to_string(), true)]);
+    // A dry run does not write back.
+    let dry = skill_run::RunOptions {
+        dry_run: true,
+        ..options.clone()
+    };
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &dry)
+        .await
+        .unwrap();
+    assert!(r.writeback_sha.is_none());
+    assert_eq!(good.got.lock().unwrap().len(), 1);
+    // A writeback that fails: partial failure, `fail` after `writeback`.
+    let bad = skill_run::RunOptions {
+        writeback: Some(std::sync::Arc::new(FakeWriteback {
+            answer: Err("push rejected".into()),
+            got: Default::default(),
+        })),
+        ..Default::default()
+    };
+    let r = skill_run::run(&host, &repo, "limited", |_| None, &bad)
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::PartialFailure, "{r:?}");
+    assert!(r.writeback_sha.is_none());
+    let last = r.phases.last().unwrap();
+    assert_eq!(
+        (last.phase, last.prev),
+        (Phase::Fail, Some(Phase::Writeback))
+    );
+    assert_eq!(r.error.as_deref(), Some("push rejected"));
+    host.shutdown().await;
+}

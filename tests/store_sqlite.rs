@@ -759,7 +759,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 15] = [
+const MIGRATIONS: [(i64, &str); 16] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -780,6 +780,7 @@ const MIGRATIONS: [(i64, &str); 15] = [
     ),
     (13, include_str!("../migrations/0013_forks.sql")),
     (14, include_str!("../migrations/0014_manifests.sql")),
+    (15, include_str!("../migrations/0015_outbox.sql")),
     (17, include_str!("../migrations/0017_writeback_intents.sql")),
 ];
 
@@ -798,6 +799,7 @@ fn insert_version_1_records(conn: &rusqlite::Connection, id: RunId, run: &[Audit
                 insert_whole_run(conn, id, res);
                 ("run.end", String::new())
             }
+            AuditEntry::Publish(_) => continue,
         };
         conn.execute(
             "INSERT INTO audit_records (run_id, seq, at_ms, kind, body) VALUES (?, ?, ?, ?, ?)",
@@ -939,6 +941,7 @@ fn whole_segment(run: &[AuditRecord]) -> String {
                     (v["type"].as_str().unwrap().to_string(), v)
                 }
                 AuditEntry::Terminal(_) => ("run.end".into(), serde_json::Value::Null),
+                AuditEntry::Publish(_) => ("publish".into(), serde_json::Value::Null),
             };
             serde_json::json!([r.seq, r.at_ms, kind, payload])
         })

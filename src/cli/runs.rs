@@ -185,6 +185,9 @@ fn retain_flag(s: &str) -> Result<Retention, String> {
 struct Shown<'a> {
     result: Option<&'a RunResult>,
     records: &'a [AuditRecord],
+    /// A scheduled skill's publishes and their outcomes (the outbox).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    publish: &'a [agentvisor::ports::outbox::DeliveryReport],
 }
 
 fn parse_status(s: &str) -> Result<RunStatus, String> {
@@ -431,10 +434,16 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
         errln!("error: no run {run_id} in {}", store.path().display());
         return ExitCode::from(1);
     }
+    let publish: Vec<agentvisor::ports::outbox::DeliveryReport> =
+        match agentvisor::ports::outbox::OutboxStore::run_intents(store, run_id).await {
+            Ok(all) => all.into_iter().map(|(_, r)| r).collect(),
+            Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
+        };
     if a.json {
         let shown = Shown {
             result: result.as_ref(),
             records: &records,
+            publish: &publish,
         };
         outln!("{}", serde_json::to_string(&shown).unwrap_or_default());
         return ExitCode::SUCCESS;
@@ -457,6 +466,26 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
             r.at_ms % 1000,
             describe(&r.entry)
         );
+    }
+    if !publish.is_empty() {
+        outln!("publishes:");
+        for p in &publish {
+            let more = p
+                .error
+                .as_deref()
+                .or(p.detail.as_deref())
+                .map(|t| format!(": {t}"))
+                .unwrap_or_default();
+            outln!(
+                "  {} ({} {}): {} after {} tr{}{more}",
+                p.name,
+                p.kind,
+                p.target,
+                p.state.as_str(),
+                p.attempts,
+                if p.attempts == 1 { "y" } else { "ies" }
+            );
+        }
     }
     ExitCode::SUCCESS
 }
@@ -538,6 +567,14 @@ pub(super) fn describe(entry: &AuditEntry) -> String {
                 ),
                 None => ("event".to_string(), json),
             }
+        }
+        AuditEntry::Publish(intents) => {
+            // Destinations as shown (redacted), never their targets.
+            let shown: Vec<String> = intents
+                .iter()
+                .map(|i| format!("{} ({} {})", i.name, i.kind, i.shown))
+                .collect();
+            ("publish".to_string(), shown.join(", "))
         }
         AuditEntry::Terminal(res) => {
             let reason = res

@@ -6,19 +6,22 @@
 //!   what it holds.
 //! - `skill list REPO [--json]`: the schedules, each with its next fire
 //!   time in its own time zone (and in UTC with `--json`).
-//! - `skill run REPO --schedule NAME --dry-run [--json]`: runs the
-//!   schedule's skill once now on a host with the usual stores (`--db`),
-//!   through the host's admission like any run, and prints the result
-//!   (`outcome`, `status`, `kill_reason`, usage, `cost_micros`, `output`,
-//!   `outputs`, `memory`, `publish`, `writeback_sha`, `phases`). Publishing
-//!   and the git writeback are not built yet, so `--dry-run` is required.
+//! - `skill run REPO --schedule NAME [--dry-run] [--skip-push] [--json]`:
+//!   runs the schedule's skill once now on a host with the usual stores
+//!   (`--db`), through the host's admission like any run, delivers its
+//!   publishes (recorded with its terminal record: the outbox) and waits
+//!   for each outcome, and prints the result (`outcome`, `status`,
+//!   `kill_reason`, usage, `cost_micros`, `output`, `outputs`, `memory`,
+//!   `publish`, `writeback_sha`, `phases`). `--dry-run` stops after the
+//!   model and the parsing: nothing is published or written back.
+//!   `--skip-push` keeps a writeback's commit local.
 //!
 //! Exit codes: 0 when the check passes, the list prints, or the run
-//! succeeded; 1 when the run failed (a missing secret included); 2 when
-//! the repository is refused (unknown key, bad cron, unknown time zone,
+//! succeeded; 1 when the run failed (a missing secret included) or ended
+//! `partial_failure` (a publish or the writeback failed); 2 when the
+//! repository is refused (unknown key, bad cron, unknown time zone,
 //! unknown skill, an include out of the repository, …: the message names
-//! the file, the key and the line), the schedule is unknown, or
-//! `--dry-run` is missing.
+//! the file, the key and the line) or the schedule is unknown.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,10 +73,12 @@ struct RunArgs {
     /// The schedule to run.
     #[arg(long, value_name = "NAME")]
     schedule: String,
-    /// Stop after the model and the parsing: no publish, no writeback
-    /// (required: publishing and writeback are not built yet).
+    /// Stop after the model and the parsing: no publish, no writeback.
     #[arg(long)]
     dry_run: bool,
+    /// Commit the memory but do not push it.
+    #[arg(long)]
+    skip_push: bool,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -170,11 +175,6 @@ fn list(a: ListArgs) -> ExitCode {
 }
 
 async fn run(a: RunArgs, db: &Db) -> ExitCode {
-    if !a.dry_run {
-        return super::refuse(
-            "skill run: publishing and the git writeback are not built yet: pass --dry-run (the model runs, its answer is parsed, nothing is published or written back)",
-        );
-    }
     let repo = match open(&a.repo) {
         Ok(r) => r,
         Err(code) => return code,
@@ -200,7 +200,19 @@ async fn run(a: RunArgs, db: &Db) -> ExitCode {
         Ok(h) => h,
         Err(e) => return super::refuse(e),
     };
-    let result = skill_run::dry_run(&host, &repo, &a.schedule, |k| std::env::var(k).ok()).await;
+    let options = skill_run::RunOptions {
+        dry_run: a.dry_run,
+        skip_push: a.skip_push,
+        writeback: None,
+    };
+    let result = skill_run::run(
+        &host,
+        &repo,
+        &a.schedule,
+        |k| std::env::var(k).ok(),
+        &options,
+    )
+    .await;
     let result = match result {
         Ok(r) => r,
         Err(e) => {
@@ -229,9 +241,10 @@ fn print_human(r: &SkillRunResult) {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     outln!(
-        "schedule {} (skill {}): {outcome} (dry run)",
+        "schedule {} (skill {}): {outcome}{}",
         r.schedule,
-        r.skill
+        r.skill,
+        if r.dry_run { " (dry run)" } else { "" }
     );
     if let (Some(id), Some(status)) = (r.run_id, r.status) {
         let reason = r.kill_reason.map(|k| format!(" ({k})")).unwrap_or_default();
@@ -254,5 +267,25 @@ fn print_human(r: &SkillRunResult) {
     }
     if let Some(m) = &r.memory {
         outln!("memory: {m}");
+    }
+    for p in &r.publish {
+        let state = p.state.as_str();
+        let more = p
+            .error
+            .as_deref()
+            .or(p.detail.as_deref())
+            .map(|t| format!(": {t}"))
+            .unwrap_or_default();
+        outln!(
+            "publish {} ({} {}): {state} after {} tr{}{more}",
+            p.name,
+            p.kind,
+            p.target,
+            p.attempts,
+            if p.attempts == 1 { "y" } else { "ies" }
+        );
+    }
+    if let Some(sha) = &r.writeback_sha {
+        outln!("writeback: {sha}");
     }
 }

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::event::RunEvent;
+use super::outbox::{OutboxStore, PublishIntent};
 use super::retention::{PruneReport, PrunedCount, Retention};
 use super::run::{KillReason, RunId, RunResult, RunStatus};
 
@@ -237,6 +238,14 @@ pub enum AuditEntry {
     Event(RunEvent),
     /// The terminal roll-up: exactly one per run.
     Terminal(Arc<RunResult>),
+    /// What the run owes the outside world (see [`super::outbox`]): sent
+    /// just ahead of its terminal record, in the same batch, with the
+    /// terminal record's `seq`. Not a record of the run's log: a store
+    /// that keeps an outbox writes the intents into it in the batch's
+    /// transaction (see [`AuditStore::outbox`]) and does not give this
+    /// record back with the run's records; a store without one keeps or
+    /// drops it as it likes.
+    Publish(Arc<[PublishIntent]>),
 }
 
 /// One audit record.
@@ -483,6 +492,15 @@ pub trait AuditStore: Send + Sync + 'static {
     /// The runs pruned so far (all time), by agent and status.
     async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {
         Ok(Vec::new())
+    }
+
+    /// The outbox this store writes [`AuditEntry::Publish`] intents into,
+    /// in the transaction of the batch that brings them (so an intent is
+    /// on file exactly when its run's terminal record is). `None` (the
+    /// default): the store keeps no outbox, and a host on it cannot
+    /// publish.
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        None
     }
 }
 

@@ -10,6 +10,7 @@ pub mod duration;
 pub mod event;
 pub mod limits;
 pub mod model;
+pub mod outbox;
 pub mod retention;
 pub mod run;
 pub mod session;

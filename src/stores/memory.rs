@@ -15,16 +15,18 @@
 //! batch more than `capacity` records.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::memory_outbox::MemoryOutbox;
 use crate::ports::audit::{
     AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
     RunSummary,
 };
 use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
+use crate::ports::outbox::OutboxStore;
 use crate::ports::run::{unix_ms, RunId, RunResult};
 
 /// Records an in-memory audit store keeps by default: the last few
@@ -38,6 +40,8 @@ pub const DEFAULT_CAPACITY: usize = 32_768;
 pub struct MemoryAuditStore {
     inner: Mutex<AuditInner>,
     capacity: usize,
+    /// Where the intents of [`AuditEntry::Publish`] records go.
+    outbox: Arc<MemoryOutbox>,
 }
 
 #[derive(Default)]
@@ -74,6 +78,7 @@ impl MemoryAuditStore {
         MemoryAuditStore {
             inner: Mutex::new(AuditInner::default()),
             capacity,
+            outbox: Arc::new(MemoryOutbox::new()),
         }
     }
 
@@ -102,10 +107,20 @@ impl MemoryAuditStore {
             batch.shrink_to_fit();
         }
         let terminal = batch.iter().filter(|r| r.is_terminal()).count() as u64;
+        // The intents a batch brings go to the outbox within the append,
+        // before the batch is visible: whoever sees the terminal record
+        // finds them there. They are not records of the log (not counted).
+        let mut intents = 0;
+        for r in &batch {
+            if let AuditEntry::Publish(list) = &r.entry {
+                self.outbox.insert(list);
+                intents += 1;
+            }
+        }
         let mut evicted = Vec::new();
         {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            g.stats.records += n as u64;
+            g.stats.records += (n - intents) as u64;
             g.stats.terminal_records += terminal;
             g.stats.batches += 1;
             if n > 0 {
@@ -152,7 +167,7 @@ impl AuditStore for MemoryAuditStore {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<AuditRecord> = g
             .records()
-            .filter(|r| r.run_id == run_id)
+            .filter(|r| r.run_id == run_id && !matches!(r.entry, AuditEntry::Publish(_)))
             .cloned()
             .collect();
         v.sort_by_key(|r| r.seq);
@@ -163,6 +178,10 @@ impl AuditStore for MemoryAuditStore {
 
     async fn stats(&self) -> Result<AuditStats, AuditStoreError> {
         Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).stats)
+    }
+
+    fn outbox(self: Arc<Self>) -> Option<Arc<dyn OutboxStore>> {
+        Some(self.outbox.clone())
     }
 
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, AuditStoreError> {
@@ -177,7 +196,7 @@ impl AuditStore for MemoryAuditStore {
                 AuditEntry::Terminal(_) => {
                     ended.insert(r.run_id);
                 }
-                AuditEntry::Event(_) => {}
+                AuditEntry::Event(_) | AuditEntry::Publish(_) => {}
             }
         }
         Ok(started.into_iter().filter(|r| !ended.contains(r)).collect())

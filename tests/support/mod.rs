@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, missing_docs)]
 
 pub(crate) mod cli;
+pub(crate) mod hooks;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
 pub(crate) mod outage;

@@ -272,6 +272,7 @@ impl Host {
                 max_iterations: limits.max_iterations,
                 allowances,
                 forked_from: inv.forked_from,
+                publish: std::mem::take(&mut inv.publish),
             },
             shard.mailbox,
             key,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use ractor::Actor;
@@ -60,6 +61,8 @@ pub struct HostBuilder {
     policy: Option<Arc<dyn CriticPolicy>>,
     checkpointer: Option<Arc<dyn Checkpointer>>,
     sessions: Option<Arc<dyn crate::ports::session::SessionStore>>,
+    publisher: Option<Arc<dyn crate::ports::outbox::Publisher>>,
+    publish_scan_every: Option<Duration>,
 }
 
 impl HostBuilder {
@@ -76,7 +79,24 @@ impl HostBuilder {
             policy: None,
             checkpointer: None,
             sessions: None,
+            publisher: None,
+            publish_scan_every: Some(Duration::from_secs(60)),
         }
+    }
+
+    /// How publish intents are delivered (default:
+    /// [`Destinations::from_env`](crate::publishers::Destinations::from_env):
+    /// the built-in destinations, secrets from the environment).
+    pub fn publisher(mut self, publisher: Arc<dyn crate::ports::outbox::Publisher>) -> Self {
+        self.publisher = Some(publisher);
+        self
+    }
+
+    /// How often the publisher looks for intents still owed besides at
+    /// the host's start (default: every minute; `None`: at start only).
+    pub fn publish_scan_every(mut self, every: Option<Duration>) -> Self {
+        self.publish_scan_every = every;
+        self
     }
 
     /// Host settings.
@@ -283,6 +303,26 @@ impl HostBuilder {
             .map(|limit| -> crate::record::Allowances {
                 Arc::new([crate::record::Allowance::new("this host's runs", limit, 0)])
             });
+        // The outbox is the audit store's (its intents are written with
+        // their runs' terminal records); a store without one: no publisher.
+        let outbox = audit_store.clone().outbox();
+        let publisher = match &outbox {
+            Some(outbox) => {
+                let actor = crate::actors::publisher::PublisherActor {
+                    outbox: outbox.clone(),
+                    publisher: self
+                        .publisher
+                        .unwrap_or_else(|| Arc::new(crate::publishers::Destinations::from_env())),
+                    owner: Arc::from(lease.owner.as_str()),
+                    scan_every: self.publish_scan_every,
+                };
+                let (publisher, _) = Actor::spawn_linked(None, actor, (), root.get_cell())
+                    .await
+                    .map_err(spawn_err("publisher"))?;
+                Some(publisher)
+            }
+            None => None,
+        };
         let pruning =
             super::retention::Pruning::start(audit_store.clone(), c.retention, c.retention_every);
         Ok(Host {
@@ -299,6 +339,8 @@ impl HostBuilder {
                 audit,
                 budget,
                 audit_store,
+                outbox,
+                publisher,
                 audit_health,
                 host_id: Arc::from(lease.owner.as_str()),
                 lease,

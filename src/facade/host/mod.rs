@@ -39,6 +39,7 @@ mod admission;
 mod builder;
 mod config;
 pub mod palette;
+mod publishing;
 mod recovery;
 mod retention;
 pub(crate) mod sessions;
@@ -47,6 +48,7 @@ pub(crate) mod sessions;
 pub use crate::actors::mcp::{list_mcp_tools, ListedTool};
 pub use builder::{HostBuilder, HostError};
 pub use config::HostConfig;
+pub use publishing::PublishWaitError;
 pub use recovery::{
     decide_on_record, ParkedRuns, RecordDecisionError, RecoverError, Recovery, MAX_RESUMES,
 };
@@ -126,6 +128,10 @@ pub(crate) struct HostInner {
     audit: ActorRef<AuditMsg>,
     budget: ActorRef<BudgetMsg>,
     audit_store: Arc<dyn AuditStore>,
+    /// The audit store's outbox, if it keeps one.
+    outbox: Option<Arc<dyn crate::ports::outbox::OutboxStore>>,
+    /// Delivers what the outbox owes (with an outbox only).
+    publisher: Option<ActorRef<crate::actors::publisher::PublisherMsg>>,
     /// Durability: whether the audit actor can write records (admission).
     audit_health: Arc<AuditHealth>,
     /// Exactly-once recovery: this host's lease on its durable runs.

@@ -378,6 +378,9 @@ pub(crate) struct RunShared {
     /// The recorded run and step a fork was made from (boxed: a run that
     /// is no fork carries a pointer).
     pub(crate) forked_from: Option<Box<crate::ports::run::ForkOrigin>>,
+    /// What the run owes once it ends: its intents ride with its terminal
+    /// record (see [`crate::ports::outbox`]).
+    publish: crate::ports::outbox::PublishHook,
 }
 
 /// What a new run's record is made with.
@@ -393,6 +396,8 @@ pub(crate) struct RunIdentity {
     pub(crate) allowances: Option<Allowances>,
     /// The run a fork was made from.
     pub(crate) forked_from: Option<crate::ports::run::ForkOrigin>,
+    /// What the run owes once it ends.
+    pub(crate) publish: crate::ports::outbox::PublishHook,
 }
 
 impl RunShared {
@@ -433,6 +438,7 @@ impl RunShared {
             host,
             allowances: id.allowances,
             forked_from: id.forked_from.map(Box::new),
+            publish: id.publish,
         });
         shared.host.enter(&shared);
         (shared, result_rx)
@@ -795,6 +801,20 @@ impl RunShared {
             self.emit(seq, &ev);
         }
         self.close_fanout();
+        let mut preceding = preceding;
+        if let Some(plan) = &self.publish.0 {
+            // What the run owes rides with its terminal record, in the same
+            // batch (one transaction in a store that keeps an outbox).
+            let intents = plan.intents(&result);
+            if !intents.is_empty() {
+                preceding.push(AuditRecord {
+                    run_id: self.run_id,
+                    seq,
+                    at_ms: result.finished_at,
+                    entry: AuditEntry::Publish(intents.into()),
+                });
+            }
+        }
         let record = AuditRecord {
             run_id: self.run_id,
             seq,

@@ -154,7 +154,7 @@ pub(crate) async fn stored_events(
         let events = match r.entry {
             AuditEntry::Event(ev) => vec![ev],
             AuditEntry::Terminal(res) => terminal_events(&res),
-            AuditEntry::RunStarted(_) => continue,
+            AuditEntry::RunStarted(_) | AuditEntry::Publish(_) => continue,
         };
         out.extend(events.into_iter().map(|event| Event {
             run_id,
@@ -202,7 +202,7 @@ async fn catch_up(st: &mut SubState, head: u32, ended: bool) {
         let events = match r.entry {
             AuditEntry::Event(ev) => vec![ev],
             AuditEntry::Terminal(res) => terminal_events(&res),
-            AuditEntry::RunStarted(_) => continue,
+            AuditEntry::RunStarted(_) | AuditEntry::Publish(_) => continue,
         };
         for event in events {
             st.backlog.push_back(Event {

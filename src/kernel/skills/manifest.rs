@@ -104,6 +104,14 @@ pub struct ScheduleSpec {
     /// Consecutive failures of one kind that pause the schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_after: Option<u32>,
+    /// How long each destination's delivery may take, its tries together
+    /// (default 30 s).
+    #[serde(
+        default,
+        with = "opt_duration_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub publish_timeout: Option<Duration>,
 }
 
 /// `overlap:`.

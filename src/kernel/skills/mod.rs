@@ -15,7 +15,8 @@
 //! What it must not do: run anything, read a clock, or touch the network.
 //! Running a schedule's run is `crate::skill_run`'s (orchestration);
 //! writing its memory back into git is `crate::writeback`'s (the `git`
-//! feature); publishing and the scheduler loop are not built yet.
+//! feature); what a run owes its destinations is rendered here ([`SkillPublishPlan`],
+//! `publish`) and delivered by the host's publisher.
 //!
 //! Errors name the file, the key and, where it can be found, the line.
 //! Files: `manifest` (the keys of `agentvisor.yaml`), `repo` (reading and
@@ -33,6 +34,7 @@ mod clock;
 mod cron;
 mod env;
 mod manifest;
+mod publish;
 mod repo;
 mod skill;
 
@@ -45,6 +47,9 @@ pub use env::{
 pub use manifest::{
     BudgetCap, Destination, DestinationKind, Missed, Overlap, RepoManifest, ScheduleBudget,
     ScheduleSpec, When, Writeback, WritebackMode,
+};
+pub use publish::{
+    destination_name, kind_name, render, scrub, SkillPublishPlan, DEFAULT_PUBLISH_TIMEOUT,
 };
 pub use repo::{PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE};
 pub use skill::{FrontMatter, Skill, SkillWriteback};

@@ -32,6 +32,9 @@ pub const MANIFEST_FILE: &str = "agentvisor.yaml";
 /// skill says.
 pub const DEFAULT_MAX_TURNS: u32 = 20;
 
+/// The longest `publish_timeout` (an hour).
+const MAX_PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The longest `jitter` (a day).
 const MAX_JITTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
@@ -525,6 +528,7 @@ fn over(schedule: &ScheduleSpec, defaults: &ScheduleSpec) -> ScheduleSpec {
         max_catch_up: s.max_catch_up.or(d.max_catch_up),
         jitter: s.jitter.or(d.jitter),
         pause_after: s.pause_after.or(d.pause_after),
+        publish_timeout: s.publish_timeout.or(d.publish_timeout),
     }
 }
 
@@ -555,6 +559,14 @@ fn check_settings(
             "{who}: `max_turns` must be at most {}{}",
             crate::spec::MAX_ITERATIONS,
             at("max_turns")
+        )));
+    }
+    if s.publish_timeout
+        .is_some_and(|t| t.is_zero() || t > MAX_PUBLISH_TIMEOUT)
+    {
+        return Err(c.err(format!(
+            "{who}: `publish_timeout` must be more than 0 and at most 1h{}",
+            at("publish_timeout")
         )));
     }
     if s.jitter.is_some_and(|j| j > MAX_JITTER) {

@@ -61,6 +61,11 @@ pub struct Invocation {
     /// [`RunResult::forked_from`](crate::RunResult::forked_from).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<crate::ports::run::ForkOrigin>,
+    /// What the run owes once it ends (a scheduled skill's destinations):
+    /// its intents are recorded with its terminal record (see
+    /// [`crate::ports::outbox`]). In-process only (not serialized).
+    #[serde(skip)]
+    pub publish: crate::ports::outbox::PublishHook,
 }
 
 impl Invocation {

@@ -20,6 +20,10 @@ use crate::ports::run::{RunId, RunResult, RunStatus};
 const KIND_START: i16 = 0;
 const KIND_EVENT: i16 = 1;
 const KIND_END: i16 = 2;
+/// A run's publish intents (a scheduled skill's): kept with its records,
+/// in its batch's transaction, but not part of its log. Nothing on
+/// PostgreSQL delivers them yet (it has no outbox: see the module doc).
+const KIND_PUBLISH: i16 = 3;
 
 /// A manifest unused since this long before the oldest kept run's start is
 /// named by no record (a batch refreshes `used_ms` at most once a minute).
@@ -156,6 +160,7 @@ fn encode(batch: &[AuditRecord]) -> Result<(Columns, Finished, Manifests), Audit
                 (KIND_START, serde_json::to_string(&named).map_err(bad)?)
             }
             AuditEntry::Event(_) => (KIND_EVENT, serde_json::to_string(r).map_err(bad)?),
+            AuditEntry::Publish(_) => (KIND_PUBLISH, serde_json::to_string(r).map_err(bad)?),
             AuditEntry::Terminal(res) => {
                 finished.push(res);
                 (KIND_END, serde_json::to_string(r).map_err(bad)?)
@@ -249,7 +254,7 @@ impl AuditStore for PostgresStore {
         let client = self.client().await.map_err(unavailable)?;
         let rows = client
             .query(
-                "SELECT record FROM audit_records WHERE run_id = $1 ORDER BY seq",
+                "SELECT record FROM audit_records WHERE run_id = $1 AND kind <> 3 ORDER BY seq",
                 &[&run_id.to_string()],
             )
             .await

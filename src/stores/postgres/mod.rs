@@ -22,8 +22,10 @@
 //!
 //! # Not yet here
 //!
-//! The checkpoints, sessions and leases ports, and budget reservations
-//! across hosts; the run queue. Until they are, a host on PostgreSQL keeps those in memory.
+//! The checkpoints, sessions, leases and outbox ports, and budget
+//! reservations across hosts; the run queue. A scheduled skill's publish
+//! intents are kept with its records (in the same transaction) but no
+//! host on PostgreSQL delivers them yet. Until they are, a host on PostgreSQL keeps those in memory.
 
 mod audit;
 mod budget;

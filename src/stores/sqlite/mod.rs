@@ -13,6 +13,7 @@ mod background;
 mod budget;
 mod checkpoint;
 mod connection;
+mod outbox;
 mod retention;
 mod session;
 mod writeback;
@@ -59,6 +60,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (13, include_str!("../../../migrations/0013_forks.sql")),
     (14, include_str!("../../../migrations/0014_manifests.sql")),
+    (15, include_str!("../../../migrations/0015_outbox.sql")),
     (
         17,
         include_str!("../../../migrations/0017_writeback_intents.sql"),

@@ -246,6 +246,11 @@ impl SqliteStore {
                 )?;
                 let mut del_records =
                     tx.prepare_cached("DELETE FROM audit_records WHERE run_id = ?1")?;
+                // A pruned run's settled publishes go with it (schema
+                // version 15); one still owed stays until it is delivered.
+                let mut del_outbox = tx.prepare_cached(
+                    "DELETE FROM outbox WHERE run_id = ?1 AND state <> 'owed'",
+                )?;
                 let mut unrefs: std::collections::HashMap<i64, i64> =
                     std::collections::HashMap::new();
                 let mut counts: std::collections::BTreeMap<(String, String), (i64, i64)> =
@@ -277,6 +282,7 @@ impl SqliteStore {
                     drop(segs);
                     // Records of schema version 1 (one row each), if any.
                     records += del_records.execute([&cand.run_id])? as i64;
+                    del_outbox.execute([&cand.run_id])?;
                     let c = counts
                         .entry((cand.agent.clone(), cand.status.clone()))
                         .or_default();

@@ -84,6 +84,21 @@ pub(super) struct SegmentRow {
     pub(super) at_base: i64,
 }
 
+/// One outbox row (a publish intent), ready to bind.
+pub(super) struct OutboxRow {
+    pub(super) key: String,
+    pub(super) run_id: String,
+    pub(super) idx: i64,
+    pub(super) created_at: i64,
+    /// The intent as JSON.
+    pub(super) intent: String,
+    /// `owed`, or `skipped`.
+    pub(super) state: &'static str,
+    /// Why it was skipped.
+    pub(super) detail: Option<String>,
+    pub(super) settled_at: i64,
+}
+
 /// One `runs` row, ready to bind.
 pub(super) struct RunRow {
     pub(super) run_id: String,
@@ -145,6 +160,8 @@ enum Job {
         runs: Vec<RunRow>,
         templates: Vec<TemplateRow>,
         manifests: Vec<ManifestRow>,
+        /// The intents the batch brings (the outbox, schema version 15).
+        outbox: Vec<OutboxRow>,
         /// Sent while the append before it had not answered: written only
         /// if that one was.
         chained: bool,
@@ -269,6 +286,7 @@ impl Writer {
         runs: Vec<RunRow>,
         templates: Vec<TemplateRow>,
         manifests: Vec<ManifestRow>,
+        outbox: Vec<OutboxRow>,
     ) -> Result<(u64, u64), WriteError> {
         let chained = self.appends_in_flight.fetch_add(1, Ordering::AcqRel) > 0;
         let _in_flight = InFlight(self.appends_in_flight.clone());
@@ -277,6 +295,7 @@ impl Writer {
             runs,
             templates,
             manifests,
+            outbox,
             chained,
             reply,
         })
@@ -527,6 +546,7 @@ fn run(
                 runs,
                 templates,
                 manifests,
+                outbox,
                 chained,
                 reply,
             } => {
@@ -538,7 +558,7 @@ fn run(
                 let res = if chained && st.append_failed {
                     Err(WriteError::AfterFailure)
                 } else {
-                    st.write(|c| append(c, records, runs, templates, manifests))
+                    st.write(|c| append(c, records, runs, templates, manifests, outbox))
                 };
                 st.append_failed = res.is_err();
                 let written = res.is_ok();
@@ -664,6 +684,7 @@ fn append(
     runs: Vec<RunRow>,
     templates: Vec<TemplateRow>,
     manifests: Vec<ManifestRow>,
+    outbox: Vec<OutboxRow>,
 ) -> Result<(u64, u64), rusqlite::Error> {
     // Rolled back when dropped before the commit (an error below).
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -778,6 +799,27 @@ fn append(
                 terminal += 1;
                 inserted += r.tail_records.max(0) as u64;
             }
+        }
+    }
+    if !outbox.is_empty() {
+        // In the batch's transaction: a run's intents are on file exactly
+        // when its terminal record is. One written again (a spool replay)
+        // is left as it stands.
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO outbox (key, run_id, idx, created_at, intent, state, detail, settled_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (key) DO NOTHING",
+        )?;
+        for o in &outbox {
+            insert.execute(params![
+                o.key,
+                o.run_id,
+                o.idx,
+                o.created_at,
+                o.intent,
+                o.state,
+                o.detail,
+                o.settled_at,
+            ])?;
         }
     }
     tx.commit()?;

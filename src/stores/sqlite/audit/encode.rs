@@ -443,6 +443,11 @@ pub(super) fn encode(
     let mut payload: Vec<u8> = Vec::with_capacity(1024);
     let mut manifests: Vec<ManifestRow> = Vec::new();
     for r in batch {
+        if matches!(r.entry, AuditEntry::Publish(_)) {
+            // Not a record of the log: its intents go to the outbox
+            // (`super::super::outbox`), in this batch's transaction.
+            continue;
+        }
         let bad = |e: serde_json::Error| {
             AuditStoreError::Unavailable(format!(
                 "record {}/{} does not encode: {e}",
@@ -517,6 +522,8 @@ pub(super) fn encode(
                 o.body.extend_from_slice(b"\",null");
                 o.result = Some(res.clone());
             }
+            // Left out above.
+            AuditEntry::Publish(_) => {}
         }
         o.body.push(b']');
     }

@@ -49,8 +49,10 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::ports::audit::{
-    AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex, RunSummary,
+    AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
+    RunSummary,
 };
+use crate::ports::outbox::OutboxStore;
 use crate::ports::retention::{PruneReport, PrunedCount, Retention};
 use crate::ports::run::{RunId, RunResult, RunStatus};
 
@@ -76,9 +78,18 @@ impl AuditStore for SqliteStore {
             let mut repeats = self.repeats.lock().unwrap_or_else(|p| p.into_inner());
             encode::encode(batch, Some(&mut repeats))?
         };
+        // A scheduled skill's intents ride in the same transaction.
+        let outbox = if batch
+            .iter()
+            .any(|r| matches!(r.entry, AuditEntry::Publish(_)))
+        {
+            super::outbox::outbox_rows(batch)?
+        } else {
+            Vec::new()
+        };
         let (inserted, terminal) = self
             .writer
-            .append(rows, runs, templates, manifests)
+            .append(rows, runs, templates, manifests, outbox)
             .await
             .map_err(unavailable)?;
         self.records.fetch_add(inserted, Ordering::Relaxed);
@@ -133,6 +144,11 @@ impl AuditStore for SqliteStore {
 
     async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {
         self.pruned_counts().await
+    }
+
+    /// Its `outbox` table, written in the transaction of each batch.
+    fn outbox(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn OutboxStore>> {
+        Some(self)
     }
 
     /// What this handle wrote since it was opened: records and terminal

@@ -1,0 +1,292 @@
+//! A schedule's destinations as a [`PublishPlan`]: what a run of it owes
+//! once it ends, one [`PublishIntent`] per destination, rendered from the
+//! run's answer.
+//!
+//! - `when`: `always`, `on_success` (the default: the run ended `ok`) or
+//!   `on_failure`; a destination whose `when` does not hold is recorded
+//!   `skipped` (skipped is not failed), as is one whose `output: x` the
+//!   answer does not hold.
+//! - The text: the named output `output: x`, else the answer without its
+//!   memory and output blocks; for a run that did not end `ok`, the
+//!   answer it has, else `run STATUS: ERROR`.
+//! - `template` (default `{{output}}`) fills `{{output}}`, `{{run_id}}`,
+//!   `{{run_date}}` (the run's end, `YYYY-MM-DD` in the schedule's time
+//!   zone), `{{schedule}}` and `{{skill}}`; so does a `github-issue`'s or
+//!   an `email`'s `title`.
+//! - The target is the destination's keys as declared: `{ secret: NAME }`
+//!   stays a reference, read when it is delivered; a `file`'s `path` is
+//!   made absolute (relative to the repository). People see it redacted
+//!   ([`PublishIntent::shown`]).
+//!
+//! Called on the run's critic shard when the run ends: it reads the
+//! answer once and renders a few strings, nothing more.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::answer::parse_answer;
+use super::env::EnvValue;
+use super::manifest::{Destination, DestinationKind, When};
+use crate::ports::outbox::{PublishIntent, PublishPlan};
+use crate::ports::run::{RunResult, RunStatus};
+
+/// The default time a destination's delivery may take, all tries.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A schedule's destinations, ready to render a run's intents.
+#[derive(Clone)]
+pub struct SkillPublishPlan {
+    /// The schedule.
+    pub schedule: String,
+    /// The skill.
+    pub skill: String,
+    /// The schedule's time zone (for `{{run_date}}`).
+    pub time_zone: jiff::tz::TimeZone,
+    /// The repository's root (a relative `file` path is under it).
+    pub root: PathBuf,
+    /// The destinations, in order.
+    pub destinations: Vec<Destination>,
+    /// Each delivery's timeout, all tries together.
+    pub timeout: Duration,
+    /// This run's secret values, replaced in the answer before it is read.
+    pub secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for SkillPublishPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SkillPublishPlan")
+            .field("schedule", &self.schedule)
+            .field("destinations", &self.destinations.len())
+            .finish()
+    }
+}
+
+/// A destination's kind as written (`github-issue`).
+pub fn kind_name(kind: DestinationKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A destination's name in results: its `name`, else its kind.
+pub fn destination_name(d: &Destination) -> String {
+    d.name.clone().unwrap_or_else(|| kind_name(d.kind))
+}
+
+/// `text` with every secret the process knows, and `secrets` (whatever
+/// their length), replaced by `[REDACTED]`.
+pub fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut out = crate::secrets::redact(text).into_owned();
+    for s in secrets {
+        if !s.is_empty() && out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), crate::secrets::REDACTED);
+        }
+    }
+    out
+}
+
+/// Fills `{{output}}`, `{{run_id}}`, `{{run_date}}`, `{{schedule}}`,
+/// `{{skill}}` (spaces inside the braces allowed); other text stays.
+pub fn render(template: &str, vars: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find("{{") {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 2..];
+        match after.find("}}") {
+            Some(close) => {
+                let name = after[..close].trim();
+                match vars.iter().find(|(k, _)| *k == name) {
+                    Some((_, v)) => out.push_str(v),
+                    None => out.push_str(&rest[open..open + 2 + close + 2]),
+                }
+                rest = &after[close + 2..];
+            }
+            None => {
+                out.push_str(&rest[open..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// How people see a destination's target.
+fn shown(d: &Destination, path: Option<&Path>) -> String {
+    let url = |v: &Option<EnvValue>| match v {
+        Some(EnvValue::Text(u)) => crate::publishers::shown_url(u),
+        Some(EnvValue::Secret { secret }) => format!("[secret {secret}]"),
+        None => String::new(),
+    };
+    match d.kind {
+        DestinationKind::Stdout => "stdout".into(),
+        DestinationKind::File => path.map(|p| p.display().to_string()).unwrap_or_default(),
+        DestinationKind::Webhook | DestinationKind::Slack | DestinationKind::Discord => url(&d.url),
+        DestinationKind::GithubIssue => format!(
+            "{} {}",
+            d.base_url
+                .as_deref()
+                .map(crate::publishers::shown_url)
+                .unwrap_or_else(|| "https://api.github.com".into()),
+            d.repo.as_deref().unwrap_or("")
+        ),
+        DestinationKind::Email => format!(
+            "smtp {} → {} recipient(s)",
+            d.host.as_deref().unwrap_or(""),
+            d.to.as_ref().map_or(0, Vec::len)
+        ),
+    }
+}
+
+impl SkillPublishPlan {
+    /// The `{{run_date}}` of a run that ended at `ms`.
+    fn run_date(&self, ms: u64) -> String {
+        jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX))
+            .map(|t| {
+                t.to_zoned_datetime(self.time_zone.clone())
+                    .date()
+                    .to_string()
+            })
+            .unwrap_or_default()
+    }
+
+    /// One destination's intent.
+    fn intent(
+        &self,
+        index: usize,
+        d: &Destination,
+        result: &RunResult,
+        answer: &super::SkillAnswer,
+        run_date: &str,
+    ) -> PublishIntent {
+        let ok = result.status == RunStatus::Ok;
+        let name = destination_name(d);
+        let mut skipped = match (d.when, ok) {
+            (When::Always, _) | (When::OnSuccess, true) | (When::OnFailure, false) => None,
+            (When::OnSuccess, false) => Some(format!(
+                "`when: on_success`, and the run ended {}",
+                result.status
+            )),
+            (When::OnFailure, true) => Some("`when: on_failure`, and the run ended ok".into()),
+        };
+        let text = match &d.output {
+            Some(key) => match answer.outputs.get(key) {
+                Some(t) => t.clone(),
+                None => {
+                    skipped.get_or_insert_with(|| format!("the answer has no output `{key}`"));
+                    String::new()
+                }
+            },
+            None if !answer.output.is_empty() || ok => answer.output.clone(),
+            None => format!(
+                "run {}: {}",
+                result.status,
+                scrub(result.error.as_deref().unwrap_or(""), &self.secrets)
+            ),
+        };
+        let run_id = result.run_id.to_string();
+        let vars = [
+            ("output", text.as_str()),
+            ("run_id", run_id.as_str()),
+            ("run_date", run_date),
+            ("schedule", self.schedule.as_str()),
+            ("skill", self.skill.as_str()),
+        ];
+        let body = render(d.template.as_deref().unwrap_or("{{output}}"), &vars);
+        let path = d.path.as_ref().map(|p| {
+            let p = Path::new(p);
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                self.root.join(p)
+            }
+        });
+        let mut target = match serde_json::to_value(d) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        for common in ["type", "name", "output", "when", "template"] {
+            target.remove(common);
+        }
+        if let Some(p) = &path {
+            target.insert("path".into(), Value::String(p.display().to_string()));
+        }
+        if let Some(title) = &d.title {
+            target.insert("title".into(), Value::String(render(title, &vars)));
+        }
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        PublishIntent {
+            key: PublishIntent::key_of(result.run_id, index, &name),
+            run_id: result.run_id,
+            index,
+            name,
+            kind: kind_name(d.kind),
+            target: Value::Object(target),
+            shown: shown(d, path.as_deref()),
+            body,
+            skipped,
+            schedule: self.schedule.clone(),
+            skill: self.skill.clone(),
+            timeout_ms: self.timeout.as_millis() as u64,
+            at_ms: result.finished_at,
+        }
+    }
+}
+
+impl PublishPlan for SkillPublishPlan {
+    fn intents(&self, result: &RunResult) -> Vec<PublishIntent> {
+        let answer = parse_answer(&scrub(
+            result.output.as_deref().unwrap_or(""),
+            &self.secrets,
+        ));
+        let run_date = self.run_date(result.finished_at);
+        self.destinations
+            .iter()
+            .enumerate()
+            .map(|(i, d)| self.intent(i, d, result, &answer, &run_date))
+            .collect()
+    }
+}
+
+impl super::SkillsRepo {
+    /// The publish plan of `run` (a plan of this repository's): its
+    /// schedule's destinations, `None` when it has none.
+    pub fn publish_plan(&self, run: &super::SkillRun) -> Option<SkillPublishPlan> {
+        let schedule = self.schedule(&run.schedule)?;
+        let destinations = schedule.settings.destinations.clone().unwrap_or_default();
+        if destinations.is_empty() {
+            return None;
+        }
+        Some(SkillPublishPlan {
+            schedule: run.schedule.clone(),
+            skill: run.skill.clone(),
+            time_zone: schedule.clock.time_zone().clone(),
+            root: self.root.clone(),
+            destinations,
+            timeout: schedule
+                .settings
+                .publish_timeout
+                .unwrap_or(DEFAULT_PUBLISH_TIMEOUT),
+            secrets: run.env.secrets.values().cloned().collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn templates_fill_known_names_and_leave_the_rest() {
+        let vars = [("output", "hi"), ("skill", "digest")];
+        assert_eq!(
+            render("{{ skill }}: {{output}} {{other}} {{", &vars),
+            "digest: hi {{other}} {{"
+        );
+    }
+}
