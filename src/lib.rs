@@ -168,7 +168,7 @@ pub(crate) use kernel::{dispatch, record};
 pub use observability::otel;
 #[doc(hidden)]
 pub use observability::telemetry;
-pub use orchestration::{diff, eval, fork, pipeline, replay, session, skill_run};
+pub use orchestration::{diff, eval, fork, pipeline, replay, schedules, session, skill_run};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

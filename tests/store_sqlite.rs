@@ -759,7 +759,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 13] = [
+const MIGRATIONS: [(i64, &str); 14] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -779,6 +779,7 @@ const MIGRATIONS: [(i64, &str); 13] = [
         include_str!("../migrations/0012_checkpoint_entries.sql"),
     ),
     (13, include_str!("../migrations/0013_forks.sql")),
+    (16, include_str!("../migrations/0016_schedules.sql")),
 ];
 
 /// Writes a run's records as schema version 1 did: one `audit_records`

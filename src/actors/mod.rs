@@ -17,4 +17,5 @@ pub mod judging;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod run;
+pub mod scheduler;
 pub mod watch;

@@ -10,5 +10,6 @@ pub mod eval;
 pub mod fork;
 pub mod pipeline;
 pub mod replay;
+pub mod schedules;
 pub mod session;
 pub mod skill_run;

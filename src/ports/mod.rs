@@ -12,5 +12,6 @@ pub mod limits;
 pub mod model;
 pub mod retention;
 pub mod run;
+pub mod schedule;
 pub mod session;
 pub mod tool;

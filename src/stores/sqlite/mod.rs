@@ -2,7 +2,8 @@
 //! ([`AuditStore`](crate::ports::audit::AuditStore) and
 //! [`RunIndex`](crate::ports::audit::RunIndex)) and the budget ledger
 //! ([`BudgetLedger`](crate::ports::budget::BudgetLedger)) and durable runs'
-//! checkpoints ([`Checkpointer`](crate::ports::checkpoint::Checkpointer)). It is the CLI's
+//! checkpoints ([`Checkpointer`](crate::ports::checkpoint::Checkpointer)) and the
+//! scheduler's state ([`ScheduleStore`](crate::ports::schedule::ScheduleStore)). It is the CLI's
 //! default store; a library host opts in with
 //! `Host::builder().audit_store(store.clone()).budget_ledger(store)`.
 //!
@@ -14,6 +15,7 @@ mod budget;
 mod checkpoint;
 mod connection;
 mod retention;
+mod schedule;
 mod session;
 mod writer;
 
@@ -57,10 +59,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../../migrations/0012_checkpoint_entries.sql"),
     ),
     (13, include_str!("../../../migrations/0013_forks.sql")),
+    (16, include_str!("../../../migrations/0016_schedules.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 16;
 
 /// How long a read, or opening the file, waits for another process's lock.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
