@@ -214,8 +214,9 @@ impl ScheduleRunner for HostRunner {
 
 /// How the scheduler counts a skill run's result: its outcome, its typed
 /// failure reason (`{status}:{kill_reason}`, else `{status}:{error_kind}`,
-/// else the error's kind when the run could not start), a cancel, or a
-/// refusal by the schedule's daily budget (admission refused its caller).
+/// else the error's kind when the run could not start), a cancel, or the
+/// schedule's daily budget (the budget of its caller: admission refused
+/// the run, or the run crossed the cap and was stopped).
 pub fn report_of(schedule: &str, result: Result<SkillRunResult, PlanError>) -> RunReport {
     let r = match result {
         Ok(r) => r,
@@ -239,7 +240,7 @@ pub fn report_of(schedule: &str, result: Result<SkillRunResult, PlanError>) -> R
         (Outcome::PartialFailure, _) => RunOutcome::PartialFailure,
         (_, Some(RunStatus::Cancelled)) => RunOutcome::Cancelled,
         (_, Some(RunStatus::BudgetExceeded))
-            if tokens == 0 && r.error.as_deref().is_some_and(|e| e.contains(&caller)) =>
+            if r.error.as_deref().is_some_and(|e| e.contains(&caller)) =>
         {
             RunOutcome::OverBudget(format!(
                 "budget.per_day: {}",

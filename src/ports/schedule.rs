@@ -37,7 +37,8 @@ pub struct ScheduleState {
     /// When it last fired (Unix ms).
     pub last_fire_ms: Option<u64>,
     /// How its last fire ended: `succeeded`, `partial_failure`, `failed`,
-    /// `cancelled` or `skipped`.
+    /// `cancelled`, `over_budget` (stopped by its daily budget) or
+    /// `skipped`.
     pub last_outcome: Option<String>,
     /// Why (a failure's reason, a skip's reason).
     pub last_reason: Option<String>,

@@ -58,8 +58,9 @@ pub enum RunOutcome {
     /// The run was cancelled (by `overlap: cancel_previous` or an
     /// operator's cancel): not a failure.
     Cancelled,
-    /// Admission refused the run because the schedule's daily budget is
-    /// spent: a skip, not a failure.
+    /// The schedule's daily budget is spent: admission refused the run (a
+    /// skip: `skipped`), or the run crossed the cap and was stopped
+    /// (`over_budget`). Not a failure.
     OverBudget(String),
 }
 
@@ -194,7 +195,8 @@ pub fn apply_report(
         RunOutcome::PartialFailure => ("partial_failure", Some("partial_failure".into())),
         RunOutcome::Failed(r) => ("failed", Some(r.clone())),
         RunOutcome::Cancelled => ("cancelled", None),
-        RunOutcome::OverBudget(r) => ("skipped", Some(r.clone())),
+        RunOutcome::OverBudget(r) if report.tokens == 0 => ("skipped", Some(r.clone())),
+        RunOutcome::OverBudget(r) => ("over_budget", Some(r.clone())),
     };
     state.last_outcome = Some(outcome.into());
     state.last_reason = reason.clone();
