@@ -27,8 +27,8 @@ use crate::skill_run::{Outcome, SkillRunResult};
 use crate::skills::{PlanError, SkillError, SkillsRepo};
 
 pub use crate::actors::scheduler::rules::{
-    config_hash, missed_fires, Fire, FireKind, RunOutcome, RunReport, DEFAULT_CATCH_UP_WINDOW,
-    DEFAULT_MAX_CATCH_UP,
+    config_hash, from_ms, missed_fires, to_ms, Fire, FireKind, RunOutcome, RunReport,
+    DEFAULT_CATCH_UP_WINDOW, DEFAULT_MAX_CATCH_UP,
 };
 pub use crate::actors::scheduler::{
     schedule_caller, FireAnswer, ReloadSummary, ScheduleRunner, ScheduleView, SchedulerClock,
