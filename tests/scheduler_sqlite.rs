@@ -41,7 +41,7 @@ async fn states_round_trip_through_the_file() {
     };
     {
         let store = SqliteStore::open(&path).await.unwrap();
-        store.put_all(&[state.clone()]).await.unwrap();
+        store.put_all(std::slice::from_ref(&state)).await.unwrap();
         let other = ScheduleState {
             name: "gone".into(),
             config_hash: "1".into(),

@@ -39,7 +39,9 @@
 //! Rate: one `Tick` per distinct fire instant (1 000 schedules at one cron
 //! share one), one `RunEnded` per run, and the operators' commands.
 
+mod clock;
 pub mod rules;
+mod store_writer;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -52,7 +54,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+pub use self::clock::SchedulerClock;
 use self::rules::{from_ms, to_ms, Fire, FireKind, RunOutcome, RunReport};
+use self::store_writer::{write_behind, Write};
 use crate::ports::budget::{BudgetLedger, BudgetLimits};
 use crate::ports::schedule::{Pause, ScheduleState, ScheduleStore};
 use crate::skills::{Overlap, Schedule, SkillsRepo};
@@ -82,43 +86,6 @@ pub trait ScheduleRunner: Send + Sync + 'static {
 /// The caller a schedule's runs are submitted as.
 pub fn schedule_caller(name: &str) -> String {
     format!("schedule:{name}")
-}
-
-/// Where the scheduler reads the time: the system's wall clock, or (tests,
-/// benches) a fixed wall time that moves with tokio's clock, so a paused
-/// clock and `advance` walk it across any date.
-#[derive(Clone, Copy, Debug)]
-pub enum SchedulerClock {
-    /// `Timestamp::now()`.
-    System,
-    /// `wall` at tokio instant `at`, moving with tokio's clock.
-    Anchored {
-        /// The wall time at `at`.
-        wall: Timestamp,
-        /// The tokio instant it was taken.
-        at: tokio::time::Instant,
-    },
-}
-
-impl SchedulerClock {
-    /// The wall time `wall` now, moving with tokio's clock.
-    pub fn starting_at(wall: Timestamp) -> Self {
-        SchedulerClock::Anchored {
-            wall,
-            at: tokio::time::Instant::now(),
-        }
-    }
-
-    /// The time now.
-    pub fn now(&self) -> Timestamp {
-        match self {
-            SchedulerClock::System => Timestamp::now(),
-            SchedulerClock::Anchored { wall, at } => {
-                let gone = SignedDuration::try_from(at.elapsed()).unwrap_or(SignedDuration::MAX);
-                wall.checked_add(gone).unwrap_or(Timestamp::MAX)
-            }
-        }
-    }
 }
 
 /// What a fire did.
@@ -241,13 +208,6 @@ struct Entry {
     running: u32,
     queued: Option<Fire>,
     backlog: VecDeque<Fire>,
-}
-
-/// A write for the write-behind task.
-enum Write {
-    Put(ScheduleState),
-    Remove(Vec<String>),
-    Flush(oneshot::Sender<()>),
 }
 
 /// The scheduler's state.
@@ -419,7 +379,7 @@ impl SchedulerState {
         if let Some(ms) = entry.state.next_fire_ms {
             self.due.insert((from_ms(ms), entry.schedule.name.clone()));
         }
-        let _ = self.writes.send(Write::Put(entry.state.clone()));
+        let _ = self.writes.send(Write::Put(Box::new(entry.state.clone())));
         self.entries.insert(entry.schedule.name.clone(), entry);
     }
 
@@ -432,7 +392,7 @@ impl SchedulerState {
 
     fn save(&self, name: &str) {
         if let Some(e) = self.entries.get(name) {
-            let _ = self.writes.send(Write::Put(e.state.clone()));
+            let _ = self.writes.send(Write::Put(Box::new(e.state.clone())));
         }
     }
 
@@ -782,60 +742,6 @@ impl SchedulerActor {
         }
         if changed {
             self.runner.budgets_changed().await;
-        }
-    }
-}
-
-/// Writes states in order, batching what queued up meanwhile; a failed
-/// write is tried again (three times, a second apart) and then logged as
-/// lost.
-async fn write_behind(store: Arc<dyn ScheduleStore>, mut rx: mpsc::UnboundedReceiver<Write>) {
-    while let Some(first) = rx.recv().await {
-        let mut ops = vec![first];
-        while let Ok(op) = rx.try_recv() {
-            ops.push(op);
-        }
-        let mut puts: BTreeMap<String, ScheduleState> = BTreeMap::new();
-        let mut flushed = Vec::new();
-        for op in ops {
-            match op {
-                Write::Put(s) => {
-                    puts.insert(s.name.clone(), s);
-                }
-                Write::Remove(names) => {
-                    put(&*store, std::mem::take(&mut puts)).await;
-                    for attempt in 1..=3 {
-                        match store.remove(&names).await {
-                            Ok(()) => break,
-                            Err(e) if attempt == 3 => {
-                                tracing::error!(error = %e, "schedule state: removing schedules failed")
-                            }
-                            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
-                        }
-                    }
-                }
-                Write::Flush(done) => flushed.push(done),
-            }
-        }
-        put(&*store, puts).await;
-        for done in flushed {
-            let _ = done.send(());
-        }
-    }
-}
-
-async fn put(store: &dyn ScheduleStore, puts: BTreeMap<String, ScheduleState>) {
-    if puts.is_empty() {
-        return;
-    }
-    let batch: Vec<ScheduleState> = puts.into_values().collect();
-    for attempt in 1..=3 {
-        match store.put_all(&batch).await {
-            Ok(()) => return,
-            Err(e) if attempt == 3 => {
-                tracing::error!(error = %e, schedules = batch.len(), "schedule state not written")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     }
 }
