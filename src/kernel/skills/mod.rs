@@ -14,7 +14,8 @@
 //!
 //! What it must not do: run anything, read a clock, or touch the network.
 //! Running a schedule's run is `crate::skill_run`'s (orchestration);
-//! publishing, writeback and the scheduler loop are not built yet.
+//! the scheduler that fires schedules is `crate::schedules`'s; publishing
+//! and writeback are not built yet.
 //!
 //! Errors name the file, the key and, where it can be found, the line.
 //! Files: `manifest` (the keys of `agentvisor.yaml`), `repo` (reading and
