@@ -349,6 +349,20 @@ async fn overlap_queue_one_runs_one_waiting_fire_after_the_run() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pause_drops_the_queued_fire() {
+    let (runner, s, _d) = overlapping("queue_one").await;
+    // 00:01 starts; 00:02 waits; then the schedule is paused.
+    pass(Duration::from_secs(100)).await;
+    assert!(s.list().await.unwrap()[0].queued);
+    s.pause("m", "hold").await.unwrap();
+    // 00:03:30: the run ends; the queued fire does not start.
+    pass(Duration::from_secs(200)).await;
+    assert_eq!(runner.dues(), [ts("2026-01-01T00:01:00Z")]);
+    assert!(!s.list().await.unwrap()[0].queued);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn overlap_cancel_previous_cancels_then_starts() {
     let (runner, s, _d) = overlapping("cancel_previous").await;
     pass(Duration::from_secs(100)).await;

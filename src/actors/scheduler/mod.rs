@@ -620,7 +620,8 @@ impl SchedulerActor {
     }
 
     /// Starts the schedule's next waiting fire, if it has one and no run
-    /// in flight: a missed fire first, then a queued one.
+    /// in flight: a missed fire first, then a queued one. A paused
+    /// schedule's waiting fires are dropped.
     fn next_from_backlog(
         &self,
         myself: &ActorRef<SchedulerMsg>,
@@ -633,15 +634,24 @@ impl SchedulerActor {
         if e.running > 0 {
             return;
         }
+        // A schedule paused meanwhile drops its waiting fires (an
+        // operator's own `run` excepted).
+        let paused = e.state.paused.is_some();
+        if paused {
+            e.backlog.clear();
+        }
+        let queued = e
+            .queued
+            .take()
+            .filter(|f| !paused || f.kind == FireKind::Manual);
         let next = match e.backlog.pop_front() {
-            Some(f) if e.state.paused.is_none() => Some(f),
-            Some(_) => {
-                e.backlog.clear();
-                None
+            Some(f) => {
+                e.queued = queued;
+                Some(f)
             }
-            None => None,
+            None => queued,
         };
-        if let Some(f) = next.or_else(|| e.queued.take()) {
+        if let Some(f) = next {
             self.start(myself, st, f, false);
         }
     }
