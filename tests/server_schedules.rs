@@ -102,6 +102,21 @@ async fn schedules_are_listed_run_paused_resumed_and_reloaded() {
         .unwrap_or_else(|| panic!("{runs}"));
     assert_eq!(item["schedule"], "digest");
     assert_eq!(item["caller_id"], "schedule:digest");
+    // `?schedule=` lists that schedule's runs only.
+    let (_, only, _) = s
+        .req("GET", "/v1/runs?schedule=digest", Some(ROOT), None)
+        .await;
+    let ids: Vec<&str> = only["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [run_id.as_str()], "{only}");
+    let (_, none, _) = s
+        .req("GET", "/v1/runs?schedule=hourly", Some(ROOT), None)
+        .await;
+    assert_eq!(none["runs"], json!([]), "{none}");
 
     // Pause with a reason, then resume.
     let (status, paused, _) = s

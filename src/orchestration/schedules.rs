@@ -112,7 +112,7 @@ impl Scheduler {
         }
     }
 
-    /// The schedules, in the repository's order of names.
+    /// The schedules, by name.
     pub async fn list(&self) -> Result<Vec<ScheduleView>, SchedulerError> {
         self.ask(SchedulerMsg::List).await
     }

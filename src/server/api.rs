@@ -198,6 +198,9 @@ pub struct ListQuery {
     /// Only runs of this agent.
     #[serde(default)]
     pub agent: Option<String>,
+    /// Only runs this schedule fired (`serve --skills`).
+    #[serde(default)]
+    pub schedule: Option<String>,
     /// Only this run and its sub-agent runs (a run id).
     #[serde(default)]
     pub root: Option<String>,

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `POST /v1/runs[?wait=S]` | submit a run of an agent by name (201) |
 //! | `GET /v1/runs/{id}[?wait=S]` | its live state, or its result |
-//! | `GET /v1/runs?status=&agent=&root=&limit=&cursor=` | runs, newest first, a page at a time |
+//! | `GET /v1/runs?status=&agent=&schedule=&root=&limit=&cursor=` | runs, newest first, a page at a time |
 //! | `GET /v1/runs/{id}/records` | its audit records (what `replay` re-runs) |
 //! | `GET /v1/runs/{id}/events` | its events as Server-Sent Events (`id:` = `seq`, `Last-Event-ID` resumes) |
 //! | `GET /v1/events` | the host-wide feed (runs started and ended, critic decisions) |
