@@ -3,6 +3,13 @@
 //! up meanwhile in one batch (the last state of each schedule), so the
 //! scheduler's handlers never wait on the store. A flush answers once
 //! everything queued before it is written.
+//!
+//! Back-pressure: the queue is unbounded, but each round drains it whole
+//! and keeps one state per schedule, so it holds what changed while one
+//! batch was written (a tick of 1 000 schedules: about 2 000 entries,
+//! written as 1 000 rows). A batch that fails three times, a second apart,
+//! is logged (`error`, with the count of states not written); the next
+//! change of those schedules writes their whole state again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
