@@ -186,8 +186,15 @@ async fn schedules_are_listed_run_paused_resumed_and_reloaded() {
 #[tokio::test]
 async fn schedules_are_for_admins_and_need_a_repository() {
     let (s, _dir) = start().await;
+    // A caller's token sees no schedule (as it sees no run but its own).
+    let (status, list, _) = s.req("GET", "/v1/schedules", Some(ALICE), None).await;
+    assert_eq!(
+        (status, list),
+        (200, json!({ "repo": null, "schedules": [] }))
+    );
+    let (status, _, _) = s.req("GET", "/v1/schedules", None, None).await;
+    assert_eq!(status, 401);
     for (method, path) in [
-        ("GET", "/v1/schedules"),
         ("POST", "/v1/schedules/digest/run"),
         ("POST", "/v1/schedules/digest/pause"),
         ("POST", "/v1/schedules/reload"),
