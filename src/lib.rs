@@ -26,11 +26,12 @@
 //! faces         cli/ (the binary), server/ (HTTP, SSE, dashboard), soak/
 //!   │
 //! orchestration session, pipeline, replay,     drive runs through the host
-//!               fork, diff, eval, skill_run
+//!               fork, diff, eval, skill_run, schedules
 //!   │
 //! facade        host/ (with its session table and the palettes), handle
 //!   │
-//! actors        host, critic/, run/, watch, judging, budget, audit/, mcp
+//! actors        host, critic/, run/, watch, judging, budget, audit/, mcp,
+//!               scheduler/
 //!   │
 //! kernel        spec/, agent, record/, policy, judge, pricing, output, compaction,
 //!               skills/
@@ -70,6 +71,12 @@
 //!   └── session table (host/sessions.rs): the chat sessions open on the
 //!       host; a session's prompt is a run like any other, its model
 //!       wrapped to keep history
+//!
+//! Scheduler actor (actors/scheduler/, beside the host: `serve --skills`,
+//!   │   `schedules::Scheduler`): one timer task for the earliest next fire
+//!   ├── write-behind task ──▶ ScheduleStore port
+//!   └── a task per fire ──▶ ScheduleRunner (HostRunner: a skill run,
+//!         submitted to the host like any run)
 //! ```
 //!
 //! A run is an actor hosted on its critic shard: its own state and message
@@ -96,11 +103,13 @@
 //!   budget, and what changed; [`skill_run`]: one run of a scheduled
 //!   skill (model, parsing, its publishes waited for); `writeback` (the `git`
 //!   feature): a skill's memory committed and pushed to its git
-//!   repository, serialized per repository, parked until it lands.
+//!   repository, serialized per repository, parked until it lands; [`schedules`]: the scheduler
+//!   of a skills repository (one timer, overlap, missed fires,
+//!   auto-pause, daily budgets, state in a `ScheduleStore`).
 //! - facade: [`host`]: build a host, submit and recover runs, the palettes
 //!   of sub-agents; [`handle`]: what a caller holds on a run.
 //! - `actors` (private): host, critic, run, watch, judging, budget, audit,
-//!   mcp — one per file or folder (judging is a run's model-judge state,
+//!   mcp, scheduler — one per file or folder (judging is a run's model-judge state,
 //!   not an actor of its own).
 //! - kernel: [`spec`]: manifests, limits, invocations; [`agent`]: a manifest
 //!   resolved to run; `record` (private): a run's shared record and the
@@ -116,7 +125,7 @@
 //! - batteries: [`providers`]: `ChatModel` batteries: scripted,
 //!   OpenAI-compatible, Anthropic; the retry layer and the circuit breaker;
 //!   model specs and tiers. [`stores`]: `AuditStore` / `RunIndex` /
-//!   `BudgetLedger` / `Checkpointer` / `SessionStore` / `WriteIntents` batteries (in memory;
+//!   `BudgetLedger` / `Checkpointer` / `SessionStore` / `WriteIntents` / `ScheduleStore` batteries (in memory;
 //!   embedded SQLite). [`tools`]: the tool registry, argument validation,
 //!   built-in tools. [`mcp`]: MCP servers as tool sources.
 //!   [`publishers`]: `Publisher` batteries, the destinations of scheduled
@@ -178,7 +187,7 @@ pub use observability::otel;
 pub use observability::telemetry;
 #[cfg(feature = "git")]
 pub use orchestration::writeback;
-pub use orchestration::{diff, eval, fork, pipeline, replay, session, skill_run};
+pub use orchestration::{diff, eval, fork, pipeline, replay, schedules, session, skill_run};
 
 #[doc(hidden)]
 pub use actors::critic::Fault;

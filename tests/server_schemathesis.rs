@@ -55,6 +55,27 @@ async fn generated_requests_get_no_5xx_and_match_the_schema() {
             role: Role::Admin,
         },
     )])));
+    // A skills repository, so `/v1/schedules` lists a schedule and its
+    // commands find one.
+    let skills = support::scratch::Scratch::new("schemathesis-skills");
+    std::fs::create_dir_all(skills.path("skills/s")).unwrap();
+    skills.file("skills/s/SKILL.md", "---\nname: s\n---\nSay hi.\n");
+    skills.file(
+        "agentvisor.yaml",
+        "skills: { s: skills/s }\nschedules:\n  - { name: digest, skill: s, cron: \"@daily\", model: scripted, script: [{ text: hi }] }\n",
+    );
+    let scheduler = agentvisor::schedules::Scheduler::start(
+        agentvisor::skills::SkillsRepo::open(&skills.0).unwrap(),
+        agentvisor::schedules::SchedulerConfig {
+            store: std::sync::Arc::new(agentvisor::stores::MemoryScheduleStore::new()),
+            runner: std::sync::Arc::new(agentvisor::schedules::HostRunner::new(host.clone())),
+            ledger: None,
+            clock: agentvisor::schedules::SchedulerClock::System,
+        },
+    )
+    .await
+    .unwrap();
+    server.set_scheduler(Some(scheduler));
     let (base, _stop) = support::loopback::serve(&server).await;
     // A few runs on record, so reads find something.
     for _ in 0..3 {

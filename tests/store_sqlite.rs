@@ -759,7 +759,7 @@ fn connect(path: &Path) -> rusqlite::Connection {
 }
 
 /// The migrations of every schema version, as the files hold them.
-const MIGRATIONS: [(i64, &str); 16] = [
+const MIGRATIONS: [(i64, &str); 17] = [
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_segments.sql")),
     (3, include_str!("../migrations/0003_run_tail.sql")),
@@ -781,6 +781,7 @@ const MIGRATIONS: [(i64, &str); 16] = [
     (13, include_str!("../migrations/0013_forks.sql")),
     (14, include_str!("../migrations/0014_manifests.sql")),
     (15, include_str!("../migrations/0015_outbox.sql")),
+    (16, include_str!("../migrations/0016_schedules.sql")),
     (17, include_str!("../migrations/0017_writeback_intents.sql")),
 ];
 

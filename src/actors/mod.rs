@@ -19,4 +19,5 @@ pub mod judging;
 pub mod mcp;
 pub mod publisher;
 pub mod run;
+pub mod scheduler;
 pub mod watch;

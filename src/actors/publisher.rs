@@ -109,8 +109,21 @@ impl Actor for PublisherActor {
         myself: ActorRef<PublisherMsg>,
         _: (),
     ) -> Result<PublisherState, ActorProcessingErr> {
-        // What a host before this one left owed.
-        let _ = myself.cast(PublisherMsg::Scan);
+        // What a host before this one left owed: read here, before the host
+        // takes a run, so this scan is of what was owed at the start (a run
+        // that ends on this host is delivered when asked, or by the next
+        // periodic scan) and never races this host's own runs.
+        match self.outbox.owed(unix_ms(), SCAN_LIMIT).await {
+            Ok(intents) if !intents.is_empty() => {
+                tracing::info!(
+                    intents = intents.len(),
+                    "delivering publishes an earlier host left owed"
+                );
+                let _ = myself.cast(PublisherMsg::Loaded { intents });
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the outbox"),
+        }
         if let Some(every) = self.scan_every {
             myself.send_interval(every, || PublisherMsg::Scan);
         }

@@ -525,14 +525,34 @@ pub(crate) async fn host_on(
         .map_err(refuse)
 }
 
-/// `builder` on the stores of `db`, the database opened here: for a
-/// command that sets more on the builder before building it.
-pub(crate) async fn with_stores(builder: HostBuilder, db: &Db) -> Result<HostBuilder, ExitCode> {
+/// `builder` on the stores of `db`, and where parked git writes go: the
+/// SQLite file, or memory.
+pub(crate) async fn with_stores(
+    builder: HostBuilder,
+    db: &Db,
+) -> Result<
+    (
+        HostBuilder,
+        Arc<dyn agentvisor::ports::writeback::WriteIntents>,
+    ),
+    ExitCode,
+> {
     let store = match db {
         Db::Memory => None,
         Db::File(path) => Some(Arc::new(open_db(path).await?)),
     };
-    Ok(on_stores(builder, db, store))
+    let intents: Arc<dyn agentvisor::ports::writeback::WriteIntents> = match &store {
+        Some(s) => s.clone(),
+        None => Arc::new(agentvisor::stores::MemoryWriteIntents::new()),
+    };
+    Ok((on_stores(builder, db, store), intents))
+}
+
+/// The git writeback of skills' memory, its parked writes in `intents`.
+pub(crate) fn git_writeback(
+    intents: Arc<dyn agentvisor::ports::writeback::WriteIntents>,
+) -> Arc<agentvisor::writeback::GitWriteback> {
+    Arc::new(agentvisor::writeback::GitWriteback::new(intents))
 }
 
 /// `base` on the stores of `db`: the SQLite file (audit log, budget

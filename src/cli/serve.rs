@@ -25,6 +25,13 @@
 //! database with the runs (their history, state and `on_busy`), so a
 //! restarted server serves them on.
 //!
+//! `--skills REPO` runs the schedules of a skills repository (see
+//! docs/skills.md): their state is kept in the database (SQLite by
+//! default), their runs are the host's like any (caller `schedule:NAME`),
+//! and `/v1/schedules` lists and controls them. SIGHUP and `POST
+//! /v1/schedules/reload` re-read the repository (one that is refused
+//! leaves the schedules as they were); a drain stops firing first.
+//!
 //! Prints `listening on http://ADDR` once it accepts connections. Exit 2
 //! when the database, the agents, the tokens or the address are refused.
 
@@ -37,13 +44,26 @@ use std::time::Duration;
 use clap::Args;
 
 use agentvisor::ports::audit::{AuditStore, RunIndex};
+use agentvisor::ports::budget::BudgetLedger;
+use agentvisor::ports::schedule::ScheduleStore;
+use agentvisor::schedules::{HostRunner, Scheduler, SchedulerClock, SchedulerConfig};
 use agentvisor::server::auth::{new_token, token_line, Role, TokenTable};
 use agentvisor::server::catalog::Catalog;
 use agentvisor::server::{Server, ServerConfig};
-use agentvisor::stores::{MemoryAuditStore, MemoryBudgetLedger};
+use agentvisor::skills::SkillsRepo;
+use agentvisor::stores::{MemoryAuditStore, MemoryBudgetLedger, MemoryScheduleStore};
 use agentvisor::Host;
 
 use super::Db;
+
+/// The host and the stores `serve` runs on.
+type Stores = (
+    Host,
+    Arc<dyn RunIndex>,
+    Arc<dyn ScheduleStore>,
+    Arc<dyn BudgetLedger>,
+    Arc<dyn agentvisor::ports::writeback::WriteIntents>,
+);
 
 /// Flags of `agentvisor serve`.
 #[derive(Args, Debug)]
@@ -76,6 +96,10 @@ pub(crate) struct ServeArgs {
     /// stay on record for `agentvisor recover`.
     #[arg(long)]
     no_recover: bool,
+    /// A skills repository (the folder with `agentvisor.yaml`) whose
+    /// schedules the server runs (`/v1/schedules`; SIGHUP re-reads it).
+    #[arg(long, value_name = "REPO")]
+    skills: Option<PathBuf>,
 }
 
 /// Flags of `agentvisor token`.
@@ -135,18 +159,34 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let (host, index): (Host, Arc<dyn RunIndex>) = match db {
+    // The skills repository is read before anything starts: one that is
+    // refused exits 2 with its error.
+    let repo = match &a.skills {
+        Some(dir) => match SkillsRepo::open(dir) {
+            Ok(r) => Some(r),
+            Err(e) => return super::refuse(e),
+        },
+        None => None,
+    };
+    let (host, index, states, ledger, intents): Stores = match db {
         Db::Memory => {
             let store = Arc::new(MemoryAuditStore::new());
+            let ledger = Arc::new(MemoryBudgetLedger::new());
             let host = agentvisor::Host::builder()
                 .providers(providers)
                 .config(super::memory_config())
                 .audit_store(store.clone() as Arc<dyn AuditStore>)
-                .budget_ledger(Arc::new(MemoryBudgetLedger::new()))
+                .budget_ledger(ledger.clone())
                 .build()
                 .await;
             match host {
-                Ok(h) => (h, store),
+                Ok(h) => (
+                    h,
+                    store,
+                    Arc::new(MemoryScheduleStore::new()),
+                    ledger,
+                    Arc::new(agentvisor::stores::MemoryWriteIntents::new()),
+                ),
                 Err(e) => return super::refuse(e),
             }
         }
@@ -185,7 +225,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
                     }
                 }
             }
-            (host, store)
+            (host, store.clone(), store.clone(), store.clone(), store)
         }
     };
     let config = ServerConfig {
@@ -197,6 +237,31 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
     if let Err(code) = load(&server, &a) {
         host.shutdown().await;
         return code;
+    }
+    if let Some(repo) = repo {
+        let count = repo.schedules.len();
+        // The memory of each run written back; writes parked by an
+        // earlier process (or this one) retried now and every minute.
+        let writeback = super::git_writeback(intents);
+        writeback.spawn_retries(std::time::Duration::from_secs(60), |k| {
+            std::env::var(k).ok()
+        });
+        let config = SchedulerConfig {
+            store: states,
+            runner: Arc::new(HostRunner::new(host.clone()).with_writeback(writeback)),
+            ledger: Some(ledger),
+            clock: SchedulerClock::System,
+        };
+        match Scheduler::start(repo, config).await {
+            Ok(s) => {
+                errln!("running {count} schedule(s) of {}", s.root().display());
+                server.set_scheduler(Some(s));
+            }
+            Err(e) => {
+                host.shutdown().await;
+                return super::refuse(e);
+            }
+        }
     }
     if a.tokens.is_none() && !a.addr.ip().is_loopback() {
         tracing::warn!(addr = %a.addr, "serving without --tokens on a non-loopback address: anyone who reaches it is admin");
@@ -231,6 +296,11 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
     // submitting reads 503 (not a refused connection), and the runs in
     // flight are read and streamed to their end.
     server.start_draining();
+    // No fire starts from now on; the runs of schedules in flight drain
+    // with the others.
+    if let Some(s) = server.scheduler() {
+        s.stop().await;
+    }
     tracing::info!(drain_s = a.drain.as_secs_f64(), "draining");
     host.shutdown_after(a.drain).await;
     // Every run has ended: stop accepting, end the host-wide feeds.
@@ -298,6 +368,7 @@ impl Signals {
                     } else {
                         errln!("reload refused; the previous agents and tokens stay");
                     }
+                    reload_schedules(server).await;
                 }
             }
         }
@@ -306,6 +377,24 @@ impl Signals {
     #[cfg(not(unix))]
     async fn wait_for_stop(self, _server: &Server, _a: &ServeArgs) {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Re-reads the skills repository (SIGHUP): a repository that is refused
+/// leaves the schedules as they were.
+async fn reload_schedules(server: &Server) {
+    let Some(s) = server.scheduler() else {
+        return;
+    };
+    match s.reload_from_disk().await {
+        Ok(r) => errln!(
+            "reloaded schedules: {} added, {} removed, {} changed, {} unchanged",
+            r.added.len(),
+            r.removed.len(),
+            r.changed.len(),
+            r.unchanged.len()
+        ),
+        Err(e) => errln!("schedules reload refused ({e}); the previous schedules stay"),
     }
 }
 

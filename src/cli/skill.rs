@@ -192,10 +192,11 @@ async fn run(a: RunArgs, db: &Db) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let builder = match super::with_stores(super::host_builder().providers(config), db).await {
-        Ok(b) => b,
-        Err(code) => return code,
-    };
+    let (builder, intents) =
+        match super::with_stores(super::host_builder().providers(config), db).await {
+            Ok(b) => b,
+            Err(code) => return code,
+        };
     let host = match builder.build().await {
         Ok(h) => h,
         Err(e) => return super::refuse(e),
@@ -203,7 +204,7 @@ async fn run(a: RunArgs, db: &Db) -> ExitCode {
     let options = skill_run::RunOptions {
         dry_run: a.dry_run,
         skip_push: a.skip_push,
-        writeback: None,
+        writeback: Some(super::git_writeback(intents)),
     };
     let result = skill_run::run(
         &host,

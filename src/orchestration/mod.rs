@@ -12,6 +12,7 @@ pub mod eval;
 pub mod fork;
 pub mod pipeline;
 pub mod replay;
+pub mod schedules;
 pub mod session;
 pub mod skill_run;
 #[cfg(feature = "git")]

@@ -13,6 +13,7 @@ pub mod model;
 pub mod outbox;
 pub mod retention;
 pub mod run;
+pub mod schedule;
 pub mod session;
 pub mod tool;
 pub mod writeback;

@@ -198,6 +198,9 @@ pub struct ListQuery {
     /// Only runs of this agent.
     #[serde(default)]
     pub agent: Option<String>,
+    /// Only runs this schedule fired (`serve --skills`).
+    #[serde(default)]
+    pub schedule: Option<String>,
     /// Only this run and its sub-agent runs (a run id).
     #[serde(default)]
     pub root: Option<String>,
@@ -219,6 +222,8 @@ pub struct RunItem {
     pub agent: String,
     /// Who submitted it.
     pub caller_id: Option<String>,
+    /// The schedule that fired it (its caller is `schedule:NAME`).
+    pub schedule: Option<String>,
     /// Its parent, for a sub-agent run.
     pub parent_run_id: Option<String>,
     /// `running`, or how it ended.
@@ -241,6 +246,7 @@ impl RunItem {
             run_id: r.run_id.to_string(),
             agent: r.agent.clone(),
             caller_id: r.caller_id.clone(),
+            schedule: schedule_of(r.caller_id.as_deref()),
             parent_run_id: r.parent_run_id.map(|p| p.to_string()),
             status: "running".into(),
             kill_reason: None,
@@ -265,6 +271,7 @@ impl RunItem {
             run_id: r.run_id.to_string(),
             agent: r.agent.clone(),
             caller_id: r.caller_id.clone(),
+            schedule: schedule_of(r.caller_id.as_deref()),
             parent_run_id: r.parent_run_id.map(|p| p.to_string()),
             status: r.status.to_string(),
             kill_reason: r.kill_reason.map(|k| k.to_string()),
@@ -274,6 +281,14 @@ impl RunItem {
             live: None,
         }
     }
+}
+
+/// The schedule of a run submitted by the scheduler (caller
+/// `schedule:NAME`).
+fn schedule_of(caller: Option<&str>) -> Option<String> {
+    caller
+        .and_then(|c| c.strip_prefix("schedule:"))
+        .map(str::to_string)
 }
 
 /// A page of runs: live ones first (newest first), then ended ones (the

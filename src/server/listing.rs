@@ -221,6 +221,13 @@ pub(crate) async fn list_runs(
     };
     let mine = |owner: Option<&str>| caller.may_see(owner);
     let agent_ok = |a: &str| q.agent.as_deref().is_none_or(|want| want == a);
+    // A schedule's runs are those of its caller, `schedule:NAME`.
+    let schedule_caller = q.schedule.as_deref().map(|s| format!("schedule:{s}"));
+    let schedule_ok = |owner: Option<&str>| {
+        schedule_caller
+            .as_deref()
+            .is_none_or(|want| owner == Some(want))
+    };
     let limit = limit as usize;
     let mut out: Vec<RunItem> = Vec::new();
     let mut more = false;
@@ -255,7 +262,11 @@ pub(crate) async fn list_runs(
     let mut cursor = given.unwrap_or_default();
     let ended_filter = RunFilter {
         status,
-        caller: (!caller.is_admin()).then(|| caller.id.to_string()),
+        caller: if caller.is_admin() {
+            schedule_caller.clone()
+        } else {
+            Some(caller.id.to_string())
+        },
         limit: None,
         root: None,
         after: None,
@@ -303,7 +314,11 @@ pub(crate) async fn list_runs(
                 // Ended and on record: listed as ended.
                 continue;
             }
-            if !mine(r.caller_id.as_deref()) || !agent_ok(&r.agent) || !in_tree(r.run_id) {
+            if !mine(r.caller_id.as_deref())
+                || !schedule_ok(r.caller_id.as_deref())
+                || !agent_ok(&r.agent)
+                || !in_tree(r.run_id)
+            {
                 continue;
             }
             if out.len() == limit {
@@ -323,6 +338,7 @@ pub(crate) async fn list_runs(
         let c = cursor.clone();
         let keep = |r: &RunSummary| {
             mine(r.caller_id.as_deref())
+                && schedule_ok(r.caller_id.as_deref())
                 && agent_ok(&r.agent)
                 && in_tree(r.run_id)
                 && !seen.contains(&r.run_id)

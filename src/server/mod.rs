@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `POST /v1/runs[?wait=S]` | submit a run of an agent by name (201) |
 //! | `GET /v1/runs/{id}[?wait=S]` | its live state, or its result |
-//! | `GET /v1/runs?status=&agent=&root=&limit=&cursor=` | runs, newest first, a page at a time |
+//! | `GET /v1/runs?status=&agent=&schedule=&root=&limit=&cursor=` | runs, newest first, a page at a time |
 //! | `GET /v1/runs/{id}/records` | its audit records (what `replay` re-runs) |
 //! | `GET /v1/runs/{id}/events` | its events as Server-Sent Events (`id:` = `seq`, `Last-Event-ID` resumes) |
 //! | `GET /v1/events` | the host-wide feed (runs started and ended, critic decisions) |
@@ -16,6 +16,7 @@
 //! | `POST /v1/sessions/{id}/messages` | send a message; its run's events come back as SSE |
 //! | `POST /v1/sessions/{id}/close`, `DELETE /v1/sessions/{id}` | close it (history kept); remove it |
 //! | `GET /v1/agents` | the agents loaded from `--agents DIR` |
+//! | `GET /v1/schedules`, `POST /v1/schedules/{name}/run\|pause\|resume`, `POST /v1/schedules/reload` | the schedules of `--skills REPO` ([`schedules`]; admin tokens) |
 //! | `GET /healthz`, `GET /readyz` | liveness; readiness (503 while draining) |
 //! | `GET /openapi.json` | the OpenAPI 3 document, derived from the handlers' types |
 //! | `GET /metrics` | Prometheus text |
@@ -54,6 +55,7 @@ mod listing;
 pub mod metrics;
 mod openapi;
 mod runs;
+pub mod schedules;
 mod sessions;
 mod streams;
 
@@ -137,6 +139,8 @@ pub(crate) struct AppState {
     anonymous: Caller,
     /// Cancelled when the server closes: host-wide feeds end.
     pub(crate) closing: CancellationToken,
+    /// The scheduler of `--skills`, when the server runs one.
+    scheduler: RwLock<Option<crate::schedules::Scheduler>>,
 }
 
 impl AppState {
@@ -149,6 +153,13 @@ impl AppState {
 
     pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn scheduler(&self) -> Option<crate::schedules::Scheduler> {
+        self.scheduler
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn tokens(&self) -> Option<Arc<TokenTable>> {
@@ -187,6 +198,7 @@ impl Server {
                 token_streams: DashMap::new(),
                 draining: AtomicBool::new(false),
                 closing: CancellationToken::new(),
+                scheduler: RwLock::new(None),
             }),
         }
     }
@@ -216,6 +228,21 @@ impl Server {
                 }
                 kept
             });
+    }
+
+    /// Runs the schedules of `scheduler` (`serve --skills`): served under
+    /// `/v1/schedules` and on the dashboard.
+    pub fn set_scheduler(&self, scheduler: Option<crate::schedules::Scheduler>) {
+        *self
+            .state
+            .scheduler
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = scheduler;
+    }
+
+    /// The scheduler, when the server runs one.
+    pub fn scheduler(&self) -> Option<crate::schedules::Scheduler> {
+        self.state.scheduler()
     }
 
     /// How many agents are loaded.
@@ -264,6 +291,11 @@ impl Server {
             .route("/v1/sessions/{id}/close", post(sessions::close))
             .route("/v1/events", get(streams::host_events))
             .route("/v1/agents", get(runs::agents))
+            .route("/v1/schedules", get(schedules::list))
+            .route("/v1/schedules/reload", post(schedules::reload))
+            .route("/v1/schedules/{name}/run", post(schedules::run))
+            .route("/v1/schedules/{name}/pause", post(schedules::pause))
+            .route("/v1/schedules/{name}/resume", post(schedules::resume))
             .route_layer(middleware::from_fn_with_state(st.clone(), authenticate));
         Router::new()
             .merge(v1)

@@ -10,6 +10,7 @@ use utoipa::{Modify, OpenApi};
 use super::api;
 use super::catalog;
 use super::error;
+use super::schedules;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -35,6 +36,11 @@ use super::error;
         super::sessions::close,
         super::sessions::remove,
         super::runs::agents,
+        super::schedules::list,
+        super::schedules::run,
+        super::schedules::pause,
+        super::schedules::resume,
+        super::schedules::reload,
         super::healthz,
         super::readyz,
     ),
@@ -45,6 +51,8 @@ use super::error;
         api::AgentView, api::AgentList, catalog::FailedManifest, api::Health, error::ErrorBody, error::ErrorDetail,
         api::CreateSession, api::MessageBody, api::BusyMode, api::SessionStatus,
         api::SessionView, api::SessionMessageView,
+        schedules::ScheduleItem, schedules::ScheduleList, schedules::PauseBody,
+        schedules::ScheduleFired, schedules::ReloadView,
     )),
     modifiers(&Bearer),
 )]

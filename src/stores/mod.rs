@@ -1,6 +1,6 @@
 //! Store batteries: implementations of the `AuditStore`, `RunIndex`,
-//! `BudgetLedger`, `Checkpointer`, `SessionStore`, `OutboxStore` and
-//! `WriteIntents` (parked git writes of skills' memory) ports. In memory (a host built with nothing), and on
+//! `BudgetLedger`, `Checkpointer`, `SessionStore`, `OutboxStore`,
+//! `ScheduleStore` and `WriteIntents` (parked git writes of skills' memory) ports. In memory (a host built with nothing), and on
 //! embedded SQLite (the CLI's default; full history, budgets that hold
 //! across processes), and on PostgreSQL (the `postgres` feature: the audit
 //! log, run index and budget ledger for many hosts on one database).
@@ -10,6 +10,7 @@
 pub mod memory;
 pub mod memory_checkpoint;
 pub mod memory_outbox;
+pub mod memory_schedule;
 pub mod memory_session;
 pub mod memory_writeback;
 #[cfg(feature = "postgres")]
@@ -20,6 +21,7 @@ pub mod sqlite;
 pub use memory::{MemoryAuditStore, MemoryBudgetLedger};
 pub use memory_checkpoint::MemoryCheckpointer;
 pub use memory_outbox::MemoryOutbox;
+pub use memory_schedule::MemoryScheduleStore;
 pub use memory_session::MemorySessionStore;
 pub use memory_writeback::MemoryWriteIntents;
 #[cfg(feature = "postgres")]

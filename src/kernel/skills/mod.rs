@@ -16,7 +16,8 @@
 //! Running a schedule's run is `crate::skill_run`'s (orchestration);
 //! writing its memory back into git is `crate::writeback`'s (the `git`
 //! feature); what a run owes its destinations is rendered here ([`SkillPublishPlan`],
-//! `publish`) and delivered by the host's publisher.
+//! `publish`) and delivered by the host's publisher;
+//! the scheduler that fires schedules is `crate::schedules`'s.
 //!
 //! Errors name the file, the key and, where it can be found, the line.
 //! Files: `manifest` (the keys of `agentvisor.yaml`), `repo` (reading and

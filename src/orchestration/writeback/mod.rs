@@ -46,6 +46,7 @@
 //! writes.
 
 mod git;
+mod hook;
 mod outcome;
 mod policy;
 mod steps;

@@ -2,6 +2,8 @@
 // Runs table: GET /v1/runs, then the host-wide feed GET /v1/events (SSE).
 // Ended runs listed before the page opened get their tokens, cost and
 // last critic decision from GET /v1/runs/{id}, a few at a time.
+// Schedules panel (serve --skills): GET /v1/schedules every 5 s, and
+// its buttons POST /v1/schedules/{name}/run|pause|resume.
 // Run page: GET /v1/runs/{id}, its events (SSE), its tree
 // (GET /v1/runs?root=id), and the buttons' POSTs. A kill asks first.
 "use strict";
@@ -404,6 +406,41 @@ function route() {
   render();
 }
 
+// ---- the schedules panel --------------------------------------------------
+
+async function loadSchedules() {
+  const { status, data } = await api("GET", "/v1/schedules");
+  // Not an admin token, or no skills repository: no panel.
+  if (status !== 200 || !data.repo) { $("schedules").hidden = true; return; }
+  $("schedules").hidden = false;
+  $("s-repo").textContent = data.repo;
+  $("s-table").querySelector("tbody").innerHTML = data.schedules.map((s) => {
+    const last = s.last_outcome ? s.last_outcome + (s.last_reason ? " (" + s.last_reason + ")" : "") : "–";
+    const lastRun = s.last_run_id ? ` <a href="#run/${esc(s.last_run_id)}">run</a>` : "";
+    const streak = s.streak ? s.streak + " × " + (s.streak_reason || "") : "0";
+    const paused = s.paused ? "paused: " + s.paused_why : "";
+    const toggle = s.paused
+      ? `<button data-act="resume" data-name="${esc(s.name)}">Resume</button>`
+      : `<button data-act="pause" data-name="${esc(s.name)}">Pause</button>`;
+    return `<tr><td>${esc(s.name)}${s.running ? " <b class=\"status running\">running</b>" : ""}</td><td>${esc(s.skill)}</td>` +
+      `<td><code>${esc(s.cron)}</code> ${esc(s.timezone)}</td><td>${esc(s.next_fire || "never")}</td>` +
+      `<td class="status ${esc(s.last_outcome || "")}">${esc(last)}${lastRun}</td><td>${esc(streak)}</td>` +
+      `<td class="${s.paused ? "status error" : ""}">${esc(paused)}</td>` +
+      `<td class="num">${s.spent_tokens} tok</td>` +
+      `<td><button data-act="run" data-name="${esc(s.name)}">Run now</button> ${toggle}</td></tr>`;
+  }).join("");
+}
+
+$("s-table").addEventListener("click", async (e) => {
+  const b = e.target.closest("button[data-act]");
+  if (!b) return;
+  const { status, data } = await api("POST", "/v1/schedules/" + encodeURIComponent(b.dataset.name) + "/" + b.dataset.act);
+  $("s-msg").textContent = status < 300
+    ? b.dataset.name + ": " + (data.fired ? data.fired + (data.reason ? " (" + data.reason + ")" : "") : b.dataset.act + "d")
+    : (data.error ? data.error.message : "HTTP " + status);
+  loadSchedules();
+});
+
 // ---- wiring ---------------------------------------------------------------
 
 $("runs").addEventListener("click", async (e) => {
@@ -440,6 +477,7 @@ window.addEventListener("hashchange", route);
 
 async function start() {
   if (!(await loadRuns())) return;
+  loadSchedules();
   connectFeed();
   route();
 }
@@ -447,4 +485,5 @@ async function start() {
 setInterval(tick, 1000);
 setInterval(() => { if (state.feed) refreshLive(); }, 2000);
 setInterval(pumpDetails, 500);
+setInterval(() => { if (state.feed && !$("home").hidden) loadSchedules(); }, 5000);
 start();

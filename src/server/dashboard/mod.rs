@@ -2,7 +2,8 @@
 //! HTML, JavaScript and CSS, embedded at compile time: no CDN, no build
 //! step). It reads the API like any client: the runs table from
 //! `GET /v1/runs` and the host-wide feed `GET /v1/events`, a run's timeline
-//! from its event stream, and posts the buttons' commands.
+//! from its event stream, the schedules panel from `GET /v1/schedules`
+//! (`serve --skills`; admin tokens), and posts the buttons' commands.
 
 use std::sync::Arc;
 

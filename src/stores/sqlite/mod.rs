@@ -2,7 +2,8 @@
 //! ([`AuditStore`](crate::ports::audit::AuditStore) and
 //! [`RunIndex`](crate::ports::audit::RunIndex)) and the budget ledger
 //! ([`BudgetLedger`](crate::ports::budget::BudgetLedger)) and durable runs'
-//! checkpoints ([`Checkpointer`](crate::ports::checkpoint::Checkpointer)). It is the CLI's
+//! checkpoints ([`Checkpointer`](crate::ports::checkpoint::Checkpointer)) and the
+//! scheduler's state ([`ScheduleStore`](crate::ports::schedule::ScheduleStore)). It is the CLI's
 //! default store; a library host opts in with
 //! `Host::builder().audit_store(store.clone()).budget_ledger(store)`.
 //!
@@ -15,6 +16,7 @@ mod checkpoint;
 mod connection;
 mod outbox;
 mod retention;
+mod schedule;
 mod session;
 mod writeback;
 mod writer;
@@ -61,6 +63,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../../../migrations/0013_forks.sql")),
     (14, include_str!("../../../migrations/0014_manifests.sql")),
     (15, include_str!("../../../migrations/0015_outbox.sql")),
+    (16, include_str!("../../../migrations/0016_schedules.sql")),
     (
         17,
         include_str!("../../../migrations/0017_writeback_intents.sql"),
