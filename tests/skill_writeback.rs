@@ -1147,3 +1147,69 @@ async fn a_conflicting_local_commit_parks_the_write_with_what_to_do() {
         "our readme\n"
     );
 }
+
+/// `agentvisor skill run` end to end: the run's memory is appended to the
+/// writeback file, committed as the bot and pushed to `origin`, and the
+/// result names the commit; a second run appends again on top.
+#[test]
+fn skill_run_writes_the_memory_back_and_pushes_it() {
+    let dir = Scratch::new("skill-run-writeback");
+    let origin = origin(&dir);
+    let repo = clone(&origin, &dir.path("skills-repo"));
+    let yaml = "skills: { a: skills/a }\nschedules:\n  - name: s\n    skill: a\n    cron: \"0 * * * *\"\n    model: scripted\n    script: [{ text: \"done <memory>learned one thing</memory>\" }]\n    writeback: { path: memory/a.md, mode: append }\n";
+    std::fs::create_dir_all(repo.join("skills/a")).unwrap();
+    std::fs::write(
+        repo.join("skills/a/SKILL.md"),
+        "---\nname: a\n---\nDo it.\n",
+    )
+    .unwrap();
+    std::fs::write(repo.join("agentvisor.yaml"), yaml).unwrap();
+    commit_file(&repo, ".gitignore", "*.db*\n", "the skill");
+    push(&repo);
+    let db = dir.arg("a.db");
+    let run = || {
+        let out = support::cli::command(&[
+            "skill",
+            "run",
+            repo.to_str().unwrap(),
+            "--schedule",
+            "s",
+            "--json",
+            "--db",
+            &db,
+        ])
+        .env("AGENTVISOR_SECRET_GIT_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+        support::cli::ok_json(&out)
+    };
+    let first = run();
+    assert_eq!(first["outcome"], "succeeded", "{first:#}");
+    let sha = first["writeback_sha"]
+        .as_str()
+        .expect("a commit")
+        .to_string();
+    assert_eq!(tip(&origin), sha, "pushed");
+    assert_eq!(
+        on_origin(&origin, "memory/a.md").as_deref(),
+        Some("learned one thing\n")
+    );
+    let second = run();
+    assert_eq!(second["outcome"], "succeeded", "{second:#}");
+    assert_ne!(second["writeback_sha"], first["writeback_sha"]);
+    let memory = on_origin(&origin, "memory/a.md").unwrap();
+    assert_eq!(memory.matches("learned one thing").count(), 2, "{memory}");
+    let head = git2::Repository::open_bare(&origin).unwrap();
+    let commit = head
+        .revparse_single("refs/heads/main")
+        .unwrap()
+        .peel_to_commit()
+        .unwrap();
+    assert_eq!(commit.author().name().unwrap(), "agentvisor");
+    assert!(commit
+        .summary()
+        .unwrap()
+        .unwrap()
+        .starts_with("chore(agentvisor): update memory/a.md from run "));
+    assert!(!String::from_utf8_lossy(&serde_json::to_vec(&second).unwrap()).contains(TOKEN));
+}

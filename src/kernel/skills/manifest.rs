@@ -229,7 +229,7 @@ pub enum DestinationKind {
 }
 
 /// One destination of a schedule's output (declared and checked here;
-/// publishing is not built yet).
+/// delivered by the host's publisher, see `crate::publishers`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {

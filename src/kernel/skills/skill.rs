@@ -62,8 +62,8 @@ pub struct FrontMatter {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SkillWriteback {
-    /// How a memory block is framed in the file it is written to (kept for
-    /// the writeback, which is not built yet).
+    /// How a memory block is framed in the file it is written to: checked
+    /// and kept; the writeback writes the memory's text as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_format: Option<String>,
 }
