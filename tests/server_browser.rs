@@ -16,6 +16,7 @@
 mod support;
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentvisor::server::auth::{Caller, Role, TokenTable};
@@ -260,6 +261,21 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
             role: Role::Admin,
         },
     )])));
+    // The example skills repository's schedules, for the schedules panel.
+    let skills =
+        agentvisor::skills::SkillsRepo::open(std::path::Path::new("examples/skills")).unwrap();
+    let scheduler = agentvisor::schedules::Scheduler::start(
+        skills,
+        agentvisor::schedules::SchedulerConfig {
+            store: Arc::new(agentvisor::stores::MemoryScheduleStore::new()),
+            runner: Arc::new(agentvisor::schedules::HostRunner::new(host.clone())),
+            ledger: None,
+            clock: agentvisor::schedules::SchedulerClock::System,
+        },
+    )
+    .await
+    .unwrap();
+    server.set_scheduler(Some(scheduler));
     let (base, _stop) = support::loopback::serve(&server).await;
 
     let profile = std::env::temp_dir().join(format!("agentvisor-chromium-{}", std::process::id()));
@@ -525,6 +541,41 @@ async fn the_dashboard_shows_runs_live_and_kills_one() {
     assert!(png.starts_with(b"\x89PNG"), "the screenshot is a PNG");
     let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
     std::fs::write(docs.join("dashboard.png"), &png).unwrap();
+
+    // The schedules panel lists the repository's schedules; Pause pauses
+    // one (the panel says so) and Resume clears it.
+    let names = d
+        .wait_for(
+            "the schedules panel",
+            "return [...document.querySelectorAll('#s-table tbody tr')].map(r => r.cells[0].textContent)",
+            |v| v.as_array().is_some_and(|a| a.len() == 3),
+        )
+        .await;
+    assert_eq!(
+        names,
+        json!(["triage", "weekday-digest", "weekly-digest"]),
+        "{names}"
+    );
+    d.script(
+        "document.querySelector('button[data-act=pause][data-name=triage]').click(); return 1",
+    )
+    .await;
+    d.wait_for(
+        "triage paused in the panel",
+        "return [...document.querySelectorAll('#s-table tbody tr')].filter(r => r.cells[0].textContent === 'triage').map(r => r.cells[6].textContent)",
+        |v| v[0].as_str().is_some_and(|t| t.starts_with("paused")),
+    )
+    .await;
+    d.script(
+        "document.querySelector('button[data-act=resume][data-name=triage]').click(); return 1",
+    )
+    .await;
+    d.wait_for(
+        "triage resumed in the panel",
+        "return [...document.querySelectorAll('#s-table tbody tr')].filter(r => r.cells[0].textContent === 'triage').map(r => r.cells[6].textContent)",
+        |v| v[0] == "",
+    )
+    .await;
 
     // No errors in the browser console.
     d.assert_no_console_errors().await;

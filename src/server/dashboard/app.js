@@ -413,7 +413,9 @@ async function loadSchedules() {
   // Not an admin token, or no skills repository: no panel.
   if (status !== 200 || !data.repo) { $("schedules").hidden = true; return; }
   $("schedules").hidden = false;
-  $("s-repo").textContent = data.repo;
+  // The repository's folder name; its whole path on hover.
+  $("s-repo").textContent = data.repo.split("/").filter(Boolean).pop() || data.repo;
+  $("s-repo").title = data.repo;
   $("s-table").querySelector("tbody").innerHTML = data.schedules.map((s) => {
     const last = s.last_outcome ? s.last_outcome + (s.last_reason ? " (" + s.last_reason + ")" : "") : "–";
     const lastRun = s.last_run_id ? ` <a href="#run/${esc(s.last_run_id)}">run</a>` : "";
