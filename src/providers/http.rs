@@ -102,29 +102,11 @@ pub(crate) fn secret_header(value: &str) -> Result<reqwest::header::HeaderValue,
 /// timeout (the run's deadline and the critic bound a call).
 pub(crate) fn client() -> reqwest::Client {
     let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
-    let builder = match tls_config() {
+    let builder = match crate::base::tls::client_config() {
         Some(tls) => builder.tls_backend_preconfigured(tls),
         None => builder,
     };
     builder.build().unwrap_or_default()
-}
-
-/// rustls on the `ring` provider with the webpki roots, HTTP/1.1 by ALPN.
-/// Given to reqwest ready-made, so no process-wide crypto provider is
-/// needed or installed. `None` only if ring lacked every safe protocol
-/// version, which it does not.
-fn tls_config() -> Option<rustls::ClientConfig> {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Some(config)
 }
 
 /// Replaces the key and anything shaped like an API key with `[redacted]`,
@@ -487,7 +469,7 @@ mod tests {
 
     #[test]
     fn tls_is_rustls_on_ring_with_the_webpki_roots() {
-        let tls = tls_config().unwrap();
+        let tls = crate::base::tls::client_config().unwrap();
         assert_eq!(tls.alpn_protocols, [b"http/1.1".to_vec()]);
         // The client builds on it (no process-wide provider installed).
         assert!(rustls::crypto::CryptoProvider::get_default().is_none());

@@ -28,25 +28,11 @@ pub(super) fn client() -> reqwest::Client {
     let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .user_agent(concat!("agentvisor/", env!("CARGO_PKG_VERSION")));
-    let builder = match tls_config() {
+    let builder = match crate::base::tls::client_config() {
         Some(tls) => builder.tls_backend_preconfigured(tls),
         None => builder,
     };
     builder.build().unwrap_or_default()
-}
-
-fn tls_config() -> Option<rustls::ClientConfig> {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Some(config)
 }
 
 /// A transport error, without its URL.
