@@ -19,7 +19,7 @@ use agentvisor::ports::budget::{BudgetLedger, BudgetLimits, Spend};
 use agentvisor::ports::checkpoint::EncodedJson;
 use agentvisor::ports::retention::Retention;
 use agentvisor::stores::{MemoryAuditStore, MemoryBudgetLedger, SqliteStore};
-use agentvisor::{AgentSpec, Host, Invocation, RunId, RunStatus};
+use agentvisor::{AgentSpec, RunId, RunStatus};
 use support::rekey;
 use support::scratch::Scratch;
 
@@ -27,27 +27,12 @@ trait Store: AuditStore + RunIndex {}
 impl<T: AuditStore + RunIndex> Store for T {}
 
 fn hello() -> AgentSpec {
-    AgentSpec::from_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/agents/hello.yaml"
-    ))
-    .unwrap()
+    support::hello_spec()
 }
 
 /// The records of one real `hello` run (its start names its manifest).
 async fn real_run() -> Vec<AuditRecord> {
-    let mem = Arc::new(MemoryAuditStore::new());
-    let host = Host::builder()
-        .audit_store(mem.clone())
-        .build()
-        .await
-        .unwrap();
-    let result = host
-        .execute(hello(), Invocation::prompt("add"))
-        .await
-        .unwrap();
-    host.shutdown().await;
-    mem.run_records(result.run_id).await.unwrap()
+    support::hello_run().await.1
 }
 
 const BASE: u64 = 1_700_000_000_000;

@@ -24,27 +24,12 @@ const DAY: u64 = 86_400_000;
 const BASE: u64 = 1_700_000_000_000;
 
 fn hello() -> AgentSpec {
-    AgentSpec::from_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/agents/hello.yaml"
-    ))
-    .unwrap()
+    support::hello_spec()
 }
 
-/// The records of one real `hello` run.
+/// The records of one real `hello` run (its start names its manifest).
 async fn real_run() -> Vec<AuditRecord> {
-    let mem = Arc::new(MemoryAuditStore::new());
-    let host = Host::builder()
-        .audit_store(mem.clone())
-        .build()
-        .await
-        .unwrap();
-    let result = host
-        .execute(hello(), Invocation::prompt("add"))
-        .await
-        .unwrap();
-    host.shutdown().await;
-    mem.run_records(result.run_id).await.unwrap()
+    support::hello_run().await.1
 }
 
 /// `n` finished runs, run `i` finishing at `BASE + i days` (status `error`

@@ -26,28 +26,12 @@ use support::rekey;
 use support::scratch::Scratch;
 
 fn hello() -> AgentSpec {
-    AgentSpec::from_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/agents/hello.yaml"
-    ))
-    .unwrap()
+    support::hello_spec()
 }
 
 /// The records of one real run of `hello` (start, events, terminal).
 async fn real_run() -> (RunResult, Vec<AuditRecord>) {
-    let mem = Arc::new(MemoryAuditStore::new());
-    let host = Host::builder()
-        .audit_store(mem.clone())
-        .build()
-        .await
-        .unwrap();
-    let result = host
-        .execute(hello(), Invocation::prompt("add"))
-        .await
-        .unwrap();
-    host.shutdown().await;
-    let records = mem.run_records(result.run_id).await.unwrap();
-    (result, records)
+    support::hello_run().await
 }
 
 #[tokio::test]

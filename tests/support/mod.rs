@@ -156,6 +156,33 @@ pub(crate) fn rekey(
     (id, out)
 }
 
+/// The example `hello` manifest.
+pub(crate) fn hello_spec() -> AgentSpec {
+    AgentSpec::from_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/agents/hello.yaml"
+    ))
+    .unwrap()
+}
+
+/// One real run of `hello` on an in-memory store: its result and its
+/// records (start, events, terminal), for tests that write them elsewhere.
+pub(crate) async fn hello_run() -> (RunResult, Vec<AuditRecord>) {
+    let mem = Arc::new(MemoryAuditStore::new());
+    let host = Host::builder()
+        .audit_store(mem.clone())
+        .build()
+        .await
+        .unwrap();
+    let result = host
+        .execute(hello_spec(), Invocation::prompt("add"))
+        .await
+        .unwrap();
+    host.shutdown().await;
+    let records = mem.run_records(result.run_id).await.unwrap();
+    (result, records)
+}
+
 /// How many terminal records a run has.
 pub(crate) fn terminal_count(records: &[AuditRecord]) -> usize {
     records.iter().filter(|r| r.is_terminal()).count()

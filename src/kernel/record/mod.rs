@@ -34,7 +34,8 @@
 //! and the run finalized race each other under that lock); splitting them
 //! would spread the protocol across files. The parts that stand alone
 //! already have files of their own: the registry of live runs
-//! (`record/registry.rs`) and subscriptions (`record/subscribe.rs`).
+//! (`record/registry.rs`), subscriptions (`record/subscribe.rs`), and how
+//! a run ends before it is a result (`record/ending.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -47,14 +48,17 @@ use tokio::time::Instant;
 use crate::ports::audit::{AuditEntry, AuditRecord};
 use crate::ports::event::{Event, RunEvent};
 use crate::ports::run::{
-    unix_ms, CriticDecision, KillReason, LoopKind, RunId, RunResult, RunStatus, StepRecord, Usage,
+    unix_ms, CriticDecision, KillReason, RunId, RunResult, RunStatus, StepRecord, Usage,
 };
 
 mod allowance;
+mod ending;
 mod registry;
 mod subscribe;
 
 pub(crate) use allowance::{Allowance, Allowances};
+pub(crate) use ending::{off_record, terminal_events, SUSPENDED};
+pub use ending::{Ending, LEASE_LOST, STORE_UNAVAILABLE};
 
 pub(crate) use registry::HostRuns;
 pub use registry::{HostEvent, HostFeed, FEED_CAPACITY};
@@ -100,112 +104,6 @@ pub struct PendingApproval {
     pub since_ms: u64,
     /// Unix ms when it is denied if nobody decides.
     pub until_ms: u64,
-}
-
-/// How a run ends, before it becomes a [`RunResult`].
-#[derive(Debug, Clone)]
-pub struct Ending {
-    pub(crate) status: RunStatus,
-    pub(crate) kill_reason: Option<KillReason>,
-    /// The loop a `runaway` kill answers.
-    pub(crate) loop_kind: Option<LoopKind>,
-    pub(crate) error_kind: Option<String>,
-    pub(crate) error: Option<String>,
-    pub(crate) output: Option<String>,
-}
-
-impl Ending {
-    pub(crate) fn ok(output: String) -> Self {
-        Ending {
-            status: RunStatus::Ok,
-            kill_reason: None,
-            loop_kind: None,
-            error_kind: None,
-            error: None,
-            output: Some(output),
-        }
-    }
-
-    pub(crate) fn failed(status: RunStatus, kind: &str, error: impl Into<String>) -> Self {
-        Ending {
-            status,
-            kill_reason: None,
-            loop_kind: None,
-            error_kind: Some(kind.to_string()),
-            error: Some(error.into()),
-            output: None,
-        }
-    }
-
-    pub(crate) fn killed(reason: KillReason) -> Self {
-        Ending {
-            status: reason.status(),
-            kill_reason: Some(reason),
-            loop_kind: None,
-            error_kind: Some(reason.as_str().to_string()),
-            error: Some(format!("killed: {reason}")),
-            output: None,
-        }
-    }
-
-    /// The ending of a run the host cancelled while shutting down.
-    pub(crate) fn suspended() -> Self {
-        Ending::failed(RunStatus::Cancelled, SUSPENDED, "the host shut down")
-    }
-
-    /// The ending of a durable run this host lost to another (its lease
-    /// expired while it was paused, and a `recover` elsewhere claimed it).
-    pub(crate) fn fenced() -> Self {
-        Ending::failed(
-            RunStatus::Cancelled,
-            LEASE_LOST,
-            "another host took this run over (this host's lease on it expired, \
-             e.g. while the process was paused): it goes on there, and this host \
-             writes nothing more of it",
-        )
-    }
-}
-
-/// The `error_kind` of runs the host's shutdown cancels; a durable run
-/// ending so is suspended, not finished (see [`RunShared::finish_after`]).
-pub(crate) const SUSPENDED: &str = "shutdown";
-
-/// The `error_kind` of a durable run this host lost to another host (its
-/// lease expired, e.g. while the process was paused, and a `recover`
-/// elsewhere claimed the run): its caller gets a `cancelled` result with
-/// it, and nothing of the run is written here — no terminal record, no
-/// checkpoint, none of its records still unsent (the run belongs to the
-/// other host).
-pub const LEASE_LOST: &str = "lease_lost";
-
-/// The `error_kind` of a run whose record cannot be written: refused at
-/// admission while neither the audit store nor its spool takes records,
-/// or a durable run that could write neither its checkpoint nor its
-/// terminal record before its deadline.
-pub const STORE_UNAVAILABLE: &str = "store_unavailable";
-
-/// What a durable run's caller is told when the run's terminal record
-/// (`result`) could be written neither to the store nor to the spool
-/// before its deadline: `error`/[`STORE_UNAVAILABLE`], never its status
-/// off the record. Its output is kept; its checkpoint stays, so `recover`
-/// may resume it.
-pub(crate) fn off_record(result: &RunResult) -> RunResult {
-    if result.error_kind.as_deref() == Some(STORE_UNAVAILABLE) {
-        // It ended so already (its checkpoint could not be written).
-        return result.clone();
-    }
-    RunResult {
-        status: RunStatus::Error,
-        kill_reason: None,
-        loop_kind: None,
-        error_kind: Some(STORE_UNAVAILABLE.to_string()),
-        error: Some(format!(
-            "the run ended `{}`, but its terminal record could be written neither to the \
-             audit store nor to its spool before its deadline: it is not on record",
-            result.status
-        )),
-        ..result.clone()
-    }
 }
 
 /// What a run's handle, references and the host ask of the run, through its
@@ -855,30 +753,6 @@ impl RunShared {
             parent.command(Command::ChildEnded(self.run_id));
         }
     }
-}
-
-/// The events a terminal result ends a stream with: `error` (when the run
-/// did not end ok) and `run.end`.
-pub(crate) fn terminal_events(r: &RunResult) -> Vec<RunEvent> {
-    let mut out = Vec::with_capacity(2);
-    if r.status != RunStatus::Ok {
-        if let Some(kind) = &r.error_kind {
-            out.push(RunEvent::Error {
-                kind: kind.clone(),
-                message: r.error.clone().unwrap_or_default(),
-            });
-        }
-    }
-    out.push(RunEvent::RunEnd {
-        status: r.status,
-        kill_reason: r.kill_reason,
-        error_kind: r.error_kind.clone(),
-        output: r.output.clone(),
-        usage: r.usage.own,
-        cost_micros: r.cost_micros,
-        duration_ms: r.duration_ms(),
-    });
-    out
 }
 
 /// A live view of a running run (B4).
