@@ -6,7 +6,13 @@
 //! records fill the run index, its filters and its keyset pages; a run in
 //! flight is unfinished; a run's manifest reads back whole; retention
 //! prunes the oldest runs and counts them (the persistent stores); the
-//! budget ledger keeps limits and sums spend by caller.
+//! budget ledger keeps limits and sums spend by caller; checkpoints keep
+//! their leases and fencing and rebuild from deltas (`checkpoints`);
+//! sessions keep their history and its rules (`sessions`).
+//!
+//! Each port's tests take the port as `Arc<dyn Port>`; [`conformance!`]
+//! makes one test per battery of the build from each, with the batteries
+//! of the module it is used in (`memory`, `sqlite`, `postgres`).
 
 mod support;
 
@@ -292,7 +298,8 @@ async fn postgres() -> Arc<dyn Store> {
 }
 
 /// `$name` as a test of every battery the build has: memory, SQLite and
-/// PostgreSQL; `persistent`: only those that keep a history.
+/// PostgreSQL (made by the functions of those names in the module it is
+/// used in); `persistent`: only those that keep a history.
 macro_rules! conformance {
     ($name:ident) => {
         conformance!($name, persistent, {
@@ -360,3 +367,64 @@ conformance!(
     the_oldest_runs_past_max_runs_are_pruned_and_counted,
     persistent
 );
+
+/// Retention never prunes a run that still has a checkpoint (its record
+/// is not yet settled), nor lets it shift which runs `max_runs` keeps.
+mod checkpointed {
+    use super::*;
+    use agentvisor::ports::checkpoint::{Checkpoint, Checkpointer, Lease};
+
+    trait Kept: Store + Checkpointer {}
+    impl<T: Store + Checkpointer> Kept for T {}
+
+    async fn sqlite(dir: &Scratch) -> Arc<dyn Kept> {
+        Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap())
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres() -> Arc<dyn Kept> {
+        Arc::new(support::postgres::fresh_store().await)
+    }
+
+    async fn a_run_with_a_checkpoint_is_never_pruned(store: Arc<dyn Kept>) {
+        let ids = fill(&*store, 6).await;
+        // The oldest run (tied with the next) has a checkpoint still.
+        let checkpoint = Checkpoint {
+            run_id: ids[0],
+            agent: "hello".into(),
+            spec: EncodedJson::encode(&hello()).unwrap(),
+            invocation: EncodedJson::encode(&agentvisor::Invocation::default()).unwrap(),
+            transcript: Arc::new(Vec::new()),
+            iteration: 0,
+            steps: Vec::new(),
+            usage: Default::default(),
+            cost_micros: None,
+            critic: Vec::new(),
+            resumes: 0,
+            started_at: BASE,
+            saved_at: BASE,
+            parked: None,
+            unchanged: Default::default(),
+        };
+        let lease = Lease {
+            owner: "host".into(),
+            ttl: std::time::Duration::from_secs(60),
+        };
+        assert!(store.save(&[checkpoint], &lease).await.unwrap().is_empty());
+        let max: Retention = "max_runs=2".parse().unwrap();
+        let report = store.prune(&max, BASE, 100, false).await.unwrap();
+        assert_eq!(report.runs, 3, "the four past the bound but one");
+        assert!(store.run_result(ids[0]).await.unwrap().is_some());
+        assert_eq!(
+            store.list_runs(&RunFilter::default()).await.unwrap().len(),
+            3
+        );
+    }
+
+    conformance!(a_run_with_a_checkpoint_is_never_pruned, persistent);
+}
+
+#[path = "store_conformance/checkpoints.rs"]
+mod checkpoints;
+#[path = "store_conformance/sessions.rs"]
+mod sessions;

@@ -1,11 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Exactly-once recovery: two hosts on one SQLite file. A host holds a
+//! Exactly-once recovery: hosts on one database — a SQLite file, and (the
+//! `postgres` feature) a PostgreSQL database of the test's own. A host holds a
 //! lease on the durable runs it runs, and one of its own; `recover` beside
 //! it leaves its runs alone (durable or not), and two `recover`s at once
 //! resume each run once. A host whose leases expired while it was paused
-//! (simulated here by expiring them in the file) loses its runs to a
+//! (simulated here by expiring them in the database) loses its runs to a
 //! `recover` elsewhere, and stops them without writing anything more of
-//! them (fencing).
+//! them (fencing). (The leases' port semantics — a claim won once, a
+//! host taken over once expired — run on every battery in
+//! `store_conformance`.)
 //!
 //! Waits for a state of the file are bounded polls (10 ms apart, 60 s at
 //! most), never a wait for a deadline.
@@ -22,8 +25,8 @@ use agentvisor::{RunStatus, LEASE_LOST};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use agentvisor::ports::checkpoint::{Checkpointer, Claim, EncodedJson, HostClaim, Lease, Renewal};
-use agentvisor::stores::{MemoryCheckpointer, SqliteStore};
+use agentvisor::ports::checkpoint::Checkpointer;
+use agentvisor::stores::SqliteStore;
 use agentvisor::{AgentSpec, Host, HostConfig, Invocation, RunId};
 use support::scratch::Scratch;
 
@@ -41,22 +44,83 @@ script:
   - { hang: true }
 "#;
 
-/// A host on its own handle to the file at `path`.
-async fn host_on(path: &std::path::Path) -> (Host, Arc<SqliteStore>) {
-    host_with(path, Host::builder()).await
+/// The stores a host here is built on.
+trait Store: AuditStore + RunIndex + Checkpointer {}
+impl<T: AuditStore + RunIndex + Checkpointer> Store for T {}
+
+/// The database the hosts of a test share.
+enum Db {
+    /// A SQLite file.
+    Sqlite(Scratch),
+    /// A PostgreSQL database (its URL).
+    #[cfg(feature = "postgres")]
+    Postgres(String),
 }
 
-/// A host on its own handle to the file at `path`, built from `builder`.
-async fn host_with(
-    path: &std::path::Path,
-    builder: agentvisor::HostBuilder,
-) -> (Host, Arc<SqliteStore>) {
-    let store = Arc::new(SqliteStore::open(path).await.unwrap());
+impl Db {
+    fn sqlite(name: &str) -> Self {
+        Db::Sqlite(Scratch::new(name))
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres() -> Self {
+        Db::Postgres(support::postgres::fresh_database().await)
+    }
+
+    /// A store of its own on the database.
+    async fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Db::Sqlite(dir) => Arc::new(SqliteStore::open(&dir.path("a.db")).await.unwrap()),
+            #[cfg(feature = "postgres")]
+            Db::Postgres(url) => Arc::new(
+                agentvisor::stores::PostgresStore::connect(url)
+                    .await
+                    .unwrap(),
+            ),
+        }
+    }
+
+    /// What the time of a paused host does to its leases in the database:
+    /// they expire (as they would after `lease_ttl` without a renewal).
+    async fn expire_leases_of(&self, owner: &str) {
+        let statements = [
+            "UPDATE checkpoints SET lease_until = 0 WHERE owner = ",
+            "UPDATE host_leases SET lease_until = 0 WHERE owner = ",
+        ];
+        match self {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path("a.db")).unwrap();
+                conn.busy_timeout(Duration::from_secs(5)).unwrap();
+                for s in statements {
+                    conn.execute(&format!("{s}?1"), [owner]).unwrap();
+                }
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres(url) => {
+                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                for s in statements {
+                    client.execute(&format!("{s}$1"), &[&owner]).await.unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// A host on a store of its own on `db`.
+async fn host_on(db: &Db) -> (Host, Arc<dyn Store>) {
+    host_with(db, Host::builder()).await
+}
+
+/// A host on a store of its own on `db`, built from `builder`.
+async fn host_with(db: &Db, builder: agentvisor::HostBuilder) -> (Host, Arc<dyn Store>) {
+    let store = db.open().await;
     let host = builder
         .config(HostConfig::default())
         .audit_store(store.clone())
         .checkpointer(store.clone())
-        .budget_ledger(store.clone())
         .build()
         .await
         .unwrap();
@@ -72,25 +136,8 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut done: impl
     }
 }
 
-/// What the time of a paused host does to its leases in the file: they
-/// expire (as they would after `lease_ttl` without a renewal).
-fn expire_leases_of(path: &std::path::Path, owner: &str) {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    conn.busy_timeout(Duration::from_secs(5)).unwrap();
-    conn.execute(
-        "UPDATE checkpoints SET lease_until = 0 WHERE owner = ?1",
-        [owner],
-    )
-    .unwrap();
-    conn.execute(
-        "UPDATE host_leases SET lease_until = 0 WHERE owner = ?1",
-        [owner],
-    )
-    .unwrap();
-}
-
-/// The terminal records of a run in the file.
-async fn terminals(store: &SqliteStore, run: RunId) -> usize {
+/// The terminal records of a run in the database.
+async fn terminals(store: &Arc<dyn Store>, run: RunId) -> usize {
     store
         .run_records(run)
         .await
@@ -110,13 +157,10 @@ script:
   - { hang: true }
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recover_leaves_the_runs_of_a_live_host_and_ends_those_of_a_host_that_is_gone() {
-    let dir = Scratch::new("host-lease");
-    let path = dir.0.join("a.db");
+async fn recover_leaves_the_runs_of_a_live_host_and_ends_those_of_a_host_that_is_gone(db: Db) {
     let spec = AgentSpec::from_yaml(HANGS).unwrap();
     let n = 8;
-    let (live, live_store) = host_on(&path).await;
+    let (live, live_store) = host_on(&db).await;
     let mut handles = Vec::new();
     for _ in 0..n {
         handles.push(live.submit(&spec, Invocation::default()).await.unwrap());
@@ -129,7 +173,7 @@ async fn recover_leaves_the_runs_of_a_live_host_and_ends_those_of_a_host_that_is
     .await;
 
     // A recover beside it ends none of them: their host's lease is live.
-    let (beside, _) = host_on(&path).await;
+    let (beside, _) = host_on(&db).await;
     let recovery = beside.recover().await.unwrap();
     assert!(recovery.interrupted.is_empty(), "{recovery:?}");
     assert_eq!(recovery.leased.len(), n, "{recovery:?}");
@@ -159,7 +203,7 @@ async fn recover_leaves_the_runs_of_a_live_host_and_ends_those_of_a_host_that_is
     // A host that is gone (its lease expired: paused, or cut off, or
     // dead elsewhere): its runs are ended, once, and the host, should it
     // come back, learns it was taken over and keeps no second record.
-    let (gone, gone_store) = host_on(&path).await;
+    let (gone, gone_store) = host_on(&db).await;
     let mut handles = Vec::new();
     for _ in 0..n {
         handles.push(gone.submit(&spec, Invocation::default()).await.unwrap());
@@ -168,8 +212,8 @@ async fn recover_leaves_the_runs_of_a_live_host_and_ends_those_of_a_host_that_is
         gone_store.unfinished_runs().await.unwrap().len() == n
     })
     .await;
-    expire_leases_of(&path, gone.host_id());
-    let (after, _) = host_on(&path).await;
+    db.expire_leases_of(gone.host_id()).await;
+    let (after, _) = host_on(&db).await;
     let recovery = after.recover().await.unwrap();
     assert_eq!(recovery.interrupted.len(), n, "{recovery:?}");
     assert!(recovery.leased.is_empty(), "{recovery:?}");
@@ -228,10 +272,9 @@ script:
   - { text: done }
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_nothing_of_them() {
-    let dir = Scratch::new("fencing");
-    let path = dir.0.join("a.db");
+async fn a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_nothing_of_them(
+    db: Db,
+) {
     let n = 6;
     // The first host: each run takes its step, is checkpointed, then
     // waits for its answer at the gate.
@@ -240,7 +283,7 @@ async fn a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_
         inner: ScriptedModel::new(AgentSpec::from_yaml(FINISHES).unwrap().script),
         open: gate,
     });
-    let (first, first_store) = host_with(&path, Host::builder().model("scripted", gated)).await;
+    let (first, first_store) = host_with(&db, Host::builder().model("scripted", gated)).await;
     let spec = AgentSpec::from_yaml(FINISHES).unwrap();
     let mut handles = Vec::new();
     for _ in 0..n {
@@ -254,9 +297,9 @@ async fn a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_
 
     // The first host is paused past its leases: a recover elsewhere
     // claims and resumes its runs (they wait there).
-    expire_leases_of(&path, first.host_id());
+    db.expire_leases_of(first.host_id()).await;
     let (second, second_store) = host_with(
-        &path,
+        &db,
         Host::builder().model(
             "scripted",
             Arc::new(ScriptedModel::new(
@@ -291,7 +334,7 @@ async fn a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_
     for h in recovery.resumed {
         let _ = h.await;
     }
-    let (third, third_store) = host_on(&path).await;
+    let (third, third_store) = host_on(&db).await;
     let recovery = third.recover().await.unwrap();
     assert_eq!(recovery.resumed.len(), n, "{recovery:?}");
     let ids: Vec<RunId> = recovery.resumed.iter().map(|h| h.run_id()).collect();
@@ -305,23 +348,22 @@ async fn a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_
     assert!(third_store.load_all().await.unwrap().is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recover_beside_a_live_host_resumes_none_of_its_runs_and_two_recovers_share_the_rest() {
-    let dir = Scratch::new("two-hosts");
-    let path = dir.0.join("a.db");
+async fn recover_beside_a_live_host_resumes_none_of_its_runs_and_two_recovers_share_the_rest(
+    db: Db,
+) {
     let spec = AgentSpec::from_yaml(WAITS).unwrap();
     let n = 12;
 
     // The first host runs n durable runs; each is accepted once its first
     // checkpoint (and lease) is in the file.
-    let (first, first_store) = host_on(&path).await;
+    let (first, first_store) = host_on(&db).await;
     let mut handles = Vec::new();
     for _ in 0..n {
         handles.push(first.submit(&spec, Invocation::default()).await.unwrap());
     }
     assert_eq!(first_store.load_all().await.unwrap().len(), n);
     // A recover beside it, on the same file: every run is leased.
-    let (beside, _) = host_on(&path).await;
+    let (beside, _) = host_on(&db).await;
     let recovery = beside.recover().await.unwrap();
     assert!(recovery.resumed.is_empty(), "{recovery:?}");
     assert_eq!(recovery.leased.len(), n, "{recovery:?}");
@@ -337,8 +379,8 @@ async fn recover_beside_a_live_host_resumes_none_of_its_runs_and_two_recovers_sh
     assert_eq!(first_store.load_all().await.unwrap().len(), n);
 
     // Two recovers at once: each run is resumed by one of them.
-    let (a, _) = host_on(&path).await;
-    let (b, _) = host_on(&path).await;
+    let (a, _) = host_on(&db).await;
+    let (b, _) = host_on(&db).await;
     let (ra, rb) = tokio::join!(a.recover(), b.recover());
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
     let ids =
@@ -351,145 +393,35 @@ async fn recover_beside_a_live_host_resumes_none_of_its_runs_and_two_recovers_sh
     b.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_claim_is_won_once_while_the_lease_is_live() {
-    let store = MemoryCheckpointer::new();
-    let dir = Scratch::new("claim");
-    let sqlite = SqliteStore::open(&dir.0.join("a.db")).await.unwrap();
-    let stores: [&dyn Checkpointer; 2] = [&store, &sqlite];
-    for s in stores {
-        let run = RunId::new();
-        let one = Lease {
-            owner: "one".into(),
-            ttl: Duration::from_secs(60),
-        };
-        let two = Lease {
-            owner: "two".into(),
-            ttl: Duration::from_secs(60),
-        };
-        assert_eq!(s.claim(run, &one).await.unwrap(), Claim::Missing);
-        // Only a run's first checkpoint creates its row.
-        let mut c = checkpoint(run);
-        assert_eq!(s.save(std::slice::from_ref(&c), &one).await.unwrap(), [run]);
-        assert!(s.load_all().await.unwrap().is_empty());
-        c.iteration = 0;
-        assert!(s
-            .save(std::slice::from_ref(&c), &one)
-            .await
-            .unwrap()
-            .is_empty());
-        c.iteration = 1;
-        assert!(s
-            .save(std::slice::from_ref(&c), &one)
-            .await
-            .unwrap()
-            .is_empty());
-        assert!(matches!(
-            s.claim(run, &two).await.unwrap(),
-            Claim::HeldBy { owner, .. } if owner == "one"
-        ));
-        // A save by another owner while the lease is live is not written:
-        // the saver lost the run.
-        c.iteration = 9;
-        assert_eq!(s.save(std::slice::from_ref(&c), &two).await.unwrap(), [run]);
-        assert_eq!(s.load_all().await.unwrap()[0].iteration, 1);
-        assert_eq!(s.claim(run, &one).await.unwrap(), Claim::Claimed);
-        s.release("one").await.unwrap();
-        assert_eq!(s.claim(run, &two).await.unwrap(), Claim::Claimed);
-        // An expired lease is free.
-        let gone = Lease {
-            owner: "gone".into(),
-            ttl: Duration::ZERO,
-        };
-        s.release("two").await.unwrap();
-        assert_eq!(s.claim(run, &gone).await.unwrap(), Claim::Claimed);
-        assert_eq!(s.claim(run, &one).await.unwrap(), Claim::Claimed);
-        s.renew(&one).await.unwrap();
-        assert!(matches!(
-            s.claim(run, &two).await.unwrap(),
-            Claim::HeldBy { .. }
-        ));
-        // Fencing: once another owner claimed the run, its first owner's
-        // saves are not written, even after its lease expired; nor once
-        // the run finished there and its row was cleared.
-        assert_eq!(s.held_by("one").await.unwrap(), [run]);
-        s.release("one").await.unwrap();
-        assert_eq!(s.claim(run, &two).await.unwrap(), Claim::Claimed);
-        assert!(s.held_by("one").await.unwrap().is_empty());
-        assert_eq!(s.renew(&one).await.unwrap().runs, 0);
-        assert_eq!(s.save(std::slice::from_ref(&c), &one).await.unwrap(), [run]);
-        s.clear(&[run]).await.unwrap();
-        assert_eq!(s.save(std::slice::from_ref(&c), &one).await.unwrap(), [run]);
-        assert!(s.load_all().await.unwrap().is_empty());
-        assert_eq!(s.claim(run, &two).await.unwrap(), Claim::Missing);
-    }
+/// Each test on SQLite and, with the `postgres` feature, on PostgreSQL.
+macro_rules! on_both {
+    ($name:ident, $dir:literal) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(Db::sqlite($dir)).await;
+            }
+
+            #[cfg(feature = "postgres")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(Db::postgres().await).await;
+            }
+        }
+    };
 }
 
-#[tokio::test]
-async fn a_host_is_taken_over_only_once_its_lease_expired_and_learns_of_it() {
-    let store = MemoryCheckpointer::new();
-    let dir = Scratch::new("host-lease");
-    let sqlite = SqliteStore::open(&dir.0.join("a.db")).await.unwrap();
-    let stores: [&dyn Checkpointer; 2] = [&store, &sqlite];
-    for s in stores {
-        let live = Lease {
-            owner: "live".into(),
-            ttl: Duration::from_secs(60),
-        };
-        assert_eq!(s.renew(&live).await.unwrap(), Renewal::default());
-        assert!(matches!(
-            s.take_over_host("live", false).await.unwrap(),
-            HostClaim::Live { .. }
-        ));
-        // Known to be gone (a dead process of this machine): taken over
-        // whatever its lease says; it learns so at its next renewal, and
-        // holds its lease again.
-        assert_eq!(
-            s.take_over_host("live", true).await.unwrap(),
-            HostClaim::TakenOver
-        );
-        assert!(s.renew(&live).await.unwrap().taken_over);
-        assert!(!s.renew(&live).await.unwrap().taken_over);
-        // An expired lease, or none at all, is taken over.
-        let paused = Lease {
-            owner: "paused".into(),
-            ttl: Duration::ZERO,
-        };
-        s.renew(&paused).await.unwrap();
-        assert_eq!(
-            s.take_over_host("paused", false).await.unwrap(),
-            HostClaim::TakenOver
-        );
-        assert!(s.renew(&paused).await.unwrap().taken_over);
-        assert_eq!(
-            s.take_over_host("never-seen", false).await.unwrap(),
-            HostClaim::TakenOver
-        );
-        // A clean shutdown gives the host lease up.
-        s.release("live").await.unwrap();
-        assert_eq!(
-            s.take_over_host("live", false).await.unwrap(),
-            HostClaim::TakenOver
-        );
-    }
-}
-
-fn checkpoint(run_id: RunId) -> agentvisor::ports::checkpoint::Checkpoint {
-    agentvisor::ports::checkpoint::Checkpoint {
-        run_id,
-        agent: "waits".into(),
-        spec: EncodedJson::encode(&AgentSpec::from_yaml(WAITS).unwrap()).unwrap(),
-        invocation: EncodedJson::encode(&Invocation::default()).unwrap(),
-        transcript: Arc::new(Vec::new()),
-        iteration: 1,
-        steps: Vec::new(),
-        usage: Default::default(),
-        cost_micros: None,
-        critic: Vec::new(),
-        resumes: 0,
-        started_at: 1,
-        saved_at: 2,
-        parked: None,
-        unchanged: Default::default(),
-    }
-}
+on_both!(
+    recover_leaves_the_runs_of_a_live_host_and_ends_those_of_a_host_that_is_gone,
+    "host-lease"
+);
+on_both!(
+    a_paused_host_whose_durable_runs_were_taken_over_stops_them_and_writes_nothing_of_them,
+    "fencing"
+);
+on_both!(
+    recover_beside_a_live_host_resumes_none_of_its_runs_and_two_recovers_share_the_rest,
+    "two-hosts"
+);

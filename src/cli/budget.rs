@@ -20,9 +20,11 @@ use serde::Serialize;
 
 use agentvisor::ports::budget::{BudgetLedger, BudgetLimits, Spend};
 use agentvisor::spec::{format_duration, parse_duration};
-use agentvisor::stores::SqliteStore;
 
-use super::Db;
+use super::{Db, Named};
+
+/// The database's ledger.
+type Ledger = Named<dyn BudgetLedger>;
 
 /// The window a caller without one of its own is counted over (the host's
 /// default, `HostConfig::budget_window`).
@@ -125,27 +127,27 @@ struct Shown {
 }
 
 pub(crate) async fn budget(a: BudgetArgs, db: &Db) -> ExitCode {
-    let path = match db {
-        Db::Memory => {
-            return super::refuse(
-                "--db :memory: keeps no budgets between processes; name a database file",
-            )
-        }
-        Db::File(p) => p,
+    if *db == Db::Memory {
+        return super::refuse(
+            "--db :memory: keeps no budgets between processes; name a database file",
+        );
+    }
+    let opened = match &a.command {
+        BudgetCommand::Set(_) => super::open(db).await,
+        BudgetCommand::Show(_) => super::open_existing(db).await,
     };
-    let store = match &a.command {
-        BudgetCommand::Set(_) => SqliteStore::open(path).await,
-        BudgetCommand::Show(_) => SqliteStore::open_existing(path).await,
+    let opened = match opened {
+        Ok(o) => o,
+        Err(code) => return code,
     };
-    let store = match store {
-        Ok(s) => s,
-        Err(e) => return super::refuse(e),
+    let Some(store) = opened.ledger() else {
+        return ExitCode::from(2);
     };
     let code = match a.command {
         BudgetCommand::Set(s) => set(&store, s).await,
         BudgetCommand::Show(s) => show(&store, s).await,
     };
-    store.close().await;
+    opened.close().await;
     code
 }
 
@@ -157,7 +159,7 @@ fn apply<T>(field: &mut Option<T>, given: Option<Limit>, make: impl Fn(u64) -> T
     }
 }
 
-async fn set(store: &SqliteStore, a: SetArgs) -> ExitCode {
+async fn set(store: &Ledger, a: SetArgs) -> ExitCode {
     if a.caller.trim().is_empty() {
         return super::refuse("the caller id must not be empty");
     }
@@ -172,8 +174,8 @@ async fn set(store: &SqliteStore, a: SetArgs) -> ExitCode {
         u32::try_from(n).unwrap_or(u32::MAX)
     });
     apply(&mut limits.window_secs, a.window, |n| n);
-    if let Err(e) = BudgetLedger::set_limits(store, &a.caller, limits).await {
-        return super::refuse(format!("{}: {e}", store.path().display()));
+    if let Err(e) = store.set_limits(&a.caller, limits).await {
+        return super::refuse(format!("{}: {e}", store.name));
     }
     match shown(store, &a.caller, limits).await {
         Ok(s) => print_human(&s),
@@ -183,22 +185,22 @@ async fn set(store: &SqliteStore, a: SetArgs) -> ExitCode {
 }
 
 /// The caller's own limits (`None`: it has none of its own).
-async fn own_limits(store: &SqliteStore, caller: &str) -> Result<Option<BudgetLimits>, ExitCode> {
+async fn own_limits(store: &Ledger, caller: &str) -> Result<Option<BudgetLimits>, ExitCode> {
     let all = store
         .list_limits()
         .await
-        .map_err(|e| super::refuse(format!("{}: {e}", store.path().display())))?;
+        .map_err(|e| super::refuse(format!("{}: {e}", store.name)))?;
     Ok(all.into_iter().find(|(c, _)| c == caller).map(|(_, l)| l))
 }
 
-async fn shown(store: &SqliteStore, caller: &str, limits: BudgetLimits) -> Result<Shown, ExitCode> {
+async fn shown(store: &Ledger, caller: &str, limits: BudgetLimits) -> Result<Shown, ExitCode> {
     let window = limits
         .window_secs
         .map_or(DEFAULT_WINDOW, Duration::from_secs);
     let spent = store
         .spent(caller, window)
         .await
-        .map_err(|e| super::refuse(format!("{}: {e}", store.path().display())))?;
+        .map_err(|e| super::refuse(format!("{}: {e}", store.name)))?;
     Ok(Shown {
         caller: caller.to_string(),
         limits,
@@ -207,7 +209,7 @@ async fn shown(store: &SqliteStore, caller: &str, limits: BudgetLimits) -> Resul
     })
 }
 
-async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
+async fn show(store: &Ledger, a: ShowArgs) -> ExitCode {
     let callers: Vec<(String, BudgetLimits)> = match &a.caller {
         Some(c) => match own_limits(store, c).await {
             Ok(l) => vec![(c.clone(), l.unwrap_or_default())],
@@ -215,7 +217,7 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
         },
         None => match store.list_limits().await {
             Ok(all) => all,
-            Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
+            Err(e) => return super::refuse(format!("{}: {e}", store.name)),
         },
     };
     let mut out = Vec::with_capacity(callers.len());
@@ -232,7 +234,7 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
         };
         outln!("{}", text.unwrap_or_default());
     } else if out.is_empty() {
-        outln!("no caller has limits in {}", store.path().display());
+        outln!("no caller has limits in {}", store.name);
     } else {
         for s in &out {
             print_human(s);

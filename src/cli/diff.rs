@@ -44,6 +44,7 @@ pub(crate) async fn diff(a: DiffArgs, db: &Db) -> ExitCode {
             return super::refuse("--db :memory: keeps no run history; name a database file")
         }
         Db::File(p) => p,
+        Db::Postgres(_) => return super::not_on_postgres("diff"),
     };
     let (id_a, id_b) = match (run_id(&a.run_a), run_id(&a.run_b)) {
         (Ok(x), Ok(y)) => (x, y),

@@ -77,6 +77,7 @@ pub(crate) async fn eval(a: EvalArgs, db: &Db) -> ExitCode {
             return super::refuse("--db :memory: keeps no run history; name a database file")
         }
         Db::File(p) => p.clone(),
+        Db::Postgres(_) => return super::not_on_postgres("eval"),
     };
     if a.manifest.is_none() && a.model.is_none() {
         return super::refuse("eval: give --model SPEC, --manifest FILE, or both");
@@ -135,7 +136,14 @@ pub(crate) async fn eval(a: EvalArgs, db: &Db) -> ExitCode {
         }
     }
     let base = super::host_builder().providers(config);
-    let host = match super::host_on(base, db, Some(store), Some(a.budget_tokens)).await {
+    let host = match super::host_on(
+        base,
+        db,
+        super::Opened::Sqlite(store),
+        Some(a.budget_tokens),
+    )
+    .await
+    {
         Ok(h) => h,
         Err(code) => return code,
     };

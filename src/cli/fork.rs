@@ -133,6 +133,7 @@ pub(crate) async fn fork(a: ForkArgs, db: &Db) -> ExitCode {
             return super::refuse("--db :memory: keeps no run history; name a database file")
         }
         Db::File(p) => p.clone(),
+        Db::Postgres(_) => return super::not_on_postgres("fork"),
     };
     let run_id: RunId = match a.run_id.parse() {
         Ok(id) if a.run_id.len() == 32 => id,
@@ -167,7 +168,7 @@ pub(crate) async fn fork(a: ForkArgs, db: &Db) -> ExitCode {
         }
     }
     let base = super::host_builder().providers(config);
-    let host = match super::host_on(base, db, Some(store), None).await {
+    let host = match super::host_on(base, db, super::Opened::Sqlite(store), None).await {
         Ok(h) => h,
         Err(code) => return code,
     };

@@ -13,6 +13,18 @@
 //! says so and exits non-zero. A database that cannot be opened (or, with
 //! `--check`, is damaged) is refused with exit code 2.
 //!
+//! `--db postgres://…` (a build with the `postgres` feature) puts the same
+//! stores on a PostgreSQL server ([`Opened::Postgres`]): every command
+//! that builds a host goes through [`open`] and [`on_stores`], so `run`,
+//! `swarm`, `soak`, `chat` and `recover` run on it, and `runs`,
+//! `sessions` and `budget` read it. Its spool is
+//! `.agentvisor/postgres-SERVER_DB.spool` (or `--spool`). The commands
+//! that need what it does not hold yet — the outbox, schedules and parked
+//! git writes (`serve`, `skill run`) — refuse it with exit code 2
+//! ([`not_on_postgres`]) rather than keep those in memory unseen, and so
+//! do the ones not moved onto it yet (`runs prune`, `replay`, `fork`,
+//! `diff`, `eval`).
+//!
 //! # Output
 //! Every line goes out through [`outln!`] (stdout) or [`errln!`] (stderr),
 //! never `println!`, which panics when the reader of a pipe went away
@@ -77,7 +89,11 @@ const DEFAULT_DB: &str = ".agentvisor/agentvisor.db";
 #[command(name = "agentvisor", version, about)]
 pub(crate) struct Cli {
     /// The run-history and budget database: a SQLite file (default
-    /// `.agentvisor/agentvisor.db`; `sqlite://PATH` names one too), or
+    /// `.agentvisor/agentvisor.db`; `sqlite://PATH` names one too), a
+    /// PostgreSQL server (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`, in a
+    /// build with the `postgres` feature; `run`, `swarm`, `soak`, `chat`,
+    /// `recover`, `runs list|show|approve|deny`, `sessions` and `budget`),
+    /// or
     /// `:memory:` to keep everything in memory. Other URLs are refused.
     #[arg(long, global = true, env = "AGENTVISOR_DB", value_name = "PATH")]
     db: Option<PathBuf>,
@@ -106,6 +122,23 @@ pub(crate) enum Db {
     Memory,
     /// The SQLite database at this path.
     File(PathBuf),
+    /// A PostgreSQL server (only a build with the `postgres` feature takes
+    /// one: see [`db_url`]).
+    Postgres(PostgresUrl),
+}
+
+/// A `--db postgres://…` URL, as given; shown (`Debug`) without its
+/// password.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct PostgresUrl(String);
+
+impl std::fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[cfg(feature = "postgres")]
+        return f.write_str(&agentvisor::stores::postgres::redact_url(&self.0));
+        #[cfg(not(feature = "postgres"))]
+        f.write_str("postgres://…")
+    }
 }
 
 impl Db {
@@ -138,14 +171,21 @@ fn url_scheme(text: &str) -> Option<(&str, &str)> {
     valid.then_some((scheme, rest))
 }
 
-/// The database a `--db` URL names, by its scheme: the one place that
-/// knows which schemes this build stores in. `sqlite://PATH` is the SQLite
-/// file at `PATH`; every other scheme is refused, naming the scheme only
-/// (a URL may hold a password).
+/// The database a `--db` URL (`scheme://rest`) names, by its scheme: the one place that knows which schemes this build stores in.
+/// `sqlite://PATH` is the SQLite file at `PATH`; `postgres://` (or
+/// `postgresql://`) a PostgreSQL server, in a build with the `postgres`
+/// feature (one without refuses it, naming the feature); every other
+/// scheme is refused, naming the scheme only (a URL may hold a password).
 fn db_url(scheme: &str, rest: &str) -> Result<Db, String> {
     match scheme.to_ascii_lowercase().as_str() {
         "sqlite" if !rest.is_empty() => Ok(Db::File(PathBuf::from(rest))),
         "sqlite" => Err("--db sqlite://: name the file (`sqlite://PATH`)".into()),
+        "postgres" | "postgresql" if cfg!(feature = "postgres") => Ok(Db::Postgres(PostgresUrl(
+            format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        ))),
+        "postgres" | "postgresql" => Err(format!(
+            "--db: `{scheme}://` needs PostgreSQL support, which this build leaves out: build agentvisor with the `postgres` feature (`cargo install --path . --features postgres`), or give a SQLite file path (or `sqlite://PATH`), or `:memory:`"
+        )),
         _ => Err(format!(
             "--db: `{scheme}://` databases are not supported by this build; give a SQLite file path (or `sqlite://PATH`), or `:memory:`"
         )),
@@ -488,11 +528,8 @@ pub(crate) async fn prepare_with(
 ) -> Result<(Host, Agent), ExitCode> {
     let spec = AgentSpec::from_file(file).map_err(refuse)?;
     let base = customize(&spec, host_builder())?;
-    let store = match db {
-        Db::Memory => None,
-        Db::File(path) => Some(Arc::new(open_db(path).await?)),
-    };
-    let host = host_on(base, db, store, budget_tokens).await?;
+    let opened = open(db).await?;
+    let host = host_on(base, db, opened, budget_tokens).await?;
     let agent = host.prepare(spec).await.map_err(|e| {
         if let SubmitError::NoModel(_) | SubmitError::Tier(_) = e {
             return refuse(format!("{}: {e}", file.display()));
@@ -510,15 +547,182 @@ pub(crate) async fn prepare_with(
     Ok((host, agent))
 }
 
-/// A host from `base` on the stores of `db` (`store`: the database of a
-/// `Db::File`, opened), with a token budget for the command's runs.
+/// A database a command opened: the batteries its host keeps records in.
+#[derive(Clone)]
+pub(crate) enum Opened {
+    /// The in-memory batteries (`--db :memory:`).
+    Memory,
+    /// The SQLite file: every store port.
+    Sqlite(Arc<SqliteStore>),
+    /// The PostgreSQL server: the audit log, run index, budget ledger,
+    /// checkpoints (with their leases) and sessions. What it does not hold
+    /// yet — publish intents (the outbox), schedules, parked git writes —
+    /// no command on it needs: the commands that do (`serve`, `skill run`)
+    /// refuse PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<agentvisor::stores::PostgresStore>),
+}
+
+impl Opened {
+    /// The run history (audit log and run index), or `None` in memory.
+    pub(crate) fn history(
+        &self,
+    ) -> Option<(
+        Arc<dyn agentvisor::ports::audit::AuditStore>,
+        Arc<dyn agentvisor::ports::audit::RunIndex>,
+    )> {
+        match self {
+            Opened::Memory => None,
+            Opened::Sqlite(s) => Some((s.clone(), s.clone())),
+            #[cfg(feature = "postgres")]
+            Opened::Postgres(s) => Some((s.clone(), s.clone())),
+        }
+    }
+
+    /// The durable runs' checkpoints, or `None` in memory.
+    pub(crate) fn checkpointer(
+        &self,
+    ) -> Option<Arc<dyn agentvisor::ports::checkpoint::Checkpointer>> {
+        match self {
+            Opened::Memory => None,
+            Opened::Sqlite(s) => Some(s.clone()),
+            #[cfg(feature = "postgres")]
+            Opened::Postgres(s) => Some(s.clone()),
+        }
+    }
+
+    /// The budget ledger, or `None` in memory.
+    pub(crate) fn ledger(&self) -> Option<Named<dyn agentvisor::ports::budget::BudgetLedger>> {
+        let store: Arc<dyn agentvisor::ports::budget::BudgetLedger> = match self {
+            Opened::Memory => return None,
+            Opened::Sqlite(s) => s.clone(),
+            #[cfg(feature = "postgres")]
+            Opened::Postgres(s) => s.clone(),
+        };
+        Some(Named {
+            store,
+            name: self.name(),
+        })
+    }
+
+    /// The chat sessions, or `None` in memory.
+    pub(crate) fn sessions(&self) -> Option<Named<dyn agentvisor::ports::session::SessionStore>> {
+        let store: Arc<dyn agentvisor::ports::session::SessionStore> = match self {
+            Opened::Memory => return None,
+            Opened::Sqlite(s) => s.clone(),
+            #[cfg(feature = "postgres")]
+            Opened::Postgres(s) => s.clone(),
+        };
+        Some(Named {
+            store,
+            name: self.name(),
+        })
+    }
+
+    /// The database as messages name it: the file's path, or the URL
+    /// without its password.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Opened::Memory => ":memory:".into(),
+            Opened::Sqlite(s) => s.path().display().to_string(),
+            #[cfg(feature = "postgres")]
+            Opened::Postgres(s) => s.target().to_string(),
+        }
+    }
+
+    /// Done with it: a SQLite file is closed (its journal folded in).
+    pub(crate) async fn close(self) {
+        if let Opened::Sqlite(s) = self {
+            s.close().await;
+        }
+    }
+}
+
+/// A store of a database, and the database's name for messages.
+pub(crate) struct Named<T: ?Sized> {
+    /// The store.
+    pub(crate) store: Arc<T>,
+    /// The database, as [`Opened::name`] names it.
+    pub(crate) name: String,
+}
+
+impl<T: ?Sized> std::ops::Deref for Named<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.store
+    }
+}
+
+/// Opens the database of `db` (creating a SQLite file, migrating a
+/// PostgreSQL schema), or refuses with exit 2 and a message naming it.
+pub(crate) async fn open(db: &Db) -> Result<Opened, ExitCode> {
+    match db {
+        Db::Memory => Ok(Opened::Memory),
+        Db::File(path) => Ok(Opened::Sqlite(Arc::new(open_db(path).await?))),
+        Db::Postgres(url) => connect_postgres(url).await,
+    }
+}
+
+/// Opens the database of `db` for reading (a SQLite file must exist), or
+/// refuses with exit 2.
+pub(crate) async fn open_existing(db: &Db) -> Result<Opened, ExitCode> {
+    match db {
+        Db::Memory => Ok(Opened::Memory),
+        Db::File(path) => Ok(Opened::Sqlite(Arc::new(open_existing_db(path).await?))),
+        Db::Postgres(url) => connect_postgres(url).await,
+    }
+}
+
+/// Connects to the PostgreSQL server of `url` and migrates its schema, or
+/// refuses with exit 2 (the message names the server, never its
+/// password). A `--retain max_bytes=…` is refused: the server keeps its
+/// own files.
+#[cfg(feature = "postgres")]
+async fn connect_postgres(url: &PostgresUrl) -> Result<Opened, ExitCode> {
+    if store_options()
+        .keep
+        .retain
+        .is_some_and(|r| r.max_bytes.is_some())
+    {
+        return Err(refuse(
+            "--retain max_bytes: PostgreSQL keeps its own files; bound the history with max_age or max_runs",
+        ));
+    }
+    if store_options().check {
+        tracing::warn!("--check checks a SQLite file; PostgreSQL checks its own pages");
+    }
+    let store = agentvisor::stores::PostgresStore::connect(&url.0)
+        .await
+        .map_err(refuse)?;
+    Ok(Opened::Postgres(Arc::new(store)))
+}
+
+/// A build without the `postgres` feature never parses a PostgreSQL
+/// `--db` ([`db_url`] refuses it); refused here too, should one come.
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(_: &PostgresUrl) -> Result<Opened, ExitCode> {
+    Err(refuse(
+        "--db postgres://: this build leaves PostgreSQL out (the `postgres` feature)",
+    ))
+}
+
+/// Refuses (exit 2) a command that does not run on PostgreSQL yet.
+pub(crate) fn not_on_postgres(command: &str) -> ExitCode {
+    refuse(format!(
+        "`agentvisor {command}` does not run on PostgreSQL yet: give it a SQLite file (`--db PATH`). On PostgreSQL this build runs `run`, `swarm`, `soak`, `chat`, `recover`, `runs list|show|approve|deny`, `sessions` and `budget`"
+    ))
+}
+
+/// A host from `base` on the stores `opened` (of `db`), with a token
+/// budget for the command's runs.
 pub(crate) async fn host_on(
     base: HostBuilder,
     db: &Db,
-    store: Option<Arc<SqliteStore>>,
+    opened: Opened,
     budget_tokens: Option<u64>,
 ) -> Result<Host, ExitCode> {
-    on_stores(base, db, store)
+    on_stores(base, db, opened)
         .allowance_tokens(budget_tokens)
         .build()
         .await
@@ -526,7 +730,9 @@ pub(crate) async fn host_on(
 }
 
 /// `builder` on the stores of `db`, and where parked git writes go: the
-/// SQLite file, or memory.
+/// SQLite file, or memory. Scheduled skills keep publishes, schedules and
+/// parked writes in the database, which PostgreSQL does not hold yet: a
+/// PostgreSQL `db` is refused.
 pub(crate) async fn with_stores(
     builder: HostBuilder,
     db: &Db,
@@ -537,15 +743,15 @@ pub(crate) async fn with_stores(
     ),
     ExitCode,
 > {
-    let store = match db {
-        Db::Memory => None,
-        Db::File(path) => Some(Arc::new(open_db(path).await?)),
+    if let Db::Postgres(_) = db {
+        return Err(not_on_postgres("skill run"));
+    }
+    let opened = open(db).await?;
+    let intents: Arc<dyn agentvisor::ports::writeback::WriteIntents> = match &opened {
+        Opened::Sqlite(s) => s.clone(),
+        _ => Arc::new(agentvisor::stores::MemoryWriteIntents::new()),
     };
-    let intents: Arc<dyn agentvisor::ports::writeback::WriteIntents> = match &store {
-        Some(s) => s.clone(),
-        None => Arc::new(agentvisor::stores::MemoryWriteIntents::new()),
-    };
-    Ok((on_stores(builder, db, store), intents))
+    Ok((on_stores(builder, db, opened), intents))
 }
 
 /// The git writeback of skills' memory, its parked writes in `intents`.
@@ -555,12 +761,21 @@ pub(crate) fn git_writeback(
     Arc::new(agentvisor::writeback::GitWriteback::new(intents))
 }
 
-/// `base` on the stores of `db`: the SQLite file (audit log, budget
-/// ledger, checkpoints, sessions), or the in-memory batteries.
-fn on_stores(base: HostBuilder, db: &Db, store: Option<Arc<SqliteStore>>) -> HostBuilder {
-    match (db, store) {
-        (Db::File(path), Some(store)) => base
+/// `base` on the stores `opened` (of `db`): the SQLite file or the
+/// PostgreSQL server (audit log, budget ledger, checkpoints, sessions),
+/// or the in-memory batteries. The one place a command's host is put on
+/// its database.
+fn on_stores(base: HostBuilder, db: &Db, opened: Opened) -> HostBuilder {
+    match (db, opened) {
+        (Db::File(path), Opened::Sqlite(store)) => base
             .config(sqlite_config(path))
+            .audit_store(store.clone())
+            .checkpointer(store.clone())
+            .session_store(store.clone())
+            .budget_ledger(store),
+        #[cfg(feature = "postgres")]
+        (Db::Postgres(_), Opened::Postgres(store)) => base
+            .config(postgres_config(&store))
             .audit_store(store.clone())
             .checkpointer(store.clone())
             .session_store(store.clone())
@@ -682,20 +897,6 @@ pub(crate) fn report_unwritten(host: &Host, stats: &agentvisor::ports::audit::Au
     false
 }
 
-/// A host on the SQLite store at `path` (audit, ledger, checkpoints).
-pub(crate) async fn sqlite_host(path: &Path) -> Result<Host, ExitCode> {
-    let store = Arc::new(open_db(path).await?);
-    host_builder()
-        .config(sqlite_config(path))
-        .audit_store(store.clone())
-        .checkpointer(store.clone())
-        .session_store(store.clone())
-        .budget_ledger(store)
-        .build()
-        .await
-        .map_err(refuse)
-}
-
 /// Host settings for the SQLite store: larger, slightly older audit batches
 /// (a transaction costs the same for 1 or 4096 records), and a spool beside
 /// the database.
@@ -705,6 +906,12 @@ pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
         spool.push(".spool");
         PathBuf::from(spool)
     });
+    database_config(spool)
+}
+
+/// Host settings for a database (SQLite or PostgreSQL) whose spool is
+/// `spool`, with the lease and retention flags.
+fn database_config(spool: PathBuf) -> HostConfig {
     let defaults = HostConfig::default();
     HostConfig {
         audit_batch: 4096,
@@ -715,6 +922,33 @@ pub(crate) fn sqlite_config(path: &Path) -> HostConfig {
         audit: store_options().keep.audit.unwrap_or_default(),
         ..defaults
     }
+}
+
+/// Host settings for the PostgreSQL store: as for SQLite (larger audit
+/// batches, the lease and retention flags), with a spool in
+/// `.agentvisor/` named for the server and database (`--spool` names
+/// another), so an outage of the server loses no record: the next command
+/// on that database replays it.
+#[cfg(feature = "postgres")]
+pub(crate) fn postgres_config(store: &agentvisor::stores::PostgresStore) -> HostConfig {
+    let spool = store_options().spool.clone().unwrap_or_else(|| {
+        let target = store.target();
+        let server = target.split_once("://").map_or(target, |(_, s)| s);
+        let server = server.rsplit_once('@').map_or(server, |(_, s)| s);
+        let name: String = server
+            .chars()
+            .map(|c| match c {
+                'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' | '_' => c,
+                _ => '_',
+            })
+            .collect();
+        PathBuf::from(".agentvisor").join(format!("postgres-{name}.spool"))
+    });
+    if store_options().spool.is_none() {
+        // Best effort: a spool that cannot be made is said when needed.
+        let _ = std::fs::create_dir_all(".agentvisor");
+    }
+    database_config(spool)
 }
 
 /// Host settings for the in-memory stores: the defaults, with `--audit`.
@@ -751,15 +985,26 @@ mod tests {
             Ok(Db::File(PathBuf::from("/tmp/x.db")))
         );
         assert!(db("sqlite://").is_err());
-        for url in [
-            "postgres://u:pw@h/db",
-            "mysql://h",
-            "nats+tls://h",
-            "x-y.z://",
-        ] {
+        for url in ["mysql://u:pw@h", "nats+tls://h", "x-y.z://"] {
             let e = db(url).unwrap_err();
             assert!(e.contains("not supported"), "{e}");
             assert!(!e.contains("pw"), "{e}");
+        }
+        // PostgreSQL: taken by a build with the `postgres` feature, refused
+        // naming the feature by one without; never its password shown.
+        let taken = cfg!(feature = "postgres");
+        for url in ["postgres://u:pw@h/db", "PostgreSQL://h/db"] {
+            match db(url) {
+                Ok(Db::Postgres(u)) if taken => {
+                    assert_eq!(u.0.to_lowercase(), url.to_lowercase());
+                    assert!(!format!("{u:?}").contains("pw"), "{u:?}");
+                }
+                Err(e) if !taken => {
+                    assert!(e.contains("`postgres` feature"), "{e}");
+                    assert!(!e.contains("pw"), "{e}");
+                }
+                other => panic!("{url}: {other:?}"),
+            }
         }
         // Not a scheme: a path that holds `://` further on.
         assert_eq!(db("./a://b"), Ok(Db::File(PathBuf::from("./a://b"))));

@@ -58,11 +58,11 @@ struct Summary {
 /// on the host's stores, its failure printed (exit 1).
 pub(crate) async fn at_start(
     host: &Host,
-    path: &std::path::Path,
+    database: &str,
     parked: ParkedRuns,
 ) -> Result<agentvisor::Recovery, ExitCode> {
     host.recover_with(parked).await.map_err(|e| {
-        errln!("error: cannot recover from {}: {e}", path.display());
+        errln!("error: cannot recover from {database}: {e}");
         ExitCode::from(1)
     })
 }
@@ -129,29 +129,34 @@ async fn until_ended_or_parked(mut handle: RunHandle) -> Waited {
 }
 
 pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
-    let path = match db {
-        super::Db::File(p) => p,
+    match db {
         super::Db::Memory => {
             return super::refuse(
                 "recover reads a database: `--db :memory:` holds nothing to recover",
             )
         }
-    };
-    // Damage anywhere in the file is refused before anything is resumed.
-    match super::open_db(path).await {
-        Ok(store) => {
-            if let Err(code) = super::check_db(&store).await {
-                return code;
+        // Damage anywhere in the file is refused before anything is resumed.
+        super::Db::File(path) => match super::open_db(path).await {
+            Ok(store) => {
+                if let Err(code) = super::check_db(&store).await {
+                    return code;
+                }
+                store.close().await;
             }
-            store.close().await;
-        }
-        Err(code) => return code,
+            Err(code) => return code,
+        },
+        super::Db::Postgres(_) => {}
     }
-    let host = match super::sqlite_host(path).await {
+    let opened = match super::open(db).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let name = opened.name();
+    let host = match super::host_on(super::host_builder(), db, opened, None).await {
         Ok(h) => h,
         Err(code) => return code,
     };
-    let recovery = match at_start(&host, path, ParkedRuns::Leave).await {
+    let recovery = match at_start(&host, &name, ParkedRuns::Leave).await {
         Ok(r) => r,
         Err(code) => {
             host.shutdown().await;

@@ -34,6 +34,7 @@ pub(crate) async fn replay_run(a: ReplayArgs, db: &Db) -> ExitCode {
             return super::refuse("--db :memory: keeps no run history; name a database file")
         }
         Db::File(p) => p,
+        Db::Postgres(_) => return super::not_on_postgres("replay"),
     };
     let run_id: RunId = match a.run_id.parse() {
         Ok(id) if a.run_id.len() == 32 => id,

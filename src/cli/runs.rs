@@ -206,24 +206,42 @@ pub(crate) async fn runs(a: RunsArgs, db: &Db) -> ExitCode {
             ),
         };
     }
-    let path = match db {
-        Db::Memory => {
-            return super::refuse("--db :memory: keeps no run history; name a database file")
-        }
-        Db::File(p) => p,
-    };
-    let store = match super::open_existing_db(path).await {
-        Ok(s) => s,
+    if *db == Db::Memory {
+        return super::refuse("--db :memory: keeps no run history; name a database file");
+    }
+    if let (RunsCommand::Prune(_), Db::Postgres(_)) = (&a.command, db) {
+        return super::not_on_postgres("runs prune");
+    }
+    let opened = match super::open_existing(db).await {
+        Ok(o) => o,
         Err(code) => return code,
     };
-    let code = match a.command {
-        RunsCommand::List(l) => list(&store, l).await,
-        RunsCommand::Show(s) => show(&store, s).await,
-        RunsCommand::Prune(p) => prune(&store, p).await,
-        RunsCommand::Control(_) => ExitCode::from(2),
+    let Some((audit, index)) = opened.history() else {
+        return ExitCode::from(2);
     };
-    store.close().await;
+    let history = History {
+        audit,
+        index,
+        name: opened.name(),
+    };
+    let code = match (a.command, &opened) {
+        (RunsCommand::List(l), _) => list(&history, l).await,
+        (RunsCommand::Show(s), _) => show(&history, s).await,
+        (RunsCommand::Prune(p), super::Opened::Sqlite(store)) => prune(store, p).await,
+        (RunsCommand::Prune(_), _) => super::not_on_postgres("runs prune"),
+        (RunsCommand::Control(_), _) => ExitCode::from(2),
+    };
+    drop(history);
+    opened.close().await;
     code
+}
+
+/// The run history `runs list|show` read: the database's audit log and run
+/// index, and its name for messages.
+struct History {
+    audit: std::sync::Arc<dyn AuditStore>,
+    index: std::sync::Arc<dyn RunIndex>,
+    name: String,
 }
 
 /// `runs approve|deny ID` against the database: the decision is recorded
@@ -238,24 +256,26 @@ async fn decide_on_record(c: ControlCommand, db: &Db) -> ExitCode {
         } => (run_id, call, false, reason),
         _ => return ExitCode::from(2),
     };
-    let path = match db {
-        Db::Memory => {
-            return super::refuse(
-                "--db :memory: keeps no parked run: name a database file, or give --server URL",
-            )
-        }
-        Db::File(p) => p,
-    };
+    if *db == Db::Memory {
+        return super::refuse(
+            "--db :memory: keeps no parked run: name a database file, or give --server URL",
+        );
+    }
     let id = match parse_run_id(&run_id) {
         Ok(id) => id,
         Err(code) => return code,
     };
-    let store = match super::open_existing_db(path).await {
-        Ok(s) => s,
+    let opened = match super::open_existing(db).await {
+        Ok(o) => o,
         Err(code) => return code,
     };
-    let decided = agentvisor::decide_on_record(&store, id, call.as_deref(), approve, reason).await;
-    store.close().await;
+    let Some(checkpointer) = opened.checkpointer() else {
+        return ExitCode::from(2);
+    };
+    let decided =
+        agentvisor::decide_on_record(&*checkpointer, id, call.as_deref(), approve, reason).await;
+    drop(checkpointer);
+    opened.close().await;
     let action = if approve { "approve" } else { "deny" };
     match decided {
         Ok(calls) => {
@@ -286,7 +306,7 @@ pub(super) fn parse_run_id(text: &str) -> Result<RunId, ExitCode> {
     }
 }
 
-async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
+async fn list(store: &History, a: ListArgs) -> ExitCode {
     let root = match a.root.as_deref().map(parse_run_id).transpose() {
         Ok(r) => r,
         Err(code) => return code,
@@ -298,16 +318,16 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
         root,
         after: None,
     };
-    let runs = match store.list_runs(&filter).await {
+    let runs = match store.index.list_runs(&filter).await {
         Ok(r) => r,
-        Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
+        Err(e) => return super::refuse(format!("{}: {e}", store.name)),
     };
     if a.json {
         outln!("{}", serde_json::to_string(&runs).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
     if runs.is_empty() {
-        outln!("no runs in {}", store.path().display());
+        outln!("no runs in {}", store.name);
         return ExitCode::SUCCESS;
     }
     outln!(
@@ -401,18 +421,18 @@ async fn prune(store: &SqliteStore, a: PruneArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
+async fn show(store: &History, a: ShowArgs) -> ExitCode {
     let run_id = match parse_run_id(&a.run_id) {
         Ok(id) => id,
         Err(code) => return code,
     };
     let fail = |e: agentvisor::ports::audit::AuditStoreError| {
-        super::refuse(format!("{}: {e}", store.path().display()))
+        super::refuse(format!("{}: {e}", store.name))
     };
     if a.tree {
         return match tree_of(store, run_id).await {
             Ok(tree) if tree.is_empty() => {
-                errln!("error: no run {run_id} in {}", store.path().display());
+                errln!("error: no run {run_id} in {}", store.name);
                 ExitCode::from(1)
             }
             Ok(tree) => {
@@ -422,23 +442,27 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
             Err(e) => fail(e),
         };
     }
-    let result = match store.run_result(run_id).await {
+    let result = match store.index.run_result(run_id).await {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let records = match store.run_records(run_id).await {
+    let records = match store.audit.run_records(run_id).await {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
     if result.is_none() && records.is_empty() {
-        errln!("error: no run {run_id} in {}", store.path().display());
+        errln!("error: no run {run_id} in {}", store.name);
         return ExitCode::from(1);
     }
-    let publish: Vec<agentvisor::ports::outbox::DeliveryReport> =
-        match agentvisor::ports::outbox::OutboxStore::run_intents(store, run_id).await {
+    // A scheduled skill's publishes, where the store keeps an outbox.
+    let publish: Vec<agentvisor::ports::outbox::DeliveryReport> = match store.audit.clone().outbox()
+    {
+        Some(outbox) => match outbox.run_intents(run_id).await {
             Ok(all) => all.into_iter().map(|(_, r)| r).collect(),
-            Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
-        };
+            Err(e) => return super::refuse(format!("{}: {e}", store.name)),
+        },
+        None => Vec::new(),
+    };
     if a.json {
         let shown = Shown {
             result: result.as_ref(),
@@ -494,11 +518,12 @@ async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
 /// from the run index: the tree's runs, then each one's result for its
 /// tokens.
 async fn tree_of(
-    store: &SqliteStore,
+    store: &History,
     run_id: RunId,
 ) -> Result<Tree, agentvisor::ports::audit::AuditStoreError> {
     // The whole tree it is in, then its own part of it.
     let root = store
+        .index
         .run_result(run_id)
         .await?
         .and_then(|r| r.root_run_id)
@@ -508,8 +533,8 @@ async fn tree_of(
         ..RunFilter::default()
     };
     let mut nodes = Vec::new();
-    for s in store.list_runs(&filter).await? {
-        let (tokens, cost_micros) = match store.run_result(s.run_id).await? {
+    for s in store.index.list_runs(&filter).await? {
+        let (tokens, cost_micros) = match store.index.run_result(s.run_id).await? {
             Some(r) => (r.usage.total(), r.cost_micros),
             None => (0, 0),
         };

@@ -169,6 +169,8 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
         None => None,
     };
     let (host, index, states, ledger, intents): Stores = match db {
+        // Serving from PostgreSQL comes with the run queue.
+        Db::Postgres(_) => return super::not_on_postgres("serve"),
         Db::Memory => {
             let store = Arc::new(MemoryAuditStore::new());
             let ledger = Arc::new(MemoryBudgetLedger::new());
@@ -211,7 +213,7 @@ pub(crate) async fn serve(a: ServeArgs, db: &Db) -> ExitCode {
             // Before any run is submitted (recovery runs once, at boot).
             if !a.no_recover {
                 let parked = agentvisor::ParkedRuns::Resume;
-                match super::recover::at_start(&host, path, parked).await {
+                match super::recover::at_start(&host, &path.display().to_string(), parked).await {
                     Ok(recovery) => {
                         errln!("{}", super::recover::summary_line(&recovery));
                         // They go on here; a dropped handle would cancel them.

@@ -20,10 +20,12 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use agentvisor::ports::session::{SessionMessage, SessionMeta, SessionStore};
-use agentvisor::stores::SqliteStore;
 
 use super::runs::utc;
-use super::Db;
+use super::{Db, Named};
+
+/// The database's sessions.
+type Sessions = Named<dyn SessionStore>;
 
 /// Flags of `agentvisor sessions`.
 #[derive(Args, Debug)]
@@ -75,28 +77,28 @@ fn without_manifest(meta: &SessionMeta) -> serde_json::Value {
 }
 
 pub(crate) async fn sessions(a: SessionsArgs, db: &Db) -> ExitCode {
-    let path = match db {
-        Db::Memory => {
-            return super::refuse("--db :memory: keeps no sessions; name a database file")
-        }
-        Db::File(p) => p,
-    };
-    let store = match super::open_existing_db(path).await {
-        Ok(s) => s,
+    if *db == Db::Memory {
+        return super::refuse("--db :memory: keeps no sessions; name a database file");
+    }
+    let opened = match super::open_existing(db).await {
+        Ok(o) => o,
         Err(code) => return code,
+    };
+    let Some(store) = opened.sessions() else {
+        return ExitCode::from(2);
     };
     let code = match a.command {
         SessionsCommand::List(l) => list(&store, l).await,
         SessionsCommand::Show(s) => show(&store, s).await,
     };
-    store.close().await;
+    opened.close().await;
     code
 }
 
-async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
+async fn list(store: &Sessions, a: ListArgs) -> ExitCode {
     let sessions = match store.list(a.limit as usize).await {
         Ok(s) => s,
-        Err(e) => return super::refuse(format!("{}: {e}", store.path().display())),
+        Err(e) => return super::refuse(format!("{}: {e}", store.name)),
     };
     if a.json {
         let all: Vec<serde_json::Value> = sessions.iter().map(without_manifest).collect();
@@ -104,7 +106,7 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if sessions.is_empty() {
-        outln!("no sessions in {}", store.path().display());
+        outln!("no sessions in {}", store.name);
         return ExitCode::SUCCESS;
     }
     outln!(
@@ -128,17 +130,17 @@ async fn list(store: &SqliteStore, a: ListArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn show(store: &SqliteStore, a: ShowArgs) -> ExitCode {
+async fn show(store: &Sessions, a: ShowArgs) -> ExitCode {
     if let Err(e) = agentvisor::session::check_session_id(&a.id) {
         return super::refuse(e);
     }
     let fail = |e: agentvisor::ports::session::SessionStoreError| {
-        super::refuse(format!("{}: {e}", store.path().display()))
+        super::refuse(format!("{}: {e}", store.name))
     };
     let meta = match store.get(&a.id).await {
         Ok(Some(m)) => m,
         Ok(None) => {
-            errln!("error: no session {} in {}", a.id, store.path().display());
+            errln!("error: no session {} in {}", a.id, store.name);
             return ExitCode::from(1);
         }
         Err(e) => return fail(e),

@@ -152,11 +152,12 @@ pub(crate) async fn soak(a: SoakArgs, db: &super::Db) -> ExitCode {
         db: match db {
             super::Db::Memory => ":memory:".to_string(),
             super::Db::File(p) => p.display().to_string(),
+            super::Db::Postgres(url) => format!("{url:?}"),
         },
         critic_shards: host.config().critic_shards,
         retain: match db {
             super::Db::Memory => None,
-            super::Db::File(_) => a.keep.retain.filter(|r| r.is_set()),
+            super::Db::File(_) | super::Db::Postgres(_) => a.keep.retain.filter(|r| r.is_set()),
         },
     };
 

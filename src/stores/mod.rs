@@ -3,10 +3,13 @@
 //! `ScheduleStore` and `WriteIntents` (parked git writes of skills' memory) ports. In memory (a host built with nothing), and on
 //! embedded SQLite (the CLI's default; full history, budgets that hold
 //! across processes), and on PostgreSQL (the `postgres` feature: the audit
-//! log, run index and budget ledger for many hosts on one database).
+//! log, run index, budget ledger, checkpoints with their leases, and
+//! sessions, for many hosts on one database).
 //! Stores know nothing
 //! of actors.
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod checkpoint_parts;
 pub mod memory;
 pub mod memory_checkpoint;
 pub mod memory_outbox;

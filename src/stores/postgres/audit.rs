@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 
-use super::PostgresStore;
+use super::{to_i64, to_u64, Cause, PostgresStore};
 use crate::ports::audit::{
     AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
     RunSummary,
@@ -29,16 +29,8 @@ const KIND_PUBLISH: i16 = 3;
 /// named by no record (a batch refreshes `used_ms` at most once a minute).
 const MANIFEST_MARGIN_MS: i64 = 120_000;
 
-fn unavailable(e: impl std::fmt::Display) -> AuditStoreError {
-    AuditStoreError::Unavailable(crate::secrets::redact_string(e.to_string()))
-}
-
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-fn to_u64(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
+fn unavailable(e: impl Into<Cause>) -> AuditStoreError {
+    AuditStoreError::Unavailable(crate::secrets::redact_string(e.into().0))
 }
 
 /// A snake_case serde name back to its enum (`"killed"` → `Killed`).
@@ -329,6 +321,7 @@ impl AuditStore for PostgresStore {
             for row in client
                 .query(
                     "SELECT run_id, agent, status FROM runs WHERE finished_at < $1 \
+                     AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.run_id = runs.run_id) \
                      ORDER BY finished_at, run_id LIMIT $2",
                     &[&before, &limit],
                 )
@@ -342,7 +335,10 @@ impl AuditStore for PostgresStore {
             for row in client
                 .query(
                     "SELECT run_id, agent, status FROM runs \
-                     ORDER BY finished_at DESC, run_id DESC OFFSET $1 LIMIT $2",
+                     WHERE (finished_at, run_id) <= (SELECT finished_at, run_id FROM runs \
+                     ORDER BY finished_at DESC, run_id DESC OFFSET $1 LIMIT 1) \
+                     AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.run_id = runs.run_id) \
+                     ORDER BY finished_at DESC, run_id DESC LIMIT $2",
                     &[&to_i64(max), &limit],
                 )
                 .await

@@ -6,22 +6,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::PostgresStore;
+use super::{to_i64, to_u64, Cause, PostgresStore};
 use crate::ports::budget::{BudgetLedger, BudgetLedgerError, BudgetLimits, Spend};
 use crate::ports::run::unix_ms;
 
 const MINUTE_MS: u64 = 60_000;
 
-fn unavailable(e: impl std::fmt::Display) -> BudgetLedgerError {
-    BudgetLedgerError::Unavailable(crate::secrets::redact_string(e.to_string()))
-}
-
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-fn to_u64(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
+fn unavailable(e: impl Into<Cause>) -> BudgetLedgerError {
+    BudgetLedgerError::Unavailable(crate::secrets::redact_string(e.into().0))
 }
 
 fn decode(caller: &str, json: &str) -> Result<BudgetLimits, BudgetLedgerError> {

@@ -1,6 +1,7 @@
-//! The PostgreSQL battery (capability X4): the audit log, the run index
-//! and the budget ledger on a PostgreSQL server, for hosts that share one
-//! source of truth.
+//! The PostgreSQL battery (capability X4): the audit log, the run index,
+//! the budget ledger, durable runs' checkpoints with their run and host
+//! leases, and chat sessions on a PostgreSQL server, for hosts that share
+//! one source of truth. The CLI takes it as `--db postgres://…`.
 //!
 //! Built on `tokio-postgres` with a `deadpool-postgres` pool (a connection
 //! a call, returned after it). The schema is migrated at
@@ -16,20 +17,27 @@
 //! `manifests` row per distinct manifest (as on SQLite). `runs` holds one
 //! row per finished run, the columns `runs list` filters and sorts on; the
 //! run's result is its terminal record. A batch is one transaction.
+//! `budget_spend` and `budget_limits` hold the ledger (schema version 2);
+//! `checkpoints`, `checkpoint_entries` and `host_leases` the checkpoints
+//! by delta and the leases (version 3: see the `checkpoint` module for
+//! fencing); `sessions` and `session_messages` the sessions (version 4).
 //!
 //! What PostgreSQL itself guarantees (durability at commit, isolation) is
 //! left to it: `synchronous_commit` is the server's.
 //!
 //! # Not yet here
 //!
-//! The checkpoints, sessions, leases and outbox ports, and budget
-//! reservations across hosts; the run queue. A scheduled skill's publish
-//! intents are kept with its records (in the same transaction) but no
-//! host on PostgreSQL delivers them yet. Until they are, a host on PostgreSQL keeps those in memory.
+//! The outbox (a scheduled skill's publish intents are kept with its
+//! records, in the same transaction, but nothing on PostgreSQL delivers
+//! them), schedules and parked git writes: `serve` and `skill run` refuse
+//! a PostgreSQL `--db`. Budget reservations across hosts and the run
+//! queue come with the workers.
 
 mod audit;
 mod budget;
+mod checkpoint;
 mod schema;
+mod session;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -82,8 +90,8 @@ pub enum PostgresError {
     },
 }
 
-/// The audit log, run index and budget ledger on PostgreSQL. Share it
-/// with an `Arc`.
+/// The audit log, run index, budget ledger, checkpoints (with their
+/// leases) and sessions on PostgreSQL. Share it with an `Arc`.
 pub struct PostgresStore {
     pool: Pool,
     /// The URL, its password left out (for messages).
@@ -168,7 +176,7 @@ impl PostgresStore {
 
     /// A connection from the pool.
     async fn client(&self) -> Result<deadpool_postgres::Client, String> {
-        self.pool.get().await.map_err(|e| e.to_string())
+        self.pool.get().await.map_err(|e| described(&e))
     }
 
     fn count(&self, records: u64, terminal: u64) {
@@ -176,6 +184,55 @@ impl PostgresStore {
         self.terminal_records.fetch_add(terminal, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// An error in words, with its causes: tokio-postgres says only `db
+/// error` of what the server refused, the server's own message being its
+/// cause. A cause its error already says (a wrapper that prints its
+/// inner error) is said once.
+fn described(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// A failure as the port errors say it (see [`described`]).
+struct Cause(String);
+
+impl From<tokio_postgres::Error> for Cause {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Cause(described(&e))
+    }
+}
+
+impl From<serde_json::Error> for Cause {
+    fn from(e: serde_json::Error) -> Self {
+        Cause(e.to_string())
+    }
+}
+
+impl From<String> for Cause {
+    fn from(text: String) -> Self {
+        Cause(text)
+    }
+}
+
+/// A count or Unix ms as a BIGINT, stopping at the largest.
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A BIGINT read back as a count or Unix ms (a negative one is 0).
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! The PostgreSQL schema and its migrations.
 
-use super::{PostgresError, PostgresStore};
+use super::{described, PostgresError, PostgresStore};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Every migration, by the version it brings the schema to.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -14,6 +14,14 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (
         2,
         include_str!("../../../migrations/postgres/0002_budget.sql"),
+    ),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_checkpoints.sql"),
+    ),
+    (
+        4,
+        include_str!("../../../migrations/postgres/0004_sessions.sql"),
     ),
 ];
 
@@ -32,11 +40,11 @@ pub(super) async fn migrate(store: &PostgresStore) -> Result<(), PostgresError> 
     let tx = client
         .transaction()
         .await
-        .map_err(|e| connect(e.to_string()))?;
+        .map_err(|e| connect(described(&e)))?;
     let step = |version: i32, e: tokio_postgres::Error| PostgresError::Migrate {
         target: target.clone(),
         version,
-        reason: e.to_string(),
+        reason: described(&e),
     };
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await

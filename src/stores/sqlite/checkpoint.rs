@@ -19,44 +19,19 @@
 //! most wins; so is a host take-over (`host_leases`, schema version 8).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, Transaction};
-use serde::{Deserialize, Serialize};
 
 use super::{to_i64, SqliteStore};
 use crate::ports::checkpoint::{
-    Checkpoint, CheckpointError, Checkpointer, Claim, EncodedJson, HostClaim, Lease, ParkedCalls,
-    Renewal, Unchanged,
+    Checkpoint, CheckpointError, Checkpointer, Claim, HostClaim, Lease, Renewal, Unchanged,
 };
-use crate::ports::run::{unix_ms, RunId, Usage};
+use crate::ports::run::{unix_ms, RunId};
+use crate::stores::checkpoint_parts::{self, Lists, Parts, GROWING, START};
 
 fn unavailable(e: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Unavailable(e.to_string())
-}
-
-/// The lists of `checkpoint_entries`.
-const START: i64 = 0;
-const MESSAGES: i64 = 1;
-const STEPS: i64 = 2;
-const DECISIONS: i64 = 3;
-
-/// A checkpoint's header, as `state` holds it (layout 1): all of it but
-/// the manifest, the invocation and the lists.
-#[derive(Serialize, Deserialize)]
-struct Header {
-    run_id: RunId,
-    agent: Arc<str>,
-    iteration: u32,
-    usage: Usage,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    cost_micros: Option<u64>,
-    resumes: u32,
-    started_at: u64,
-    saved_at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    parked: Option<ParkedCalls>,
 }
 
 /// One save, ready to bind: its `checkpoints` row and its entries.
@@ -65,84 +40,22 @@ struct Row {
     agent: String,
     iteration: i64,
     attempts: i64,
-    /// The [`Header`], as JSON.
-    state: String,
     updated_at: i64,
-    /// The run's first checkpoint: it may create the row (see
-    /// [`Checkpointer::save`]).
-    first: bool,
-    /// Set for a save written whole: the manifest and the invocation
-    /// (list 0). A save without them keeps the run's entries before each
-    /// list's `from`.
-    start: Option<[String; 2]>,
-    /// The transcript, the steps and the critic decisions (lists 1 to 3).
-    lists: [Entries; 3],
-}
-
-/// What a save writes of one list.
-struct Entries {
-    /// The entries before it are kept (0 in a save written whole).
-    from: i64,
-    /// The entries from `from` on, encoded.
-    entries: Vec<String>,
-}
-
-impl Entries {
-    /// `list` from `from` on, encoded.
-    fn of<T: Serialize>(list: &[T], from: usize) -> Result<Self, serde_json::Error> {
-        let from = from.min(list.len());
-        let entries = list[from..]
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<_, _>>()?;
-        Ok(Entries {
-            from: from as i64,
-            entries,
-        })
-    }
-
-    /// How many entries the list has after the save.
-    fn len(&self) -> i64 {
-        self.from + self.entries.len() as i64
-    }
+    /// Its header (`state`) and entries.
+    parts: Parts,
 }
 
 impl Row {
-    /// `c`, keeping what `keep` says of the run's last save: written whole
-    /// when that is nothing (and always for a run's first save).
+    /// `c`, keeping what `keep` says of the run's last save (see
+    /// [`Parts::of`]).
     fn of(c: &Checkpoint, keep: Unchanged) -> Result<Self, serde_json::Error> {
-        let keep = if c.is_first() {
-            Unchanged::default()
-        } else {
-            keep.within(c)
-        };
-        let header = Header {
-            run_id: c.run_id,
-            agent: c.agent.clone(),
-            iteration: c.iteration,
-            usage: c.usage,
-            cost_micros: c.cost_micros,
-            resumes: c.resumes,
-            started_at: c.started_at,
-            saved_at: c.saved_at,
-            parked: c.parked.clone(),
-        };
         Ok(Row {
             run_id: c.run_id.to_string(),
             agent: c.agent.to_string(),
             iteration: i64::from(c.iteration),
             attempts: i64::from(c.resumes),
-            state: serde_json::to_string(&header)?,
             updated_at: to_i64(c.saved_at),
-            first: c.is_first(),
-            start: keep
-                .is_nothing()
-                .then(|| [c.spec.text().to_string(), c.invocation.text().to_string()]),
-            lists: [
-                Entries::of(&c.transcript, keep.messages)?,
-                Entries::of(&c.steps, keep.steps)?,
-                Entries::of(&c.critic, keep.critic)?,
-            ],
+            parts: Parts::of(c, keep)?,
         })
     }
 }
@@ -175,7 +88,7 @@ fn write(
 ) -> rusqlite::Result<Saved> {
     let mut out = Saved::default();
     let mut written = Vec::with_capacity(save.len());
-    if save.iter().any(|c| !c.first) {
+    if save.iter().any(|c| !c.parts.first) {
         let mut update = tx.prepare_cached(
             "UPDATE checkpoints SET agent = ?2, iteration = ?3, attempts = ?4, state = ?5, \
              updated_at = ?6, lease_until = ?8, layout = 1, messages = ?9, steps = ?10, \
@@ -185,24 +98,25 @@ fn write(
         )?;
         let mut held =
             tx.prepare_cached("SELECT 1 FROM checkpoints WHERE run_id = ?1 AND owner = ?2")?;
-        for (i, c) in save.iter().enumerate().filter(|(_, c)| !c.first) {
-            let [m, s, d] = &c.lists;
+        for (i, c) in save.iter().enumerate().filter(|(_, c)| !c.parts.first) {
+            let [m, s, d] = c.parts.counts().map(|n| n as i64);
+            let [mf, sf, df] = c.parts.lists.each_ref().map(|l| l.from as i64);
             let n = update.execute(params![
                 c.run_id,
                 c.agent,
                 c.iteration,
                 c.attempts,
-                c.state,
+                c.parts.header,
                 c.updated_at,
                 owner,
                 until,
-                m.len(),
-                s.len(),
-                d.len(),
-                c.start.is_some(),
-                m.from,
-                s.from,
-                d.from
+                m,
+                s,
+                d,
+                c.parts.start.is_some(),
+                mf,
+                sf,
+                df
             ])?;
             if n == 1 {
                 written.push(i);
@@ -213,7 +127,7 @@ fn write(
             }
         }
     }
-    if save.iter().any(|c| c.first) {
+    if save.iter().any(|c| c.parts.first) {
         let mut upsert = tx.prepare_cached(
             "INSERT INTO checkpoints (run_id, agent, iteration, attempts, state, updated_at, \
              owner, lease_until, layout, messages, steps, decisions) \
@@ -227,21 +141,21 @@ fn write(
              WHERE checkpoints.owner IS NULL OR checkpoints.owner = excluded.owner \
              OR checkpoints.lease_until <= ?9",
         )?;
-        for (i, c) in save.iter().enumerate().filter(|(_, c)| c.first) {
-            let [m, s, d] = &c.lists;
+        for (i, c) in save.iter().enumerate().filter(|(_, c)| c.parts.first) {
+            let [m, s, d] = c.parts.counts().map(|n| n as i64);
             let n = upsert.execute(params![
                 c.run_id,
                 c.agent,
                 c.iteration,
                 c.attempts,
-                c.state,
+                c.parts.header,
                 c.updated_at,
                 owner,
                 until,
                 now,
-                m.len(),
-                s.len(),
-                d.len()
+                m,
+                s,
+                d
             ])?;
             if n == 0 {
                 out.lost.push(i);
@@ -276,17 +190,18 @@ fn write_entries(tx: &Transaction<'_>, save: &[Row], written: &[usize]) -> rusql
         "INSERT INTO checkpoint_entries (run_id, list, seq, body) VALUES (?1, ?2, ?3, ?4)",
     )?;
     for c in written.iter().filter_map(|&i| save.get(i)) {
-        if let Some(start) = &c.start {
+        if let Some(start) = &c.parts.start {
             delete_all.execute([&c.run_id])?;
             for (seq, body) in (0i64..).zip(start) {
                 insert.execute(params![c.run_id, START, seq, body])?;
             }
         }
-        for (list, l) in [MESSAGES, STEPS, DECISIONS].into_iter().zip(&c.lists) {
-            if c.start.is_none() {
-                delete_from.execute(params![c.run_id, list, l.from])?;
+        for (list, l) in GROWING.into_iter().zip(&c.parts.lists) {
+            let from = l.from as i64;
+            if c.parts.start.is_none() {
+                delete_from.execute(params![c.run_id, list, from])?;
             }
-            for (seq, body) in (l.from..).zip(&l.entries) {
+            for (seq, body) in (from..).zip(&l.entries) {
                 insert.execute(params![c.run_id, list, seq, body])?;
             }
         }
@@ -302,9 +217,6 @@ struct Stored {
     /// The entries of lists 1 to 3 its checkpoint has.
     counts: [i64; 3],
 }
-
-/// A run's entries as read, list by list (0 to 3), in order.
-type Lists = [Vec<String>; 4];
 
 /// Reads every checkpoint row and every entry, in one read transaction
 /// (so a save between the two reads is seen by both or neither).
@@ -334,14 +246,7 @@ fn read_all(c: &Connection) -> rusqlite::Result<(Vec<Stored>, HashMap<String, Li
         while let Some(r) = rows.next()? {
             let (run_id, list, seq, body): (String, i64, i64, String) =
                 (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
-            let lists = entries.entry(run_id).or_default();
-            // Out of place (an unknown list, a gap): the checkpoint is
-            // found incomplete below.
-            if let Some(l) = usize::try_from(list).ok().and_then(|i| lists.get_mut(i)) {
-                if seq == l.len() as i64 {
-                    l.push(body);
-                }
-            }
+            checkpoint_parts::push_entry(entries.entry(run_id).or_default(), list, seq, body);
         }
     }
     tx.commit()?;
@@ -353,41 +258,7 @@ fn assemble(row: Stored, entries: Option<Lists>) -> Result<Checkpoint, String> {
     if row.layout == 0 {
         return serde_json::from_str::<Checkpoint>(&row.state).map_err(|e| e.to_string());
     }
-    let [start, messages, steps, decisions] = entries.unwrap_or_default();
-    let counts = [messages.len(), steps.len(), decisions.len()].map(|n| n as i64);
-    if start.len() != 2 || counts != row.counts {
-        return Err(format!(
-            "its entries are incomplete: {} of 2 start entries, {counts:?} of {:?} messages, steps and decisions",
-            start.len(),
-            row.counts
-        ));
-    }
-    let header: Header = serde_json::from_str(&row.state).map_err(|e| e.to_string())?;
-    let mut start = start.into_iter();
-    let mut encoded = || EncodedJson::from_text(start.next().unwrap_or_default());
-    let (spec, invocation) = (encoded(), encoded());
-    fn decode<T: serde::de::DeserializeOwned>(list: Vec<String>) -> Result<Vec<T>, String> {
-        list.iter()
-            .map(|e| serde_json::from_str(e).map_err(|e| e.to_string()))
-            .collect()
-    }
-    Ok(Checkpoint {
-        run_id: header.run_id,
-        agent: header.agent,
-        spec: spec.map_err(|e| e.to_string())?,
-        invocation: invocation.map_err(|e| e.to_string())?,
-        transcript: Arc::new(decode(messages)?),
-        iteration: header.iteration,
-        steps: decode(steps)?,
-        usage: header.usage,
-        cost_micros: header.cost_micros,
-        critic: decode(decisions)?,
-        resumes: header.resumes,
-        started_at: header.started_at,
-        saved_at: header.saved_at,
-        parked: header.parked,
-        unchanged: Unchanged::default(),
-    })
+    checkpoint_parts::assemble(&row.state, entries, row.counts)
 }
 
 #[async_trait]
