@@ -52,7 +52,9 @@ pub use manifest::{
 pub use publish::{
     destination_name, kind_name, render, scrub, SkillPublishPlan, DEFAULT_PUBLISH_TIMEOUT,
 };
-pub use repo::{PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE};
+pub use repo::{
+    schedule_caller, PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE,
+};
 pub use skill::{FrontMatter, Skill, SkillWriteback};
 
 /// The time types schedules speak (`jiff`'s).

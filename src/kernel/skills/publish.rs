@@ -256,22 +256,33 @@ impl super::SkillsRepo {
     /// The publish plan of `run` (a plan of this repository's): its
     /// schedule's destinations, `None` when it has none.
     pub fn publish_plan(&self, run: &super::SkillRun) -> Option<SkillPublishPlan> {
-        let schedule = self.schedule(&run.schedule)?;
-        let destinations = schedule.settings.destinations.clone().unwrap_or_default();
+        self.schedule_publish_plan(&run.schedule, run.env.secrets.values().cloned().collect())
+    }
+
+    /// The publish plan of a run of schedule `schedule` whose secret
+    /// values are `secrets` (none for a run that could not read them):
+    /// `None` for an unknown schedule or one without destinations.
+    pub fn schedule_publish_plan(
+        &self,
+        schedule: &str,
+        secrets: Vec<String>,
+    ) -> Option<SkillPublishPlan> {
+        let found = self.schedule(schedule)?;
+        let destinations = found.settings.destinations.clone().unwrap_or_default();
         if destinations.is_empty() {
             return None;
         }
         Some(SkillPublishPlan {
-            schedule: run.schedule.clone(),
-            skill: run.skill.clone(),
-            time_zone: schedule.clock.time_zone().clone(),
+            schedule: found.name.clone(),
+            skill: found.skill.clone(),
+            time_zone: found.clock.time_zone().clone(),
             root: self.root.clone(),
             destinations,
-            timeout: schedule
+            timeout: found
                 .settings
                 .publish_timeout
                 .unwrap_or(DEFAULT_PUBLISH_TIMEOUT),
-            secrets: run.env.secrets.values().cloned().collect(),
+            secrets,
         })
     }
 }
