@@ -272,7 +272,9 @@ impl Host {
                 max_iterations: limits.max_iterations,
                 allowances,
                 forked_from: inv.forked_from,
-                publish: std::mem::take(&mut inv.publish),
+                // Its recipe stays in the invocation too: a durable run's
+                // checkpoint keeps it (see `Host::recover`).
+                publish: inv.publish.clone(),
             },
             shard.mailbox,
             key,

@@ -51,6 +51,7 @@ pub use manifest::{
 };
 pub use publish::{
     destination_name, kind_name, render, scrub, SkillPublishPlan, DEFAULT_PUBLISH_TIMEOUT,
+    SKILL_PUBLISH_RECIPE,
 };
 pub use repo::{
     schedule_caller, PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE,
