@@ -322,3 +322,219 @@ async fn a_batch_whose_intents_cannot_be_written_leaves_no_terminal_record_eithe
     assert!(store.run_result(run_id).await.unwrap().is_none());
     assert!(store.run_records(run_id).await.unwrap().is_empty());
 }
+
+/// A repository whose `daily` schedule runs on the model `gate` (each
+/// host brings its own), reads a secret and publishes to `hook` (`when`).
+fn gated_repo(hook: &str, when: &str) -> Scratch {
+    let dir = Scratch::new("skill-outbox-recover");
+    std::fs::create_dir_all(dir.path("skills/digest")).unwrap();
+    dir.file(
+        "skills/digest/SKILL.md",
+        "---\nname: digest\n---\nWrite the digest.\n",
+    );
+    dir.file(
+        "agentvisor.yaml",
+        &format!(
+            "skills: {{ digest: skills/digest }}\nschedules:\n  - name: daily\n    skill: digest\n    cron: \"0 7 * * *\"\n    model: gate\n    limits: {{ max_runtime: 1h, stall_timeout: 1h }}\n    env: {{ TOKEN: {{ secret: tok }} }}\n    destinations:\n      - {{ type: webhook, name: hook, url: \"{hook}/in\", when: {when} }}\n"
+        ),
+    );
+    dir
+}
+
+/// A durable host on the file whose model `gate` plays `script`.
+async fn durable_host_on(db: &std::path::Path, script: &str) -> (Host, Arc<SqliteStore>) {
+    let store = Arc::new(SqliteStore::open(db).await.unwrap());
+    let gate = agentvisor::AgentSpec::from_yaml(&format!("name: gate\nscript:\n{script}")).unwrap();
+    let destinations = Destinations::new(Arc::new(|_: &str| None), Arc::new(|_: &str| {}));
+    let host = Host::builder()
+        .config(agentvisor::HostConfig {
+            durable_default: true,
+            ..agentvisor::HostConfig::default()
+        })
+        .model(
+            "gate",
+            Arc::new(agentvisor::providers::ScriptedModel::new(gate.script)),
+        )
+        .audit_store(store.clone())
+        .checkpointer(store.clone())
+        .publisher(Arc::new(destinations))
+        .publish_scan_every(None)
+        .build()
+        .await
+        .unwrap();
+    (host, store)
+}
+
+const SECRET_VALUE: &str = "tok-value-9f8e7d6c5b4a";
+
+/// Polls (bounded, real time) until `done` holds.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+    let bound = std::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(std::time::Instant::now() < bound, "{what}: not within 60 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A host on `db` starts the skill run of `dir` (its model call never
+/// answers), then dies mid-run: its runtime is dropped, nothing of it is
+/// finalized; its leases then run out (as they would after `lease_ttl`).
+fn crash_mid_run(dir: &Scratch, db: &std::path::Path) -> agentvisor::RunId {
+    use agentvisor::ports::audit::AuditStore;
+    let crashed = runtime(2);
+    let run_id = crashed.block_on(async {
+        let (host, store) = durable_host_on(db, "  - { hang: true }\n").await;
+        let repo = SkillsRepo::open(&dir.0).unwrap();
+        let lookup = |k: &str| (k == "AGENTVISOR_SECRET_TOK").then(|| SECRET_VALUE.to_string());
+        let runner = host.clone();
+        tokio::spawn(async move {
+            let _ = agentvisor::skill_run::run(
+                &runner,
+                &repo,
+                "daily",
+                lookup,
+                &agentvisor::skill_run::RunOptions::default(),
+            )
+            .await;
+        });
+        let mut id = None;
+        until("the run is accepted and started", || {
+            let found = host.runs().first().map(|r| r.run_id);
+            id = id.or(found);
+            let store = store.clone();
+            async move {
+                match found {
+                    Some(run) => !store.run_records(run).await.unwrap().is_empty(),
+                    None => false,
+                }
+            }
+        })
+        .await;
+        id.unwrap()
+    });
+    drop(crashed);
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch(
+        "UPDATE checkpoints SET lease_until = 0; UPDATE host_leases SET lease_until = 0;",
+    )
+    .unwrap();
+    run_id
+}
+
+#[test]
+fn a_durable_skill_run_resumed_by_another_host_publishes_once() {
+    use agentvisor::ports::audit::AuditStore;
+    use agentvisor::ports::checkpoint::Checkpointer;
+
+    let main = runtime(1);
+    let hook = main.block_on(hooks::answering(200));
+    let dir = gated_repo(&hook.base, "on_success");
+    let db = dir.path("agentvisor.db");
+    let run_id = crash_mid_run(&dir, &db);
+
+    main.block_on(async {
+        // What the crash left: a checkpoint whose invocation keeps the
+        // publish plan's recipe, the secret by name only; no terminal
+        // record, nothing in the outbox.
+        let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+        let saved = store.load_all().await.unwrap();
+        assert_eq!(saved.len(), 1);
+        let inv = saved[0].invocation.text();
+        assert!(
+            inv.contains("\"kind\":\"skill\"") && inv.contains("\"tok\""),
+            "{inv}"
+        );
+        assert!(!inv.contains(SECRET_VALUE), "a secret's value was saved");
+        assert!(store.run_intents(run_id).await.unwrap().is_empty());
+        drop(store);
+
+        // Host 2 on the same file resumes the run; its model answers; the
+        // terminal record carries the intent and the publisher delivers
+        // it without being asked.
+        let (host, store) = durable_host_on(&db, "  - { text: news }\n").await;
+        let recovery = host.recover().await.unwrap();
+        assert_eq!(recovery.resumed.len(), 1, "{recovery:?}");
+        let result = recovery.resumed.into_iter().next().unwrap().await;
+        assert_eq!(result.run_id, run_id);
+        assert_eq!(result.status, RunStatus::Ok, "{result:?}");
+        until("the intent is delivered", || {
+            let store = store.clone();
+            async move {
+                let all = store.run_intents(run_id).await.unwrap();
+                !all.is_empty() && all.iter().all(|(_, r)| r.state == DeliveryState::Delivered)
+            }
+        })
+        .await;
+        let seen = hook.seen();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].json()["text"], "news");
+        assert_eq!(
+            seen[0].headers.get("idempotency-key").map(String::as_str),
+            Some(format!("{run_id}-0-hook").as_str())
+        );
+        host.shutdown().await;
+        drop(host);
+        drop(store);
+
+        // Host 3: nothing is owed, nothing is sent again.
+        let (host, store) = durable_host_on(&db, "  - { text: never }\n").await;
+        let recovery = host.recover().await.unwrap();
+        assert!(recovery.resumed.is_empty());
+        assert!(store.owed(u64::MAX, 10).await.unwrap().is_empty());
+        let terminals = store
+            .run_records(run_id)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.is_terminal())
+            .count();
+        assert_eq!(terminals, 1);
+        host.shutdown().await;
+        assert_eq!(hook.seen().len(), 1);
+    });
+}
+
+#[test]
+fn a_durable_skill_run_ended_without_being_resumed_still_owes_its_publishes() {
+    let main = runtime(1);
+    let hook = main.block_on(hooks::answering(200));
+    let dir = gated_repo(&hook.base, "always");
+    let db = dir.path("agentvisor.db");
+    let run_id = crash_mid_run(&dir, &db);
+    // It was resumed too often already: recovery ends it `crash_loop`.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch("UPDATE checkpoints SET state = json_set(state, '$.resumes', 3);")
+        .unwrap();
+    drop(conn);
+    main.block_on(async {
+        use agentvisor::ports::audit::RunIndex;
+        let (host, store) = durable_host_on(&db, "  - { text: never }\n").await;
+        let recovery = host.recover().await.unwrap();
+        assert_eq!(recovery.crash_loops, vec![run_id], "{recovery:?}");
+        until("the terminal record is written", || {
+            let store = store.clone();
+            async move { store.run_result(run_id).await.unwrap().is_some() }
+        })
+        .await;
+        // Its `always` destination is owed with the error, and delivered
+        // when asked (or by the next scan).
+        let reports = host.publish(run_id, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].state, DeliveryState::Delivered, "{reports:?}");
+        let seen = hook.seen();
+        assert_eq!(seen.len(), 1);
+        let text = seen[0].json()["text"].as_str().unwrap().to_string();
+        assert!(text.starts_with("run error: resumed 3 times"), "{text}");
+        host.shutdown().await;
+    });
+}

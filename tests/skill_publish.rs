@@ -449,3 +449,138 @@ async fn destinations_are_delivered_in_parallel() {
     }
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_run_that_never_started_publishes_its_on_failure_destinations() {
+    let hook = hooks::answering(200).await;
+    let dests = format!(
+        "      - {{ type: webhook, name: alarm, url: \"{}/in\", when: on_failure, template: \"{{{{schedule}}}} failed: {{{{output}}}}\" }}\n      - {{ type: webhook, name: report, url: \"{}/in\" }}\n      - {{ type: file, path: out/last.md, when: always }}\n",
+        hook.base, hook.base
+    );
+    let dir = repo(ANSWER, &dests);
+    // The schedule needs a secret nobody set: the run fails in `secrets`.
+    let manifest = std::fs::read_to_string(dir.path("agentvisor.yaml")).unwrap();
+    dir.file(
+        "agentvisor.yaml",
+        &manifest.replace(
+            "    publish_timeout: 20s\n",
+            "    publish_timeout: 20s\n    env: { TOKEN: { secret: never_set } }\n",
+        ),
+    );
+    let (host, store, _) = host().await;
+    let r = run(&host, &dir).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.error_kind.as_deref(), Some("missing_secret"));
+    assert_eq!(r.status, None, "no agent run started");
+    assert_eq!(
+        phases(&r),
+        vec![
+            (Phase::Boot, None),
+            (Phase::Secrets, None),
+            (Phase::Fail, Some(Phase::Secrets)),
+            (Phase::Publish, None)
+        ]
+    );
+    // The failure is on record as a run that ended `error`, with its
+    // intents: the on_failure and always ones delivered, the other skipped.
+    let run_id = r.run_id.expect("the failure is recorded");
+    let states: Vec<_> = r
+        .publish
+        .iter()
+        .map(|p| (p.name.as_str(), p.state))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("alarm", DeliveryState::Delivered),
+            ("report", DeliveryState::Skipped),
+            ("file", DeliveryState::Delivered)
+        ]
+    );
+    let seen = hook.seen();
+    assert_eq!(seen.len(), 1, "only the on_failure webhook");
+    assert_eq!(
+        seen[0].headers.get("idempotency-key").map(String::as_str),
+        Some(format!("{run_id}-0-alarm").as_str())
+    );
+    let text = seen[0].json()["text"].as_str().unwrap().to_string();
+    assert!(
+        text.starts_with("daily failed: run error: ")
+            && text.contains("AGENTVISOR_SECRET_NEVER_SET"),
+        "{text}"
+    );
+    let written = std::fs::read_to_string(dir.path("out/last.md")).unwrap();
+    assert!(written.contains("AGENTVISOR_SECRET_NEVER_SET"), "{written}");
+    host.shutdown().await;
+    let records = support::records(&store, run_id).await;
+    assert_eq!(support::terminal_count(&records), 1);
+    match records.last().map(|r| &r.entry) {
+        Some(agentvisor::ports::audit::AuditEntry::Terminal(t)) => {
+            assert_eq!(t.status, RunStatus::Error);
+            assert_eq!(t.error_kind.as_deref(), Some("missing_secret"));
+            assert_eq!(t.agent, "digest");
+            assert_eq!(t.caller_id.as_deref(), Some("schedule:daily"));
+            assert!(t.steps.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_dry_run_that_never_started_records_nothing() {
+    let hook = hooks::answering(200).await;
+    let dests = format!(
+        "      - {{ type: webhook, url: \"{}/in\", when: always }}\n",
+        hook.base
+    );
+    let dir = repo(ANSWER, &dests);
+    let manifest = std::fs::read_to_string(dir.path("agentvisor.yaml")).unwrap();
+    dir.file(
+        "agentvisor.yaml",
+        &manifest.replace(
+            "    publish_timeout: 20s\n",
+            "    publish_timeout: 20s\n    env: { TOKEN: { secret: never_set } }\n",
+        ),
+    );
+    let (host, store, _) = host().await;
+    let repo = SkillsRepo::open(&dir.0).unwrap();
+    let r = skill_run::dry_run(&host, &repo, "daily", lookup)
+        .await
+        .unwrap();
+    assert_eq!(r.error_kind.as_deref(), Some("missing_secret"));
+    assert!(r.run_id.is_none() && r.publish.is_empty());
+    host.shutdown().await;
+    use agentvisor::ports::audit::AuditStore;
+    assert_eq!(store.stats().await.unwrap().terminal_records, 0);
+    assert!(hook.seen().is_empty());
+}
+
+#[tokio::test]
+async fn a_run_its_host_refuses_to_submit_publishes_its_failure_too() {
+    let hook = hooks::answering(200).await;
+    let dests = format!(
+        "      - {{ type: webhook, name: alarm, url: \"{}/in\", when: on_failure }}\n",
+        hook.base
+    );
+    let dir = repo(ANSWER, &dests);
+    let manifest = std::fs::read_to_string(dir.path("agentvisor.yaml")).unwrap();
+    dir.file(
+        "agentvisor.yaml",
+        &manifest.replace(
+            "    publish_timeout: 20s\n",
+            "    publish_timeout: 20s\n    model: nosuch:model\n",
+        ),
+    );
+    let (host, _store, _) = host().await;
+    let r = run(&host, &dir).await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.error_kind.as_deref(), Some("submit"));
+    assert!(phases(&r).contains(&(Phase::Fail, Some(Phase::Exec))));
+    assert_eq!(r.publish.len(), 1);
+    assert_eq!(r.publish[0].state, DeliveryState::Delivered);
+    let seen = hook.seen();
+    assert_eq!(seen.len(), 1);
+    let text = seen[0].json()["text"].as_str().unwrap().to_string();
+    assert!(text.contains("nosuch:model"), "{text}");
+    host.shutdown().await;
+}

@@ -16,6 +16,10 @@
 //! [`at_start`] is the recovery `serve` runs when it starts, the same
 //! call with parked runs resumed (the server's operators decide them).
 //!
+//! A resumed run that owes publishes (a durable scheduled skill's) has
+//! them delivered before the command returns (within two minutes; what is
+//! still owed then is the next host's).
+//!
 //! Exit 0 once recovery is done, whatever the resumed runs' statuses (they
 //! are in the summary and in `agentvisor runs`); 1 when the stores cannot
 //! be read or records could not be written; 2 when the database cannot be
@@ -81,10 +85,15 @@ pub(crate) fn summary_line(r: &agentvisor::Recovery) -> String {
     )
 }
 
+/// How long `recover` waits for what the resumed runs owe (a scheduled
+/// skill's publishes) before it stops; what is still owed then is
+/// delivered by the next host that opens the database.
+const PUBLISH_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// How a resumed run's wait ended.
 enum Waited {
     /// It ended, with this status.
-    Ended(RunStatus),
+    Ended(RunId, RunStatus),
     /// It parked for approval (its handle is let go: the host's shutdown
     /// keeps it parked on record).
     Parked(RunId),
@@ -119,7 +128,7 @@ async fn until_ended_or_parked(mut handle: RunHandle) -> Waited {
         () = parked => None,
     };
     match ended {
-        Some(result) => Waited::Ended(result.status),
+        Some(result) => Waited::Ended(result.run_id, result.status),
         None => {
             // Dropped unfinished, a handle cancels its run.
             handle.detach();
@@ -174,13 +183,21 @@ pub(crate) async fn recover(a: RecoverArgs, db: &super::Db) -> ExitCode {
         awaiting_approval: recovery.awaiting_approval,
     };
     let waits = recovery.resumed.into_iter().map(until_ended_or_parked);
+    let mut ended = Vec::new();
     for waited in futures_util::future::join_all(waits).await {
         match waited {
-            Waited::Ended(status) => {
+            Waited::Ended(run_id, status) => {
                 *summary.by_status.entry(status.to_string()).or_default() += 1;
+                ended.push(run_id);
             }
             Waited::Parked(run_id) => summary.awaiting_approval.push(run_id),
         }
+    }
+    // What the ended runs owe is delivered before the host stops (a run
+    // that owes nothing answers at once).
+    if host.outbox().is_some() {
+        let publishes = ended.iter().map(|id| host.publish(*id, PUBLISH_WAIT));
+        futures_util::future::join_all(publishes).await;
     }
     let stats = host.shutdown().await;
     let lost = super::report_unwritten(&host, &stats);

@@ -16,6 +16,13 @@
 //! schedule's `publish_timeout`). What a crash leaves owed is delivered by
 //! the next host that opens the store.
 //!
+//! A run that fails before its agent run starts (a missing secret, a
+//! submission refused) publishes too, through the same outbox: its
+//! failure is recorded as a run that ended `error` (one terminal record,
+//! its intents with it: [`Host::record_unstarted`]) and its `on_failure`
+//! and `always` destinations get the failure text. A dry run records
+//! nothing.
+//!
 //! # Writeback
 //!
 //! The memory is written back by a [`MemoryWriteback`] given in
@@ -108,7 +115,8 @@ pub struct SkillRunResult {
     pub outcome: Outcome,
     /// Whether it was a dry run (no publish, no writeback).
     pub dry_run: bool,
-    /// The agent run's id, once it was submitted.
+    /// The agent run's id, once it was submitted; for a run that could not
+    /// start but owed publishes, the id its failure was recorded under.
     pub run_id: Option<RunId>,
     /// The agent run's status (none when it could not start).
     pub status: Option<RunStatus>,
@@ -241,6 +249,13 @@ pub async fn run(
             phases.push(event(Phase::Fail, Some(Phase::Secrets)));
             result.error_kind = Some(e.kind().to_string());
             result.error = Some(e.to_string());
+            // No secret was read: the plan renders with none.
+            if let (false, Some(p)) = (
+                options.dry_run,
+                repo.schedule_publish_plan(schedule, Vec::new()),
+            ) {
+                never_started(host, repo, schedule, &p, &mut result, &mut phases).await;
+            }
             result.phases = phases;
             return Ok(result);
         }
@@ -267,7 +282,10 @@ pub async fn run(
         Err(e) => {
             phases.push(event(Phase::Fail, Some(Phase::Exec)));
             result.error_kind = Some("submit".into());
-            result.error = Some(crate::secrets::redact_string(e.to_string()));
+            result.error = Some(scrub(&e.to_string(), &secrets));
+            if let Some(p) = &publish_plan {
+                never_started(host, repo, schedule, p, &mut result, &mut phases).await;
+            }
             result.phases = phases;
             return Ok(result);
         }
@@ -334,6 +352,44 @@ pub async fn run(
     };
     result.phases = phases;
     Ok(result)
+}
+
+/// A run that failed before its agent run started (`result` holds why)
+/// still owes the publishes of `plan` whose `when` holds for a failure
+/// (`on_failure`, `always`): the failure is recorded as a run that ended
+/// `error` with the host's [`Host::record_unstarted`] — a terminal record
+/// with its intents, the outbox path every ended run takes, the failure
+/// text (`run error: …`) as their output — and they are delivered and
+/// waited for as a run's. `result.run_id` is then the recorded run's;
+/// its `status` stays `null` (no agent run started). Without an outbox
+/// nothing can be recorded or published, and nothing is.
+async fn never_started(
+    host: &Host,
+    repo: &SkillsRepo,
+    schedule: &str,
+    plan: &SkillPublishPlan,
+    result: &mut SkillRunResult,
+    phases: &mut Vec<PhaseEvent>,
+) {
+    if host.outbox().is_none() {
+        return;
+    }
+    let agent = repo
+        .schedule(schedule)
+        .map_or_else(|| result.skill.clone(), |s| s.spec.name.clone());
+    let inv = crate::spec::Invocation {
+        caller_id: Some(crate::skills::schedule_caller(schedule)),
+        publish: PublishHook::new(Arc::new(plan.clone())),
+        ..Default::default()
+    };
+    let kind = result.error_kind.clone().unwrap_or_else(|| "failed".into());
+    let error = result.error.clone().unwrap_or_default();
+    let recorded = host.record_unstarted(&agent, inv, &kind, error).await;
+    result.run_id = Some(recorded.run_id);
+    phases.push(event(Phase::Publish, None));
+    if !publish(host, recorded.run_id, plan, result).await {
+        phases.push(event(Phase::Fail, Some(Phase::Publish)));
+    }
 }
 
 /// Delivers the run's intents and waits for them; fills `publish`.

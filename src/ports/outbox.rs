@@ -199,6 +199,30 @@ pub trait PublishPlan: Send + Sync + 'static {
     /// The run's intents (every destination: those whose `when` does not
     /// hold come `skipped`).
     fn intents(&self, result: &RunResult) -> Vec<PublishIntent>;
+
+    /// How to make this plan again in another process, for a durable run
+    /// that another host resumes (see [`PublishRecipe`]); `None` (the
+    /// default): the plan lives only in the process that submitted the
+    /// run, and a run resumed elsewhere ends owing nothing.
+    fn recipe(&self) -> Option<PublishRecipe> {
+        None
+    }
+}
+
+/// How to make a [`PublishPlan`] again: kept with a durable run's
+/// invocation in its checkpoint, so the host that resumes the run after
+/// a crash (`Host::recover`) makes the plan again and the run's terminal
+/// record carries its intents. Plain data that names its kind; it never
+/// holds a secret's value (secrets are named, and read again where the
+/// plan is made). It is trusted as the host's own record is: it says
+/// where a run's output goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRecipe {
+    /// The kind of plan (`skill`: a schedule's destinations).
+    pub kind: String,
+    /// What that kind needs to make the plan again.
+    pub data: serde_json::Value,
 }
 
 /// What a destination answered to a delivery.
@@ -231,39 +255,99 @@ pub trait Publisher: Send + Sync + 'static {
     async fn deliver(&self, intent: &PublishIntent) -> Result<Delivered, PublishError>;
 }
 
-/// An invocation's [`PublishPlan`], if it has one: compared by identity,
-/// left out of serialized invocations (it is in-process only).
+/// An invocation's [`PublishPlan`], if it has one, and its
+/// [`PublishRecipe`]. In-process the plan is compared by identity;
+/// serialized (a durable run's checkpoint) only the recipe is kept, and a
+/// hook read back has the recipe and no plan until the host makes it
+/// again ([`with_plan`](Self::with_plan)).
 #[derive(Clone, Default)]
-pub struct PublishHook(pub Option<std::sync::Arc<dyn PublishPlan>>);
+pub struct PublishHook {
+    plan: Option<std::sync::Arc<dyn PublishPlan>>,
+    recipe: Option<PublishRecipe>,
+}
 
 impl PublishHook {
-    /// A hook on `plan`.
+    /// A hook on `plan` (with the plan's recipe, if it has one).
     pub fn new(plan: std::sync::Arc<dyn PublishPlan>) -> Self {
-        PublishHook(Some(plan))
+        PublishHook {
+            recipe: plan.recipe(),
+            plan: Some(plan),
+        }
     }
 
-    /// Whether there is none.
+    /// The plan, once there is one.
+    pub fn plan(&self) -> Option<&std::sync::Arc<dyn PublishPlan>> {
+        self.plan.as_ref()
+    }
+
+    /// How the plan is made again in another process.
+    pub fn recipe(&self) -> Option<&PublishRecipe> {
+        self.recipe.as_ref()
+    }
+
+    /// The hook with `plan`, made again from its recipe (the recipe kept).
+    pub fn with_plan(self, plan: std::sync::Arc<dyn PublishPlan>) -> Self {
+        PublishHook {
+            plan: Some(plan),
+            recipe: self.recipe,
+        }
+    }
+
+    /// Whether there is neither a plan nor a recipe.
     pub fn is_none(&self) -> bool {
-        self.0.is_none()
+        self.plan.is_none() && self.recipe.is_none()
+    }
+
+    /// Whether nothing of it is kept when serialized (no recipe).
+    pub fn is_unrecorded(&self) -> bool {
+        self.recipe.is_none()
+    }
+
+    /// The record of what a run that ended with `result` owes, to ride
+    /// with its terminal record (numbered `seq`, as the terminal record
+    /// is): `None` without a plan, or when it owes nothing.
+    pub fn record(&self, result: &RunResult, seq: u32) -> Option<super::audit::AuditRecord> {
+        let intents = self.plan.as_ref()?.intents(result);
+        (!intents.is_empty()).then(|| super::audit::AuditRecord {
+            run_id: result.run_id,
+            seq,
+            at_ms: result.finished_at,
+            entry: super::audit::AuditEntry::Publish(intents.into()),
+        })
     }
 }
 
 impl PartialEq for PublishHook {
     fn eq(&self, other: &Self) -> bool {
-        match (&self.0, &other.0) {
+        let same_plan = match (&self.plan, &other.plan) {
             (None, None) => true,
             (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
             _ => false,
-        }
+        };
+        same_plan && self.recipe == other.recipe
     }
 }
 
 impl std::fmt::Debug for PublishHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "PublishHook(Some(..))"
-        } else {
-            "PublishHook(None)"
+        f.debug_struct("PublishHook")
+            .field("plan", &self.plan.is_some())
+            .field("recipe", &self.recipe.as_ref().map(|r| r.kind.as_str()))
+            .finish()
+    }
+}
+
+impl Serialize for PublishHook {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.recipe.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for PublishHook {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(PublishHook {
+            plan: None,
+            recipe: Option::<PublishRecipe>::deserialize(d)?,
         })
     }
 }

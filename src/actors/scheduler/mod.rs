@@ -83,10 +83,7 @@ pub trait ScheduleRunner: Send + Sync + 'static {
     async fn budgets_changed(&self) {}
 }
 
-/// The caller a schedule's runs are submitted as.
-pub fn schedule_caller(name: &str) -> String {
-    format!("schedule:{name}")
-}
+pub use crate::skills::schedule_caller;
 
 /// What a fire did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

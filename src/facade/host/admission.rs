@@ -272,7 +272,9 @@ impl Host {
                 max_iterations: limits.max_iterations,
                 allowances,
                 forked_from: inv.forked_from,
-                publish: std::mem::take(&mut inv.publish),
+                // Its recipe stays in the invocation too: a durable run's
+                // checkpoint keeps it (see `Host::recover`).
+                publish: inv.publish.clone(),
             },
             shard.mailbox,
             key,
@@ -611,6 +613,62 @@ impl Host {
             );
         }
         (handle, events)
+    }
+
+    /// Records a run its caller could not start — it failed before it was
+    /// submitted (a scheduled skill's missing secret, a manifest that does
+    /// not prepare) — as a run of `agent` that ended `error` with
+    /// `error_kind` `kind`: finalized by the path a run refused at
+    /// admission takes, so it gets one terminal record and, in the same
+    /// batch, the intents of the invocation's publish plan (a run that
+    /// never started still owes its `on_failure` and `always`
+    /// publishes). Only the invocation's id, caller, parent and tree,
+    /// publish plan and fork origin are read. Answers the result once it
+    /// is written (or spooled).
+    pub async fn record_unstarted(
+        &self,
+        agent: &str,
+        mut inv: Invocation,
+        kind: &str,
+        error: impl Into<String>,
+    ) -> crate::ports::run::RunResult {
+        let h = &self.inner;
+        let run_id = inv.run_id.unwrap_or_default();
+        let caller = self.caller_arc(inv.caller_id.as_deref());
+        let key = h.next_key.fetch_add(1, Ordering::Relaxed);
+        let shard = h.shards.route(key);
+        let (shared, result_rx) = RunShared::new(
+            RunIdentity {
+                run_id,
+                agent: Arc::from(agent),
+                caller_id: Some(caller),
+                parent_run_id: inv.parent_run_id,
+                root_run_id: None,
+                tree_root: inv.root_run_id,
+                depth: 0,
+                max_iterations: 0,
+                allowances: None,
+                forked_from: inv.forked_from,
+                publish: std::mem::take(&mut inv.publish),
+            },
+            shard.mailbox,
+            key,
+            h.live.clone(),
+        );
+        let ending = Ending::failed(
+            RunStatus::Error,
+            kind,
+            crate::secrets::redact_string(error.into()),
+        );
+        send_finished(&h.audit, shared.finish_after(ending, Vec::new()));
+        RunHandle {
+            run_id,
+            shared,
+            result_rx,
+            done: false,
+            detached: false,
+        }
+        .await
     }
 
     /// The caller id as shared text: the host's default caller's is made

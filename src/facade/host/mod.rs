@@ -248,7 +248,8 @@ impl Host {
 
     /// Prepares an agent: resolves its model, selects its tools, resolves its limits.
     ///
-    /// A manifest's sub-agents (`agents:`) become tools `agent__NAME`, each
+    /// A manifest's sub-agents (`agents:`) become tools `agent__NAME` and
+    /// the skills it offers (`skills:`) tools `skill__NAME`, each
     /// prepared here too, with the tools and MCP servers of its own
     /// manifest that this one has as well (see [`palette`]): a sub-agent
     /// of a manifest without MCP servers gets none. A manifest that names

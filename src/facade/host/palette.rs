@@ -1,8 +1,18 @@
 //! Palettes (D1–D3): an agent's sub-agents as tools. Each `agents:` entry
-//! of a manifest becomes a tool `agent__NAME` whose call starts a child
-//! run — an actor like any run, supervised by its critic shard, reachable
-//! by its id, with `parent_run_id` and `root_run_id` set — and whose result
-//! is the child's answer.
+//! of a manifest becomes a tool `agent__NAME`, and each skill its
+//! `skills:` offers a tool `skill__NAME` (see `crate::spec`'s palette
+//! module for the manifest built from the skill), whose call starts a
+//! child run — an actor like any run, supervised by its critic shard,
+//! reachable by its id, with `parent_run_id` and `root_run_id` set — and
+//! whose result is the child's answer. Both kinds go through the one
+//! `PaletteTool`: they differ only in their arguments and in how the
+//! answer is read.
+//!
+//! A skill's call: its argument `input` is the child's prompt; its result
+//! is the answer read as a skill run reads it (`crate::skills::parse_answer`:
+//! every `<memory>` block and named `<output>` block stripped). A palette
+//! call is no scheduled run: nothing is published and no memory is
+//! written back.
 //!
 //! Guarantees:
 //! - A child that fails is an error result carrying its `status`,
@@ -46,10 +56,9 @@ use crate::mcp::ServedTool;
 use crate::ports::model::ToolSpec;
 use crate::ports::run::{KillReason, RunStatus};
 use crate::ports::tool::{Tool, ToolContext, ToolEffect, ToolError};
-use crate::spec::{AgentSpec, Invocation, SubAgent};
+use crate::spec::{AgentSpec, Invocation, PaletteKind, SubAgent};
 
-/// The prefix of a palette tool's name.
-pub const AGENT_TOOL_PREFIX: &str = "agent__";
+pub use crate::spec::{AGENT_TOOL_PREFIX, SKILL_TOOL_PREFIX};
 
 /// A sub-agent's manifest as its parent lets it run, and the MCP tools it
 /// gets: its `tools` are those its parent has too; its MCP servers are
@@ -88,40 +97,92 @@ pub(super) fn within_parent(
     (spec, tools)
 }
 
-/// One sub-agent as a tool.
+/// How a palette tool's arguments become the child's invocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arguments {
+    /// `{prompt}`: the child's prompt (a sub-agent without `inputs:`).
+    Prompt,
+    /// The sub-agent's own `inputs:` schema: the child's inputs.
+    Inputs,
+    /// `{input}`: the child's prompt (an offered skill).
+    Input,
+}
+
+impl Arguments {
+    /// The tool's parameters, for `kind` and its child's manifest.
+    fn of(kind: PaletteKind, child: &AgentSpec) -> (Self, Value) {
+        let text = |key: &str, what: &str| {
+            json!({
+                "type": "object",
+                "properties": { key: {"type": "string", "description": what} },
+                "required": [key],
+                "additionalProperties": false
+            })
+        };
+        match (kind, &child.inputs) {
+            (PaletteKind::Skill, _) => (
+                Arguments::Input,
+                text("input", "What the skill works on, in full."),
+            ),
+            (PaletteKind::Agent, Some(schema)) => (Arguments::Inputs, schema.clone()),
+            (PaletteKind::Agent, None) => (
+                Arguments::Prompt,
+                text("prompt", "The task for the sub-agent, in full."),
+            ),
+        }
+    }
+
+    /// Fills `inv` from the call's arguments.
+    fn fill(self, args: Value, inv: &mut Invocation) {
+        let text = |key: &str| {
+            args.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        match self {
+            Arguments::Prompt => inv.prompt = text("prompt"),
+            Arguments::Input => inv.prompt = text("input"),
+            Arguments::Inputs => {
+                if let Value::Object(map) = args {
+                    inv.inputs = map.into_iter().collect();
+                }
+            }
+        }
+    }
+}
+
+/// One palette entry — a sub-agent or an offered skill — as a tool.
 pub(super) struct PaletteTool {
     spec: ToolSpec,
     child: Agent,
-    /// The child takes its own `inputs:` schema (else `{prompt}`).
-    structured: bool,
+    kind: PaletteKind,
+    arguments: Arguments,
     host: Weak<HostInner>,
 }
 
 impl PaletteTool {
     pub(super) fn new(sub: &SubAgent, child: Agent, host: Weak<HostInner>) -> Self {
-        let (parameters, structured) = match &sub.spec.inputs {
-            Some(schema) => (schema.clone(), true),
-            None => (
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "prompt": {"type": "string", "description": "The task for the sub-agent, in full."}
-                    },
-                    "required": ["prompt"],
-                    "additionalProperties": false
-                }),
-                false,
-            ),
-        };
+        let (arguments, parameters) = Arguments::of(sub.kind, &sub.spec);
         PaletteTool {
             spec: ToolSpec {
-                name: format!("{AGENT_TOOL_PREFIX}{}", sub.name),
+                name: sub.tool_name(),
                 description: sub.description.clone(),
                 parameters,
             },
             child,
-            structured,
+            kind: sub.kind,
+            arguments,
             host,
+        }
+    }
+
+    /// The child's answer as the tool gives it: a skill's read as a skill
+    /// run reads it (memory and named output blocks stripped).
+    fn answer(&self, text: String) -> String {
+        match self.kind {
+            PaletteKind::Agent => text,
+            PaletteKind::Skill => crate::skills::parse_answer(&text).output,
         }
     }
 }
@@ -144,10 +205,14 @@ impl Tool for PaletteTool {
         &self.spec
     }
 
-    /// `read` when every tool the sub-agent may call is `read` (its
+    /// A sub-agent's: `read` when every tool it may call is `read` (its
     /// manifest's `tools_effects` applied); otherwise `unknown`: the child
-    /// may do anything its tools do.
+    /// may do anything its tools do. An offered skill's: `unknown` (the
+    /// parent's `tools_effects` may say otherwise).
     fn effect(&self) -> ToolEffect {
+        if self.kind == PaletteKind::Skill {
+            return ToolEffect::Unknown;
+        }
         let tools = self.child.tools().specs();
         let all_read = tools
             .iter()
@@ -169,21 +234,15 @@ impl Tool for PaletteTool {
             deadline: ctx.deadline(),
             ..Default::default()
         };
-        if self.structured {
-            if let Value::Object(map) = args {
-                inv.inputs = map.into_iter().collect();
-            }
-        } else {
-            inv.prompt = args
-                .get("prompt")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-        }
+        self.arguments.fill(args, &mut inv);
+        let what = match self.kind {
+            PaletteKind::Agent => "sub-agent",
+            PaletteKind::Skill => "skill",
+        };
         let (handle, mut events) = host
             .submit_streaming(&self.child, inv)
             .await
-            .map_err(|e| ToolError::Failed(format!("the sub-agent could not start: {e}")))?;
+            .map_err(|e| ToolError::Failed(format!("the {what} could not start: {e}")))?;
         let mut guard = KillOnDrop(Some(handle.run_ref()));
         let child = handle.run_ref();
         // Until the child's stream ends (it ends with the child): each of
@@ -206,7 +265,7 @@ impl Tool for PaletteTool {
         let result = handle.await;
         guard.0 = None;
         if result.status == RunStatus::Ok {
-            return Ok(result.output.unwrap_or_default());
+            return Ok(self.answer(result.output.unwrap_or_default()));
         }
         let report = json!({
             "sub_agent_run_id": result.run_id,
@@ -214,10 +273,10 @@ impl Tool for PaletteTool {
             "kill_reason": result.kill_reason,
             "error_kind": result.error_kind,
             "error": result.error,
-            "partial_output": result.output,
+            "partial_output": result.output.map(|o| self.answer(o)),
         });
         Err(ToolError::Failed(format!(
-            "the sub-agent did not finish: {report}"
+            "the {what} did not finish: {report}"
         )))
     }
 }

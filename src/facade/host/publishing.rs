@@ -8,8 +8,10 @@ use tokio::sync::oneshot;
 
 use super::Host;
 use crate::actors::publisher::PublisherMsg;
-use crate::ports::outbox::{DeliveryReport, OutboxStore};
+use crate::handle::RunRef;
+use crate::ports::outbox::{DeliveryReport, OutboxStore, PublishPlan, PublishRecipe};
 use crate::ports::run::RunId;
+use crate::spec::Invocation;
 
 /// Why a run's publishes could not be waited for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,5 +59,61 @@ impl Host {
             Ok(Err(_)) => Err(PublishWaitError::Stopped),
             Err(_) => Err(PublishWaitError::TimedOut(wait)),
         }
+    }
+}
+
+impl Host {
+    /// The invocation of a run being resumed, its publish plan made again
+    /// from the recipe it kept (see [`plan_from_recipe`]). A recipe that
+    /// does not make a plan here is logged, and the run resumes without
+    /// one: its work is not given up for its publishes.
+    pub(super) fn remake_publish_plan(&self, mut inv: Invocation) -> Invocation {
+        if inv.publish.plan().is_some() {
+            return inv;
+        }
+        let Some(recipe) = inv.publish.recipe() else {
+            return inv;
+        };
+        match plan_from_recipe(recipe) {
+            Ok(plan) => inv.publish = std::mem::take(&mut inv.publish).with_plan(plan),
+            Err(e) => tracing::error!(
+                run_id = ?inv.run_id,
+                kind = %recipe.kind,
+                error = %e,
+                "a resumed run's publish plan cannot be made again: it ends owing nothing"
+            ),
+        }
+        inv
+    }
+
+    /// Asks the publisher to deliver what `run` owes once it has ended
+    /// (its terminal record, and its intents with it, written), without
+    /// waiting for the outcomes: for a run this host resumed, whose
+    /// submitter is gone.
+    pub(super) fn deliver_when_ended(&self, run: RunRef) {
+        let Some(publisher) = self.inner.publisher.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let run_id = run.shared_result().await.run_id;
+            // Nobody waits for the reports.
+            let (reply, _) = oneshot::channel();
+            let _ = publisher.cast(PublisherMsg::DeliverRun { run_id, reply });
+        });
+    }
+}
+
+/// Makes a publish plan from its recipe: the kinds this build knows
+/// (`skill`: [`SkillPublishPlan::from_recipe`], its secrets read from the
+/// environment).
+///
+/// [`SkillPublishPlan::from_recipe`]: crate::skills::SkillPublishPlan::from_recipe
+fn plan_from_recipe(recipe: &PublishRecipe) -> Result<Arc<dyn PublishPlan>, String> {
+    match recipe.kind.as_str() {
+        crate::skills::SKILL_PUBLISH_RECIPE => {
+            crate::skills::SkillPublishPlan::from_recipe(recipe, |k| std::env::var(k).ok())
+                .map(|p| Arc::new(p) as Arc<dyn PublishPlan>)
+        }
+        other => Err(format!("no publish plan of kind `{other}` in this build")),
     }
 }

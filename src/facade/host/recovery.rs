@@ -4,6 +4,13 @@
 //! keeps them as JSON); the unfinished runs of hosts that are gone end
 //! with one terminal record each; the runs of live hosts are left to them.
 //!
+//! A run that owed publishes (a scheduled skill's) has its publish plan
+//! made again from the recipe its invocation kept
+//! ([`crate::ports::outbox::PublishRecipe`]), so its terminal record
+//! carries its intents wherever it ends; this host's publisher delivers
+//! them once the resumed run has ended (a run ended here without being
+//! resumed leaves them to the outbox's next scan).
+//!
 //! Runs parked for approval ([`ParkedCalls`]): a host that stays up with
 //! an operator (`agentvisor serve`) resumes them, and they wait again,
 //! approvable there ([`ParkedRuns::Resume`]); a host about to exit with
@@ -203,7 +210,7 @@ impl Host {
                 Ok((spec, inv))
             });
             let (spec, inv) = match decoded {
-                Ok(d) => d,
+                Ok((spec, inv)) => (spec, self.remake_publish_plan(inv)),
                 Err(e) => {
                     let error = format!("its saved manifest or invocation does not decode: {e}");
                     self.end_unresumed(&c, None, next_seq, "unrecoverable", error);
@@ -231,10 +238,16 @@ impl Host {
             };
             c.resumes += 1;
             c.saved_at = unix_ms();
+            let owes = inv.publish.plan().is_some();
             let (handle, _) = self
                 .start(agent, inv, false, Some((Box::new(c), next_seq)))
                 .await_started()
                 .await;
+            if owes {
+                // Its submitter, which would have asked for its publishes,
+                // is gone: this host delivers them once the run has ended.
+                self.deliver_when_ended(handle.run_ref());
+            }
             out.resumed.push(handle);
         }
         if !cleared.is_empty() {
@@ -381,9 +394,16 @@ impl Host {
             finished_at: now.max(c.started_at),
             forked_from: None,
         });
+        // What it owes rides with its terminal record, as any run's (its
+        // `on_failure` destinations get the error); delivered by the next
+        // scan of the outbox.
+        let preceding = inv
+            .and_then(|i| i.publish.record(&result, seq))
+            .into_iter()
+            .collect();
         let deliver = Delivery::none();
         let _ = self.inner.audit.cast(AuditMsg::Terminal {
-            preceding: Vec::new(),
+            preceding,
             record: AuditRecord {
                 run_id: c.run_id,
                 seq,

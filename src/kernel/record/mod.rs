@@ -700,19 +700,9 @@ impl RunShared {
         }
         self.close_fanout();
         let mut preceding = preceding;
-        if let Some(plan) = &self.publish.0 {
-            // What the run owes rides with its terminal record, in the same
-            // batch (one transaction in a store that keeps an outbox).
-            let intents = plan.intents(&result);
-            if !intents.is_empty() {
-                preceding.push(AuditRecord {
-                    run_id: self.run_id,
-                    seq,
-                    at_ms: result.finished_at,
-                    entry: AuditEntry::Publish(intents.into()),
-                });
-            }
-        }
+        // What the run owes rides with its terminal record, in the same
+        // batch (one transaction in a store that keeps an outbox).
+        preceding.extend(self.publish.record(&result, seq));
         let record = AuditRecord {
             run_id: self.run_id,
             seq,

@@ -51,8 +51,11 @@ pub use manifest::{
 };
 pub use publish::{
     destination_name, kind_name, render, scrub, SkillPublishPlan, DEFAULT_PUBLISH_TIMEOUT,
+    SKILL_PUBLISH_RECIPE,
 };
-pub use repo::{PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE};
+pub use repo::{
+    schedule_caller, PlanError, Schedule, SkillRun, SkillsRepo, DEFAULT_MAX_TURNS, MANIFEST_FILE,
+};
 pub use skill::{FrontMatter, Skill, SkillWriteback};
 
 /// The time types schedules speak (`jiff`'s).

@@ -20,16 +20,26 @@
 //!
 //! Called on the run's critic shard when the run ends: it reads the
 //! answer once and renders a few strings, nothing more.
+//!
+//! A plan has a recipe ([`PublishPlan::recipe`], kind
+//! [`SKILL_PUBLISH_RECIPE`]): the schedule and skill, the time zone's
+//! name, the repository's root, the destinations as declared and the
+//! timeout — and its secrets by name only. A durable run keeps it in its
+//! checkpoint, and the host that resumes the run after a crash makes the
+//! plan again ([`SkillPublishPlan::from_recipe`]), reading the secrets'
+//! values from the environment there (only to keep them out of what is
+//! published), so the run's terminal record carries its intents.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::answer::parse_answer;
 use super::env::EnvValue;
 use super::manifest::{Destination, DestinationKind, When};
-use crate::ports::outbox::{PublishIntent, PublishPlan};
+use crate::ports::outbox::{PublishIntent, PublishPlan, PublishRecipe};
 use crate::ports::run::{RunResult, RunStatus};
 
 /// The default time a destination's delivery may take, all tries.
@@ -52,6 +62,26 @@ pub struct SkillPublishPlan {
     pub timeout: Duration,
     /// This run's secret values, replaced in the answer before it is read.
     pub secrets: Vec<String>,
+    /// The names of the secrets its schedule's `env` reads (its recipe
+    /// keeps these, never the values).
+    pub secret_names: Vec<String>,
+}
+
+/// The kind of a skill plan's [`PublishRecipe`].
+pub const SKILL_PUBLISH_RECIPE: &str = "skill";
+
+/// A skill plan's recipe: everything but the secrets' values.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Recipe {
+    schedule: String,
+    skill: String,
+    time_zone: String,
+    root: PathBuf,
+    destinations: Vec<Destination>,
+    timeout_ms: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    secrets: Vec<String>,
 }
 
 impl std::fmt::Debug for SkillPublishPlan {
@@ -237,7 +267,63 @@ impl SkillPublishPlan {
     }
 }
 
+impl SkillPublishPlan {
+    /// The plan a [`PublishPlan::recipe`] of [`SKILL_PUBLISH_RECIPE`]
+    /// describes, its secrets' values read through `lookup`
+    /// (`std::env::var` outside tests) and registered for redaction; a
+    /// secret not set here is left out (it only keeps a value out of what
+    /// is published, and the model never saw one). `Err` says why the
+    /// recipe is not one.
+    pub fn from_recipe(
+        recipe: &PublishRecipe,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<SkillPublishPlan, String> {
+        if recipe.kind != SKILL_PUBLISH_RECIPE {
+            return Err(format!("a `{}` recipe is no skill's", recipe.kind));
+        }
+        let r: Recipe = serde_json::from_value(recipe.data.clone())
+            .map_err(|e| format!("the skill's publish recipe does not read: {e}"))?;
+        let time_zone = super::clock::time_zone(&r.time_zone).map_err(|e| e.to_string())?;
+        let secrets = r
+            .secrets
+            .iter()
+            .filter_map(|name| {
+                let variable = super::env::secret_variable(name);
+                let value = lookup(&variable)?;
+                crate::secrets::register_from(&variable, &value);
+                Some(value)
+            })
+            .collect();
+        Ok(SkillPublishPlan {
+            schedule: r.schedule,
+            skill: r.skill,
+            time_zone,
+            root: r.root,
+            destinations: r.destinations,
+            timeout: Duration::from_millis(r.timeout_ms),
+            secrets,
+            secret_names: r.secrets,
+        })
+    }
+}
+
 impl PublishPlan for SkillPublishPlan {
+    fn recipe(&self) -> Option<PublishRecipe> {
+        let recipe = Recipe {
+            schedule: self.schedule.clone(),
+            skill: self.skill.clone(),
+            time_zone: self.time_zone.iana_name().unwrap_or("UTC").to_string(),
+            root: self.root.clone(),
+            destinations: self.destinations.clone(),
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            secrets: self.secret_names.clone(),
+        };
+        Some(PublishRecipe {
+            kind: SKILL_PUBLISH_RECIPE.to_string(),
+            data: serde_json::to_value(recipe).ok()?,
+        })
+    }
+
     fn intents(&self, result: &RunResult) -> Vec<PublishIntent> {
         let answer = parse_answer(&scrub(
             result.output.as_deref().unwrap_or(""),
@@ -256,22 +342,43 @@ impl super::SkillsRepo {
     /// The publish plan of `run` (a plan of this repository's): its
     /// schedule's destinations, `None` when it has none.
     pub fn publish_plan(&self, run: &super::SkillRun) -> Option<SkillPublishPlan> {
-        let schedule = self.schedule(&run.schedule)?;
-        let destinations = schedule.settings.destinations.clone().unwrap_or_default();
+        self.schedule_publish_plan(&run.schedule, run.env.secrets.values().cloned().collect())
+    }
+
+    /// The publish plan of a run of schedule `schedule` whose secret
+    /// values are `secrets` (none for a run that could not read them):
+    /// `None` for an unknown schedule or one without destinations.
+    pub fn schedule_publish_plan(
+        &self,
+        schedule: &str,
+        secrets: Vec<String>,
+    ) -> Option<SkillPublishPlan> {
+        let found = self.schedule(schedule)?;
+        let destinations = found.settings.destinations.clone().unwrap_or_default();
         if destinations.is_empty() {
             return None;
         }
         Some(SkillPublishPlan {
-            schedule: run.schedule.clone(),
-            skill: run.skill.clone(),
-            time_zone: schedule.clock.time_zone().clone(),
+            schedule: found.name.clone(),
+            skill: found.skill.clone(),
+            time_zone: found.clock.time_zone().clone(),
             root: self.root.clone(),
             destinations,
-            timeout: schedule
+            timeout: found
                 .settings
                 .publish_timeout
                 .unwrap_or(DEFAULT_PUBLISH_TIMEOUT),
-            secrets: run.env.secrets.values().cloned().collect(),
+            secrets,
+            secret_names: found
+                .settings
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|(_, v)| match v {
+                    EnvValue::Secret { secret } => Some(secret.clone()),
+                    EnvValue::Text(_) => None,
+                })
+                .collect(),
         })
     }
 }
@@ -280,6 +387,41 @@ impl super::SkillsRepo {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_recipe_names_secrets_and_makes_the_plan_again() {
+        let plan = SkillPublishPlan {
+            schedule: "daily".into(),
+            skill: "digest".into(),
+            time_zone: super::super::clock::time_zone("Europe/Oslo").unwrap(),
+            root: PathBuf::from("/repo"),
+            destinations: serde_norway::from_str(
+                "[{ type: webhook, url: { secret: hook }, when: on_failure }]",
+            )
+            .unwrap(),
+            timeout: Duration::from_secs(20),
+            secrets: vec!["value-0a1b2c3d".into()],
+            secret_names: vec!["tok".into()],
+        };
+        let recipe = plan.recipe().unwrap();
+        let text = serde_json::to_string(&recipe).unwrap();
+        assert!(!text.contains("value-0a1b2c3d"), "{text}");
+        assert!(
+            text.contains("\"tok\"") && text.contains("Europe/Oslo"),
+            "{text}"
+        );
+        let lookup = |k: &str| (k == "AGENTVISOR_SECRET_TOK").then(|| "value-0a1b2c3d".to_string());
+        let again = SkillPublishPlan::from_recipe(&recipe, lookup).unwrap();
+        assert_eq!(again.secrets, plan.secrets);
+        assert_eq!(again.destinations, plan.destinations);
+        assert_eq!(again.time_zone.iana_name(), Some("Europe/Oslo"));
+        assert_eq!(again.timeout, plan.timeout);
+        let other = PublishRecipe {
+            kind: "other".into(),
+            data: Value::Null,
+        };
+        assert!(SkillPublishPlan::from_recipe(&other, |_| None).is_err());
+    }
 
     #[test]
     fn templates_fill_known_names_and_leave_the_rest() {

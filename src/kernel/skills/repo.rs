@@ -25,6 +25,12 @@ use crate::ports::model::{Message, Role};
 use crate::spec::mcp::McpSpec;
 use crate::spec::{AgentSpec, BudgetSpec, Invocation};
 
+/// The caller a schedule's runs are submitted as (`schedule:NAME`): its
+/// budget is the schedule's (`budget.per_day`).
+pub fn schedule_caller(name: &str) -> String {
+    format!("schedule:{name}")
+}
+
 /// The manifest's file name at the repository's root.
 pub const MANIFEST_FILE: &str = "agentvisor.yaml";
 
@@ -246,7 +252,7 @@ impl SkillsRepo {
             .get(&schedule.skill)
             .map(|s| s.prompt.clone())
             .unwrap_or_default();
-        let mut invocation = Invocation::prompt(prompt).caller(format!("schedule:{name}"));
+        let mut invocation = Invocation::prompt(prompt).caller(schedule_caller(name));
         if !env.message.is_empty() {
             invocation.history = vec![Message::text(Role::System, env.message.clone())];
         }

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! A name must be one the agent's runs can call: one of `tools`, a
-//! sub-agent's `agent__NAME`, or an MCP server's `SERVER__TOOL` (the
+//! sub-agent's `agent__NAME`, an offered skill's `skill__NAME`, or an
+//! MCP server's `SERVER__TOOL` (the
 //! server's tools are only known once it starts, so any tool of a listed
 //! server is accepted, and `SERVER__*` gates them all).
 
@@ -17,10 +18,6 @@ use super::{line_of, AgentSpec};
 
 /// The `approval:` entry that gates every tool.
 pub const APPROVE_ALL: &str = "*";
-
-/// How a sub-agent's tool is named (`agent__NAME`; the host's palette
-/// makes these tools).
-const SUB_AGENT_PREFIX: &str = "agent__";
 
 impl AgentSpec {
     /// Whether a call of `tool` waits for an operator's decision.
@@ -46,20 +43,10 @@ impl AgentSpec {
             if gate == APPROVE_ALL {
                 continue;
             }
-            let listed = self.tools.iter().any(|t| t == gate);
-            let sub_agent = gate
-                .strip_prefix(SUB_AGENT_PREFIX)
-                .is_some_and(|name| self.agents.contains_key(name));
-            let mcp = gate.split_once("__").is_some_and(|(server, tool)| {
-                !tool.is_empty()
-                    && self
-                        .mcp
-                        .as_ref()
-                        .is_some_and(|m| m.servers.iter().any(|s| s.name == server))
-            });
-            if !(listed || sub_agent || mcp) {
+            // `SERVER__*` is a tool of the server as `can_call` reads it.
+            if !self.can_call(gate) {
                 return Err(format!(
-                    "`approval` names `{gate}`, which this agent cannot call{}: list one of its `tools`, an `agent__NAME` of its `agents`, an MCP server's `SERVER__TOOL` (or `SERVER__*`), or `*`",
+                    "`approval` names `{gate}`, which this agent cannot call{}: list one of its `tools`, an `agent__NAME` of its `agents`, a `skill__NAME` of its `skills`, an MCP server's `SERVER__TOOL` (or `SERVER__*`), or `*`",
                     at(gate)
                 ));
             }

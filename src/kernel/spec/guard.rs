@@ -325,18 +325,14 @@ impl Guards {
     }
 }
 
-/// A sub-agent's tool name (`agent__NAME`).
-const SUB_AGENT_PREFIX: &str = "agent__";
-
 impl AgentSpec {
-    /// Whether the agent's runs can call `name`: one of `tools`, a
-    /// sub-agent's `agent__NAME`, or a tool of one of its MCP servers
+    /// Whether the agent's runs can call `name`: one of `tools`, a tool
+    /// of its palette (a sub-agent's `agent__NAME`, an offered skill's
+    /// `skill__NAME`), or a tool of one of its MCP servers
     /// (`SERVER__TOOL`; the server's tools are known only once it starts).
     pub(super) fn can_call(&self, name: &str) -> bool {
         self.tools.iter().any(|t| t == name)
-            || name
-                .strip_prefix(SUB_AGENT_PREFIX)
-                .is_some_and(|n| self.agents.contains_key(n))
+            || self.palette_offers(name)
             || name.split_once("__").is_some_and(|(server, tool)| {
                 !tool.is_empty()
                     && self
@@ -361,7 +357,7 @@ impl AgentSpec {
             }
             if !tool.contains('*') && !self.can_call(tool) {
                 return Err(format!(
-                    "`guard` entry {n} names `{tool}`, which this agent cannot call{line}: list one of its `tools`, an `agent__NAME` of its `agents`, an MCP server's `SERVER__TOOL`, or use `*` (`fs__delete*`, `*`)"
+                    "`guard` entry {n} names `{tool}`, which this agent cannot call{line}: list one of its `tools`, an `agent__NAME` of its `agents`, a `skill__NAME` of its `skills`, an MCP server's `SERVER__TOOL`, or use `*` (`fs__delete*`, `*`)"
                 ));
             }
             match (rule.action, rule.max_calls) {

@@ -63,8 +63,13 @@ pub struct Invocation {
     pub forked_from: Option<crate::ports::run::ForkOrigin>,
     /// What the run owes once it ends (a scheduled skill's destinations):
     /// its intents are recorded with its terminal record (see
-    /// [`crate::ports::outbox`]). In-process only (not serialized).
-    #[serde(skip)]
+    /// [`crate::ports::outbox`]). Serialized as the plan's recipe only
+    /// (a durable run's checkpoint), from which the host that resumes the
+    /// run makes the plan again.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::ports::outbox::PublishHook::is_unrecorded"
+    )]
     pub publish: crate::ports::outbox::PublishHook,
 }
 

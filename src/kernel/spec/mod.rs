@@ -14,7 +14,7 @@
 //! `limits` (the layers and their ranges), `duration` (how durations are
 //! written), `shape` (the guard before parsing), `script` (the scripted
 //! model's entries, owned by `crate::providers::scripted`), `phases`
-//! (pipelines), `palette` (sub-agents), `guard` (tool and output guards),
+//! (pipelines), `palette` (sub-agents and offered skills), `guard` (tool and output guards),
 //! `critic` (the `critic:` section: how the critic watches runs), `judge`
 //! (the model judges' keys) and
 //! `invocation` (a run's request and the inputs it fills in).
@@ -54,7 +54,10 @@ pub use guard::{
 };
 pub use invocation::{fill_inputs, Invocation, MissingInput};
 pub use judge::{ApprovalSpec, JudgeSpec, PolicyName};
-pub use palette::{SubAgent, SubAgentRef};
+pub use palette::{
+    OfferedSkill, PaletteKind, SkillPalette, SubAgent, SubAgentRef, AGENT_TOOL_PREFIX,
+    SKILL_TOOL_PREFIX,
+};
 pub use phases::*;
 use shape::too_large;
 pub use shape::{check_manifest_shape, MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH};
@@ -187,8 +190,15 @@ pub struct AgentSpec {
     /// paths relative to this manifest).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub agents: BTreeMap<String, SubAgentRef>,
-    /// The sub-agents' manifests, read when this one was loaded (kept in
-    /// checkpoints, so a resumed run has its palette).
+    /// Skills of a skills repository offered as tools: each a tool
+    /// `skill__NAME` that runs the skill as a child run
+    /// (`{ repo: PATH, offer: [NAME, …] }`, the path relative to this
+    /// manifest; see [`SkillPalette`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skills: Option<SkillPalette>,
+    /// The palette, read when this manifest was loaded: the sub-agents'
+    /// manifests, then the offered skills' (kept in checkpoints, so a
+    /// resumed run has its palette).
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",
@@ -265,22 +275,23 @@ impl AgentSpec {
     fn check_call_options(&self, source: &str) -> Result<(), String> {
         let at = |key: &str| line_of(source, key);
         // Every tool the model sees can be named: its `tools`, a
-        // sub-agent's `agent__NAME`, an MCP server's `SERVER__TOOL` (whose
-        // tools are known only once the server starts: the host checks the
-        // name again then). `required` counts them all.
+        // sub-agent's `agent__NAME`, an offered skill's `skill__NAME`, an
+        // MCP server's `SERVER__TOOL` (whose tools are known only once the
+        // server starts: the host checks the name again then). `required`
+        // counts them all.
         let sees_tools = !self.tools.is_empty()
-            || !self.agents.is_empty()
+            || self.has_palette()
             || self.mcp.as_ref().is_some_and(|m| !m.servers.is_empty());
         match &self.tool_choice {
             Some(ToolChoice::Tool(name)) if !self.can_call(name) => {
                 return Err(format!(
-                    "`tool_choice` names `{name}`, which this agent cannot call{} (use auto, required, none, or one of its `tools`, an `agent__NAME` of its `agents` or an MCP server's `SERVER__TOOL`)",
+                    "`tool_choice` names `{name}`, which this agent cannot call{} (use auto, required, none, or one of its `tools`, an `agent__NAME` of its `agents`, a `skill__NAME` of its `skills` or an MCP server's `SERVER__TOOL`)",
                     at("tool_choice")
                 ));
             }
             Some(ToolChoice::Required) if !sees_tools => {
                 return Err(format!(
-                    "`tool_choice` asks for a tool call but the agent has no tools (no `tools`, `agents` or MCP servers){}",
+                    "`tool_choice` asks for a tool call but the agent has no tools (no `tools`, `agents`, `skills` or MCP servers){}",
                     at("tool_choice")
                 ));
             }
@@ -338,6 +349,7 @@ impl AgentSpec {
             output_schema: None,
             mcp: None,
             agents: BTreeMap::new(),
+            skills: None,
             sub_agents: Vec::new(),
             inputs: None,
             tool_choice: None,
@@ -351,17 +363,18 @@ impl AgentSpec {
     }
 
     /// Parses and checks a manifest from YAML text.
-    /// Sub-agents it names are read relative to the working directory.
+    /// Sub-agents and skills repositories it names are read relative to
+    /// the working directory.
     pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
         let mut spec = Self::parse(text, None)?;
-        if !spec.agents.is_empty() {
-            spec.read_sub_agents(Path::new("."), &mut Vec::new(), None)?;
+        if spec.has_palette() {
+            spec.read_palette(Path::new("."), &mut Vec::new(), None)?;
         }
         Ok(spec)
     }
 
-    /// Reads, parses and checks a manifest file, and the sub-agents'
-    /// manifests it names (relative to it).
+    /// Reads, parses and checks a manifest file, and the palette it names
+    /// (sub-agents' manifests and skills repositories, relative to it).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, SpecError> {
         let path = path.as_ref();
         let mut stack = Vec::new();
@@ -438,7 +451,7 @@ impl AgentSpec {
         for name in self.tools_effects.keys() {
             if !self.can_call(name) {
                 return Err(format!(
-                    "`tools_effects` names `{name}`, which this agent cannot call{} (name one of its `tools`, an `agent__NAME` of its `agents` or an MCP server's `SERVER__TOOL`)",
+                    "`tools_effects` names `{name}`, which this agent cannot call{} (name one of its `tools`, an `agent__NAME` of its `agents`, a `skill__NAME` of its `skills` or an MCP server's `SERVER__TOOL`)",
                     line_of(source, "tools_effects")
                 ));
             }
