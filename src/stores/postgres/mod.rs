@@ -1,6 +1,6 @@
-//! The PostgreSQL battery (capability X4): the audit log, the run index
-//! and the budget ledger on a PostgreSQL server, for hosts that share one
-//! source of truth.
+//! The PostgreSQL battery (capability X4): the audit log, the run index,
+//! the budget ledger and the run queue ([`PostgresQueue`]) on a PostgreSQL
+//! server, for hosts that share one source of truth.
 //!
 //! Built on `tokio-postgres` with a `deadpool-postgres` pool (a connection
 //! a call, returned after it). The schema is migrated at
@@ -23,18 +23,20 @@
 //! # Not yet here
 //!
 //! The checkpoints, sessions, leases and outbox ports, and budget
-//! reservations across hosts; the run queue. A scheduled skill's publish
+//! reservations across hosts. A scheduled skill's publish
 //! intents are kept with its records (in the same transaction) but no
 //! host on PostgreSQL delivers them yet. Until they are, a host on PostgreSQL keeps those in memory.
 
 mod audit;
 mod budget;
+mod queue;
 mod schema;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
+pub use queue::PostgresQueue;
 pub use schema::SCHEMA_VERSION;
 
 /// Why the PostgreSQL store could not be opened. The target is named with

@@ -3,7 +3,7 @@
 use super::{PostgresError, PostgresStore};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Every migration, by the version it brings the schema to.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -14,6 +14,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (
         2,
         include_str!("../../../migrations/postgres/0002_budget.sql"),
+    ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_queue.sql"),
     ),
 ];
 
