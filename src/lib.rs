@@ -126,7 +126,8 @@
 //!   OpenAI-compatible, Anthropic; the retry layer and the circuit breaker;
 //!   model specs and tiers. [`stores`]: `AuditStore` / `RunIndex` /
 //!   `BudgetLedger` / `Checkpointer` / `SessionStore` / `WriteIntents` / `ScheduleStore` batteries (in memory;
-//!   embedded SQLite). [`tools`]: the tool registry, argument validation,
+//!   embedded SQLite; PostgreSQL), and `RunQueue` batteries (in memory,
+//!   PostgreSQL, NATS JetStream). [`tools`]: the tool registry, argument validation,
 //!   built-in tools. [`mcp`]: MCP servers as tool sources.
 //!   [`publishers`]: `Publisher` batteries, the destinations of scheduled
 //!   skills (stdout, file, webhook, Slack, Discord, GitHub issues, email).

@@ -11,6 +11,7 @@ pub mod event;
 pub mod limits;
 pub mod model;
 pub mod outbox;
+pub mod queue;
 pub mod retention;
 pub mod run;
 pub mod schedule;

@@ -14,6 +14,8 @@ pub(crate) mod cli;
 pub(crate) mod hooks;
 #[cfg(feature = "cli")]
 pub(crate) mod loopback;
+#[cfg(feature = "nats")]
+pub(crate) mod nats;
 pub(crate) mod outage;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

@@ -1,7 +1,8 @@
 //! The PostgreSQL battery (capability X4): the audit log, the run index,
 //! the budget ledger, durable runs' checkpoints with their run and host
-//! leases, and chat sessions on a PostgreSQL server, for hosts that share
-//! one source of truth. The CLI takes it as `--db postgres://…`.
+//! leases, chat sessions and the run queue ([`PostgresQueue`]) on a
+//! PostgreSQL server, for hosts that share one source of truth. The CLI
+//! takes it as `--db postgres://…`.
 //!
 //! Built on `tokio-postgres` with a `deadpool-postgres` pool (a connection
 //! a call, returned after it). The schema is migrated at
@@ -20,7 +21,8 @@
 //! `budget_spend` and `budget_limits` hold the ledger (schema version 2);
 //! `checkpoints`, `checkpoint_entries` and `host_leases` the checkpoints
 //! by delta and the leases (version 3: see the `checkpoint` module for
-//! fencing); `sessions` and `session_messages` the sessions (version 4).
+//! fencing); `sessions` and `session_messages` the sessions (version 4);
+//! `run_queue` the queue's jobs with their leases (version 5).
 //!
 //! What PostgreSQL itself guarantees (durability at commit, isolation) is
 //! left to it: `synchronous_commit` is the server's.
@@ -30,12 +32,13 @@
 //! The outbox (a scheduled skill's publish intents are kept with its
 //! records, in the same transaction, but nothing on PostgreSQL delivers
 //! them), schedules and parked git writes: `serve` and `skill run` refuse
-//! a PostgreSQL `--db`. Budget reservations across hosts and the run
-//! queue come with the workers.
+//! a PostgreSQL `--db`. Budget reservations across hosts and the
+//! workers that claim from the run queue are still to come.
 
 mod audit;
 mod budget;
 mod checkpoint;
+mod queue;
 mod schema;
 mod session;
 
@@ -43,6 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
+pub use queue::PostgresQueue;
 pub use schema::SCHEMA_VERSION;
 
 /// Why the PostgreSQL store could not be opened. The target is named with

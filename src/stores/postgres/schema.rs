@@ -3,7 +3,7 @@
 use super::{described, PostgresError, PostgresStore};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Every migration, by the version it brings the schema to.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -22,6 +22,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (
         4,
         include_str!("../../../migrations/postgres/0004_sessions.sql"),
+    ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_queue.sql"),
     ),
 ];
 
