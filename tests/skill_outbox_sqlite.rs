@@ -335,22 +335,19 @@ fn gated_repo(hook: &str, when: &str) -> Scratch {
     dir.file(
         "agentvisor.yaml",
         &format!(
-            "skills: {{ digest: skills/digest }}\nschedules:\n  - name: daily\n    skill: digest\n    cron: \"0 7 * * *\"\n    model: gate\n    limits: {{ max_runtime: 1h, stall_timeout: 1h }}\n    env: {{ TOKEN: {{ secret: tok }} }}\n    destinations:\n      - {{ type: webhook, name: hook, url: \"{hook}/in\", when: {when} }}\n"
+            "skills: {{ digest: skills/digest }}\nschedules:\n  - name: daily\n    skill: digest\n    cron: \"0 7 * * *\"\n    model: gate\n    durable: true\n    limits: {{ max_runtime: 1h, stall_timeout: 1h }}\n    env: {{ TOKEN: {{ secret: tok }} }}\n    destinations:\n      - {{ type: webhook, name: hook, url: \"{hook}/in\", when: {when} }}\n"
         ),
     );
     dir
 }
 
-/// A durable host on the file whose model `gate` plays `script`.
+/// A host on the file whose model `gate` plays `script`. Its runs are not
+/// durable by default: the schedule's `durable: true` makes its run so.
 async fn durable_host_on(db: &std::path::Path, script: &str) -> (Host, Arc<SqliteStore>) {
     let store = Arc::new(SqliteStore::open(db).await.unwrap());
     let gate = agentvisor::AgentSpec::from_yaml(&format!("name: gate\nscript:\n{script}")).unwrap();
     let destinations = Destinations::new(Arc::new(|_: &str| None), Arc::new(|_: &str| {}));
     let host = Host::builder()
-        .config(agentvisor::HostConfig {
-            durable_default: true,
-            ..agentvisor::HostConfig::default()
-        })
         .model(
             "gate",
             Arc::new(agentvisor::providers::ScriptedModel::new(gate.script)),

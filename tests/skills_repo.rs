@@ -39,6 +39,7 @@ fn a_good_repository_reads() {
     let s = r.schedule("daily").unwrap();
     assert_eq!(s.timezone, "UTC");
     assert_eq!(s.spec.model, "scripted");
+    assert!(!s.spec.durable, "not durable unless asked");
     assert_eq!(
         s.spec.limits.max_iterations,
         Some(20),
@@ -205,7 +206,7 @@ fn includes_that_escape_are_refused() {
 
 #[test]
 fn defaults_max_turns_and_env_build_the_run() {
-    let manifest = "skills:\n  digest: skills/digest\ndefaults:\n  timezone: Europe/Oslo\n  max_turns: 7\n  env: { A: base, B: base }\n  budget: { per_run: { tokens: 500 } }\nschedules:\n  - name: one\n    skill: digest\n    cron: \"@daily\"\n    env: { B: mine, KEY: { secret: api_key } }\n    script: [{ text: hi }]\n  - name: two\n    skill: digest\n    cron: \"@daily\"\n    timezone: UTC\n    max_turns: 3\n    script: [{ text: hi }]\n";
+    let manifest = "skills:\n  digest: skills/digest\ndefaults:\n  timezone: Europe/Oslo\n  max_turns: 7\n  durable: true\n  env: { A: base, B: base }\n  budget: { per_run: { tokens: 500 } }\nschedules:\n  - name: one\n    skill: digest\n    cron: \"@daily\"\n    env: { B: mine, KEY: { secret: api_key } }\n    script: [{ text: hi }]\n  - name: two\n    skill: digest\n    cron: \"@daily\"\n    timezone: UTC\n    max_turns: 3\n    durable: false\n    script: [{ text: hi }]\n";
     let dir = repo(
         manifest,
         "---\nname: digest\nmax_turns: 5\nmax_tokens: 99\n---\nThe prompt.\n",
@@ -213,6 +214,10 @@ fn defaults_max_turns_and_env_build_the_run() {
     let r = SkillsRepo::open(&dir.0).unwrap();
     let one = r.schedule("one").unwrap();
     let two = r.schedule("two").unwrap();
+    // `durable`: the defaults' unless the schedule says; a repository
+    // that says nothing runs them not durable.
+    assert!(one.spec.durable);
+    assert!(!two.spec.durable);
     assert_eq!(one.timezone, "Europe/Oslo");
     assert_eq!(two.timezone, "UTC");
     // Schedule → front matter → 20; the defaults' count as the schedule's.

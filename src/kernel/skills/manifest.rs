@@ -112,6 +112,11 @@ pub struct ScheduleSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub publish_timeout: Option<Duration>,
+    /// The runs are durable (checkpointed at every step and resumed by
+    /// the next host after a crash, as an agent manifest's `durable`);
+    /// default `false`, or the host's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable: Option<bool>,
 }
 
 /// `overlap:`.

@@ -468,6 +468,7 @@ fn build_spec(
     spec.description = skill.front.description.clone();
     spec.script = script;
     spec.max_tokens = skill.front.max_tokens;
+    spec.durable = settings.durable.unwrap_or(false);
     let mut limits = settings.limits.unwrap_or_default();
     limits.max_iterations = Some(
         settings
@@ -535,6 +536,7 @@ fn over(schedule: &ScheduleSpec, defaults: &ScheduleSpec) -> ScheduleSpec {
         jitter: s.jitter.or(d.jitter),
         pause_after: s.pause_after.or(d.pause_after),
         publish_timeout: s.publish_timeout.or(d.publish_timeout),
+        durable: s.durable.or(d.durable),
     }
 }
 
