@@ -56,6 +56,9 @@ pub(crate) struct LeaseWatch {
     safe_until_ms: AtomicU64,
     /// Unix ms before which no renewal is asked for again (one failed).
     retry_after_ms: AtomicU64,
+    /// Unix ms of the last pause noticed (0: none): a renewal that
+    /// started before it says nothing of the leases after it.
+    paused_at_ms: AtomicU64,
     /// Durable runs the host holds (saved, not cleared).
     held: AtomicU64,
     /// Some run was fenced: the writer drops its records.
@@ -89,8 +92,14 @@ impl LeaseWatch {
             .clone()
     }
 
-    /// A renewal at `started_ms` held for `ttl`.
+    /// A renewal at `started_ms` held for `ttl`. One that started before
+    /// the last pause was noticed (it was in flight across the pause, or
+    /// the pause fell in its millisecond) keeps nothing safe: the pause's
+    /// renewal, queued behind it, decides.
     pub(crate) fn renewed(&self, started_ms: u64, ttl: Duration) {
+        if started_ms <= self.paused_at_ms.load(Ordering::Relaxed) {
+            return;
+        }
         let ttl = ttl.as_millis() as u64;
         self.safe_until_ms
             .store(started_ms + ttl - ttl / 3, Ordering::Relaxed);
@@ -98,6 +107,7 @@ impl LeaseWatch {
 
     /// The process was not scheduled for a while: nothing is known.
     fn paused(&self) {
+        self.paused_at_ms.store(unix_ms(), Ordering::Relaxed);
         self.safe_until_ms.store(0, Ordering::Relaxed);
         self.retry_after_ms.store(0, Ordering::Relaxed);
     }
@@ -461,4 +471,31 @@ fn hostname() -> String {
         .map(|h| h.trim().replace('/', "_"))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal in flight across a pause (started before it, answered
+    /// after it) keeps nothing safe: the writer still renews first. One
+    /// started after the pause does.
+    #[test]
+    fn a_renewal_that_straddles_a_pause_keeps_nothing_safe() {
+        let ttl = Duration::from_secs(30);
+        let watch = LeaseWatch::default();
+        watch.held.store(3, Ordering::Relaxed);
+        let before = unix_ms();
+        watch.renewed(before, ttl);
+        assert!(!watch.stale(), "a fresh renewal is safe");
+        watch.paused();
+        assert!(watch.stale(), "nothing is known after a pause");
+        // The renewal that started before the pause answers now.
+        watch.renewed(before, ttl);
+        assert!(watch.stale(), "a renewal from before the pause counted");
+        // The pause's own renewal, a millisecond or more later.
+        let after = watch.paused_at_ms.load(Ordering::Relaxed) + 1;
+        watch.renewed(after, ttl);
+        assert!(!watch.stale());
+    }
 }
