@@ -5,9 +5,10 @@
 //! 200` records every run once; a durable run keeps its checkpoint and
 //! leases on the server while it runs and leaves none once it ends; a
 //! swarm of durable runs killed mid-way (SIGKILL) is resumed by `recover`
-//! from the server, each run ending once; sessions and budgets; the
-//! commands that do not run on PostgreSQL yet refuse with exit 2 and
-//! create nothing.
+//! from the server, each run ending once; sessions and budgets; `skill
+//! run` delivers its publishes through the server's outbox, each recorded
+//! delivered once; the commands that do not run on PostgreSQL yet refuse
+//! with exit 2 and create nothing.
 //!
 //! Waits for a state of the database are bounded polls (20 ms apart, 60 s
 //! at most), never a wait for a deadline.
@@ -403,21 +404,12 @@ async fn the_commands_that_do_not_run_on_postgres_yet_refuse_it_creating_nothing
     let db = support::postgres::fresh_database().await;
     let dir = Scratch::new("cli-postgres-refused");
     let id = "0123456789abcdef0123456789abcdef";
-    let repo = format!("{}/examples/skills", env!("CARGO_MANIFEST_DIR"));
     for args in [
         vec!["serve", "--addr", "127.0.0.1:0"],
         vec!["replay", id],
         vec!["fork", id, "--at-step", "1"],
         vec!["diff", id, id],
         vec!["runs", "prune", "--retain", "max_runs=1"],
-        vec![
-            "skill",
-            "run",
-            &repo,
-            "--schedule",
-            "weekday-digest",
-            "--dry-run",
-        ],
     ] {
         let out = support::cli::command(&[&["--db", &db][..], &args].concat())
             .current_dir(&dir.0)
@@ -442,4 +434,85 @@ async fn the_commands_that_do_not_run_on_postgres_yet_refuse_it_creating_nothing
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot connect"), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
+#[tokio::test]
+async fn skill_run_delivers_its_publishes_through_the_servers_outbox() {
+    let db = support::postgres::fresh_database().await;
+    let dir = Scratch::new("cli-postgres-skill");
+    std::fs::create_dir_all(dir.path("repo/skills/a")).unwrap();
+    dir.file("repo/skills/a/SKILL.md", "---\nname: a\n---\nHi\n");
+    dir.file(
+        "repo/agentvisor.yaml",
+        "skills: { a: skills/a }\nschedules:\n  - name: s\n    skill: a\n    cron: \"0 * * * *\"\n    script: [{ text: \"hello <memory>m</memory>\" }]\n    destinations:\n      - { type: file, path: out/a.txt, template: \"{{skill}}: {{output}}\" }\n      - { type: webhook, name: nowhere, url: \"http://127.0.0.1:9/in\", when: on_failure }\n",
+    );
+    let repo = dir.arg("repo");
+    let r = ok_json(&output(
+        &db,
+        &dir,
+        &["skill", "run", &repo, "--schedule", "s", "--json"],
+    ));
+    assert_eq!(r["outcome"], "succeeded", "{r}");
+    assert_eq!(r["publish"][0]["state"], "delivered", "{r}");
+    assert_eq!(r["publish"][1]["state"], "skipped", "{r}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path("repo/out/a.txt")).unwrap(),
+        "a: hello"
+    );
+    // On the server: the run's two intents, one delivered in one try, the
+    // other skipped; neither claimed any more, nothing owed.
+    let run_id = r["run_id"].as_str().unwrap().to_string();
+    let client = sql(&db).await;
+    let rows = client
+        .query(
+            "SELECT idx, state, attempts, claimed_by FROM outbox WHERE run_id = $1 ORDER BY idx",
+            &[&run_id],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(i32, String, i32, Option<String>)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (0, "delivered".to_string(), 1, None),
+            (1, "skipped".to_string(), 0, None)
+        ]
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM outbox WHERE state = 'owed'").await,
+        0
+    );
+    // The run's log holds no publish record; `runs show` gives the
+    // publishes' outcomes with the run, read from the server.
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT count(*) FROM runs WHERE run_id = '{run_id}' AND status = 'ok'")
+        )
+        .await,
+        1
+    );
+    let shown = ok_json(&output(&db, &dir, &["runs", "show", &run_id, "--json"]));
+    assert_eq!(shown["publish"][0]["state"], "delivered", "{shown}");
+    assert_eq!(shown["publish"][1]["state"], "skipped", "{shown}");
+    // A second run of the schedule is a new run: its intents are its own,
+    // and the first run's stay delivered once.
+    let again = ok_json(&output(
+        &db,
+        &dir,
+        &["skill", "run", &repo, "--schedule", "s", "--json"],
+    ));
+    assert_eq!(again["publish"][0]["state"], "delivered", "{again}");
+    assert_ne!(again["run_id"], r["run_id"]);
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM outbox WHERE state = 'delivered' AND attempts = 1"
+        )
+        .await,
+        2
+    );
 }

@@ -8,7 +8,11 @@
 //! prunes the oldest runs and counts them (the persistent stores); the
 //! budget ledger keeps limits and sums spend by caller; checkpoints keep
 //! their leases and fencing and rebuild from deltas (`checkpoints`);
-//! sessions keep their history and its rules (`sessions`).
+//! sessions keep their history and its rules (`sessions`); a run's
+//! publish intents are written with its batch, claimed by one publisher
+//! and settled once (`outbox`); schedules' states read back whole
+//! (`schedules`); parked git writes keep their order until cleared
+//! (`writeback`).
 //!
 //! Each port's tests take the port as `Arc<dyn Port>`; [`conformance!`]
 //! makes one test per battery of the build from each, with the batteries
@@ -426,5 +430,11 @@ mod checkpointed {
 
 #[path = "store_conformance/checkpoints.rs"]
 mod checkpoints;
+#[path = "store_conformance/outbox.rs"]
+mod outbox;
+#[path = "store_conformance/schedules.rs"]
+mod schedules;
 #[path = "store_conformance/sessions.rs"]
 mod sessions;
+#[path = "store_conformance/writeback.rs"]
+mod writeback;

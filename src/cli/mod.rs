@@ -16,14 +16,13 @@
 //! `--db postgres://…` (a build with the `postgres` feature) puts the same
 //! stores on a PostgreSQL server ([`Opened::Postgres`]): every command
 //! that builds a host goes through [`open`] and [`on_stores`], so `run`,
-//! `swarm`, `soak`, `chat` and `recover` run on it, and `runs`,
-//! `sessions` and `budget` read it. Its spool is
+//! `swarm`, `soak`, `chat`, `recover` and `skill run` (its publishes in
+//! the server's outbox, its parked git writes on the server) run on it,
+//! and `runs`, `sessions` and `budget` read it. Its spool is
 //! `.agentvisor/postgres-SERVER_DB.spool` (or `--spool`). The commands
-//! that need what it does not hold yet — the outbox, schedules and parked
-//! git writes (`serve`, `skill run`) — refuse it with exit code 2
-//! ([`not_on_postgres`]) rather than keep those in memory unseen, and so
-//! do the ones not moved onto it yet (`runs prune`, `replay`, `fork`,
-//! `diff`, `eval`).
+//! not moved onto it yet refuse it with exit code 2 ([`not_on_postgres`]):
+//! `serve` (serving from PostgreSQL comes with the run queue's workers),
+//! `runs prune`, `replay`, `fork`, `diff` and `eval`.
 //!
 //! # Output
 //! Every line goes out through [`outln!`] (stdout) or [`errln!`] (stderr),
@@ -555,10 +554,8 @@ pub(crate) enum Opened {
     /// The SQLite file: every store port.
     Sqlite(Arc<SqliteStore>),
     /// The PostgreSQL server: the audit log, run index, budget ledger,
-    /// checkpoints (with their leases) and sessions. What it does not hold
-    /// yet — publish intents (the outbox), schedules, parked git writes —
-    /// no command on it needs: the commands that do (`serve`, `skill run`)
-    /// refuse PostgreSQL.
+    /// checkpoints (with their leases), sessions, the outbox of publish
+    /// intents, schedules and parked git writes.
     #[cfg(feature = "postgres")]
     Postgres(Arc<agentvisor::stores::PostgresStore>),
 }
@@ -710,7 +707,7 @@ async fn connect_postgres(_: &PostgresUrl) -> Result<Opened, ExitCode> {
 /// Refuses (exit 2) a command that does not run on PostgreSQL yet.
 pub(crate) fn not_on_postgres(command: &str) -> ExitCode {
     refuse(format!(
-        "`agentvisor {command}` does not run on PostgreSQL yet: give it a SQLite file (`--db PATH`). On PostgreSQL this build runs `run`, `swarm`, `soak`, `chat`, `recover`, `runs list|show|approve|deny`, `sessions` and `budget`"
+        "`agentvisor {command}` does not run on PostgreSQL yet: give it a SQLite file (`--db PATH`). On PostgreSQL this build runs `run`, `swarm`, `soak`, `chat`, `recover`, `skill run`, `runs list|show|approve|deny`, `sessions` and `budget`"
     ))
 }
 
@@ -730,9 +727,8 @@ pub(crate) async fn host_on(
 }
 
 /// `builder` on the stores of `db`, and where parked git writes go: the
-/// SQLite file, or memory. Scheduled skills keep publishes, schedules and
-/// parked writes in the database, which PostgreSQL does not hold yet: a
-/// PostgreSQL `db` is refused.
+/// SQLite file or the PostgreSQL server (which also keep a scheduled
+/// skill's publishes in their outbox), or memory.
 pub(crate) async fn with_stores(
     builder: HostBuilder,
     db: &Db,
@@ -743,13 +739,12 @@ pub(crate) async fn with_stores(
     ),
     ExitCode,
 > {
-    if let Db::Postgres(_) = db {
-        return Err(not_on_postgres("skill run"));
-    }
     let opened = open(db).await?;
     let intents: Arc<dyn agentvisor::ports::writeback::WriteIntents> = match &opened {
         Opened::Sqlite(s) => s.clone(),
-        _ => Arc::new(agentvisor::stores::MemoryWriteIntents::new()),
+        #[cfg(feature = "postgres")]
+        Opened::Postgres(s) => s.clone(),
+        Opened::Memory => Arc::new(agentvisor::stores::MemoryWriteIntents::new()),
     };
     Ok((on_stores(builder, db, opened), intents))
 }

@@ -66,14 +66,18 @@ impl MemoryOutbox {
 impl OutboxStore for MemoryOutbox {
     async fn owed(&self, now_ms: u64, limit: usize) -> Result<Vec<PublishIntent>, OutboxError> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(g.order
+        let mut owed: Vec<&PublishIntent> = g
+            .order
             .iter()
             .filter_map(|k| g.entries.get(k))
             .filter(|e| e.report.state == DeliveryState::Owed)
             .filter(|e| e.claim.as_ref().is_none_or(|(_, until)| *until <= now_ms))
-            .take(limit)
-            .map(|e| e.intent.clone())
-            .collect())
+            .map(|e| &e.intent)
+            .collect();
+        // Oldest first, as the persistent stores list them (a batch that
+        // came late may hold an older run's intents).
+        owed.sort_by(|a, b| (a.at_ms, &a.key).cmp(&(b.at_ms, &b.key)));
+        Ok(owed.into_iter().take(limit).cloned().collect())
     }
 
     async fn run_intents(

@@ -7,12 +7,14 @@ use std::sync::atomic::Ordering;
 use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 
+use super::outbox::OutboxRows;
 use super::{to_i64, to_u64, Cause, PostgresStore};
 use crate::ports::audit::{
     AuditEntry, AuditRecord, AuditStats, AuditStore, AuditStoreError, RunFilter, RunIndex,
     RunSummary,
 };
 use crate::ports::checkpoint::EncodedJson;
+use crate::ports::outbox::OutboxStore;
 use crate::ports::retention::{PruneReport, PrunedCount, Retention};
 use crate::ports::run::{RunId, RunResult, RunStatus};
 
@@ -20,10 +22,6 @@ use crate::ports::run::{RunId, RunResult, RunStatus};
 const KIND_START: i16 = 0;
 const KIND_EVENT: i16 = 1;
 const KIND_END: i16 = 2;
-/// A run's publish intents (a scheduled skill's): kept with its records,
-/// in its batch's transaction, but not part of its log. Nothing on
-/// PostgreSQL delivers them yet (it has no outbox: see the module doc).
-const KIND_PUBLISH: i16 = 3;
 
 /// A manifest unused since this long before the oldest kept run's start is
 /// named by no record (a batch refreshes `used_ms` at most once a minute).
@@ -122,12 +120,22 @@ impl Finished {
 /// once (the records name them by id).
 type Manifests = Vec<(i64, String)>;
 
-/// Encodes a batch: its rows, its finished runs, its manifests.
-fn encode(batch: &[AuditRecord]) -> Result<(Columns, Finished, Manifests), AuditStoreError> {
+/// A batch encoded: its rows, its finished runs, its manifests, its
+/// publish intents.
+type Encoded = (Columns, Finished, Manifests, OutboxRows);
+
+/// Encodes a batch. Its [`AuditEntry::Publish`] records are not records
+/// of the log: their intents go to the outbox, in the batch's transaction.
+fn encode(batch: &[AuditRecord]) -> Result<Encoded, AuditStoreError> {
     let mut rows = Columns::default();
     let mut finished = Finished::default();
     let mut manifests: Manifests = Vec::new();
+    let mut outbox = OutboxRows::default();
     for r in batch {
+        if matches!(r.entry, AuditEntry::Publish(_)) {
+            outbox.push(r)?;
+            continue;
+        }
         let bad = |e: serde_json::Error| {
             AuditStoreError::Unavailable(format!(
                 "record {}/{} does not encode: {e}",
@@ -152,7 +160,7 @@ fn encode(batch: &[AuditRecord]) -> Result<(Columns, Finished, Manifests), Audit
                 (KIND_START, serde_json::to_string(&named).map_err(bad)?)
             }
             AuditEntry::Event(_) => (KIND_EVENT, serde_json::to_string(r).map_err(bad)?),
-            AuditEntry::Publish(_) => (KIND_PUBLISH, serde_json::to_string(r).map_err(bad)?),
+            AuditEntry::Publish(_) => continue,
             AuditEntry::Terminal(res) => {
                 finished.push(res);
                 (KIND_END, serde_json::to_string(r).map_err(bad)?)
@@ -164,7 +172,7 @@ fn encode(batch: &[AuditRecord]) -> Result<(Columns, Finished, Manifests), Audit
         rows.kind.push(kind);
         rows.record.push(json);
     }
-    Ok((rows, finished, manifests))
+    Ok((rows, finished, manifests, outbox))
 }
 
 fn decode(json: &str) -> Result<AuditRecord, AuditStoreError> {
@@ -178,7 +186,7 @@ impl AuditStore for PostgresStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let (rows, finished, manifests) = encode(batch)?;
+        let (rows, finished, manifests, outbox) = encode(batch)?;
         let mut client = self.client().await.map_err(unavailable)?;
         let tx = client.transaction().await.map_err(unavailable)?;
         if !manifests.is_empty() {
@@ -237,6 +245,13 @@ impl AuditStore for PostgresStore {
                 .await
                 .map_err(unavailable)?;
         }
+        if !outbox.is_empty() {
+            // A run's intents are on file exactly when its terminal
+            // record is; one on file already is left as it stands.
+            super::outbox::insert(&tx, &outbox)
+                .await
+                .map_err(unavailable)?;
+        }
         tx.commit().await.map_err(unavailable)?;
         self.count(inserted, terminal);
         Ok(())
@@ -244,6 +259,7 @@ impl AuditStore for PostgresStore {
 
     async fn run_records(&self, run_id: RunId) -> Result<Vec<AuditRecord>, AuditStoreError> {
         let client = self.client().await.map_err(unavailable)?;
+        // Kind 3: publish records schema version 5 kept with the log.
         let rows = client
             .query(
                 "SELECT record FROM audit_records WHERE run_id = $1 AND kind <> 3 ORDER BY seq",
@@ -370,6 +386,14 @@ impl AuditStore for PostgresStore {
             tx.execute("DELETE FROM runs WHERE run_id = ANY($1)", &[&ids])
                 .await
                 .map_err(unavailable)?;
+            // Their settled publishes go with them; one still owed stays
+            // until it is delivered (as on SQLite).
+            tx.execute(
+                "DELETE FROM outbox WHERE run_id = ANY($1) AND state <> 'owed'",
+                &[&ids],
+            )
+            .await
+            .map_err(unavailable)?;
         }
         let mut by: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
         for id in &ids {
@@ -419,6 +443,11 @@ impl AuditStore for PostgresStore {
         }
         tx.commit().await.map_err(unavailable)?;
         Ok(report)
+    }
+
+    /// Its `outbox` table, written in the transaction of each batch.
+    fn outbox(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn OutboxStore>> {
+        Some(self)
     }
 
     async fn pruned(&self) -> Result<Vec<PrunedCount>, AuditStoreError> {

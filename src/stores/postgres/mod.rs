@@ -1,8 +1,9 @@
 //! The PostgreSQL battery (capability X4): the audit log, the run index,
 //! the budget ledger, durable runs' checkpoints with their run and host
-//! leases, chat sessions and the run queue ([`PostgresQueue`]) on a
-//! PostgreSQL server, for hosts that share one source of truth. The CLI
-//! takes it as `--db postgres://…`.
+//! leases, chat sessions, the outbox of scheduled skills' publishes,
+//! schedules' state, parked git writes and the run queue
+//! ([`PostgresQueue`]) on a PostgreSQL server, for hosts that share one
+//! source of truth. The CLI takes it as `--db postgres://…`.
 //!
 //! Built on `tokio-postgres` with a `deadpool-postgres` pool (a connection
 //! a call, returned after it). The schema is migrated at
@@ -22,25 +23,30 @@
 //! `checkpoints`, `checkpoint_entries` and `host_leases` the checkpoints
 //! by delta and the leases (version 3: see the `checkpoint` module for
 //! fencing); `sessions` and `session_messages` the sessions (version 4);
-//! `run_queue` the queue's jobs with their leases (version 5).
+//! `run_queue` the queue's jobs with their leases (version 5); `outbox`
+//! the publish intents of scheduled skills' runs with their outcomes and
+//! claims, written in the transaction of the batch that holds the run's
+//! terminal record (the `outbox` module), `schedules` the scheduler's
+//! state and `writeback_intents` parked git writes (version 6).
 //!
 //! What PostgreSQL itself guarantees (durability at commit, isolation) is
 //! left to it: `synchronous_commit` is the server's.
 //!
 //! # Not yet here
 //!
-//! The outbox (a scheduled skill's publish intents are kept with its
-//! records, in the same transaction, but nothing on PostgreSQL delivers
-//! them), schedules and parked git writes: `serve` and `skill run` refuse
-//! a PostgreSQL `--db`. Budget reservations across hosts and the
-//! workers that claim from the run queue are still to come.
+//! Budget reservations across hosts and the workers that claim from the
+//! run queue are still to come; until then `serve` refuses a PostgreSQL
+//! `--db`.
 
 mod audit;
 mod budget;
 mod checkpoint;
+mod outbox;
 mod queue;
+mod schedule;
 mod schema;
 mod session;
+mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -95,7 +101,8 @@ pub enum PostgresError {
 }
 
 /// The audit log, run index, budget ledger, checkpoints (with their
-/// leases) and sessions on PostgreSQL. Share it with an `Arc`.
+/// leases), sessions, outbox, schedules and parked git writes on
+/// PostgreSQL. Share it with an `Arc`.
 pub struct PostgresStore {
     pool: Pool,
     /// The URL, its password left out (for messages).

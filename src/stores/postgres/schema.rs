@@ -3,7 +3,7 @@
 use super::{described, PostgresError, PostgresStore};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Every migration, by the version it brings the schema to.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -26,6 +26,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (
         5,
         include_str!("../../../migrations/postgres/0005_queue.sql"),
+    ),
+    (
+        6,
+        include_str!("../../../migrations/postgres/0006_outbox_schedules.sql"),
     ),
 ];
 
