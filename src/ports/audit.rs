@@ -244,8 +244,47 @@ pub enum AuditEntry {
     /// that keeps an outbox writes the intents into it in the batch's
     /// transaction (see [`AuditStore::outbox`]) and does not give this
     /// record back with the run's records; a store without one keeps or
-    /// drops it as it likes.
+    /// drops it as it likes. In JSON (the spool's lines) it is
+    /// `{"record": "publish", "intents": [...]}`: an internally tagged
+    /// variant cannot hold a bare list.
+    #[serde(
+        serialize_with = "intents::serialize",
+        deserialize_with = "intents::deserialize"
+    )]
     Publish(Arc<[PublishIntent]>),
+}
+
+/// A `publish` record's intents as a map (`{"intents": [...]}`), so the
+/// record's tag has somewhere to go.
+mod intents {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::PublishIntent;
+
+    #[derive(Serialize)]
+    struct Out<'a> {
+        intents: &'a [PublishIntent],
+    }
+
+    #[derive(Deserialize)]
+    struct In {
+        intents: Vec<PublishIntent>,
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        intents: &Arc<[PublishIntent]>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        Out { intents }.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<[PublishIntent]>, D::Error> {
+        Ok(In::deserialize(d)?.intents.into())
+    }
 }
 
 /// One audit record.
@@ -673,5 +712,41 @@ mod tests {
         let stats: AuditStats =
             serde_json::from_str(r#"{"records":1,"terminal_records":1,"batches":1}"#).unwrap();
         assert!(stats.unrecorded.is_empty());
+    }
+
+    /// A batch that owes publishes goes to the spool as JSON lines when
+    /// the store cannot be written: its `publish` record must encode (an
+    /// internally tagged variant cannot hold a bare list) and read back.
+    #[test]
+    fn a_publish_record_encodes_as_json_and_reads_back() {
+        let run_id = RunId::new();
+        let intent = PublishIntent {
+            key: format!("{run_id}-0-hook"),
+            run_id,
+            index: 0,
+            name: "hook".into(),
+            kind: "webhook".into(),
+            target: serde_json::json!({ "url": "https://example.com/in" }),
+            shown: "webhook https://example.com/…".into(),
+            body: "the digest".into(),
+            skipped: None,
+            schedule: "daily".into(),
+            skill: "digest".into(),
+            timeout_ms: 30_000,
+            at_ms: 1,
+        };
+        let record = AuditRecord {
+            run_id,
+            seq: 7,
+            at_ms: 1,
+            entry: AuditEntry::Publish(vec![intent].into()),
+        };
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(
+            line.contains(r#""record":"publish","intents":[{"#),
+            "{line}"
+        );
+        let back: AuditRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, record);
     }
 }
